@@ -1,0 +1,377 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "coordinator/scheduler.h"
+#include "spdlog/spdlog.h"
+
+namespace ringmaster {
+namespace {
+
+NegotiatorOptions NegotiatorOptionsFor(const Job& job) {
+  NegotiatorOptions o;
+  o.job_id = job.id;
+  for (const RankInfo& r : job.ranks) o.rank_hosts.push_back(r.host);
+  const Knobs& k = job.spec.knobs;
+  o.fusion_threshold_bytes = k.fusion_threshold_bytes;
+  o.cycle_time = absl::Microseconds(static_cast<int64_t>(k.cycle_time_ms * 1000));
+  o.cache_capacity = k.cache_capacity;
+  o.stall_check = absl::Milliseconds(static_cast<int64_t>(k.stall_check_seconds * 1000));
+  o.stall_shutdown = absl::Milliseconds(static_cast<int64_t>(k.stall_shutdown_seconds * 1000));
+  return o;
+}
+
+std::string Placement(const RankInfo& r) {
+  return absl::StrCat("rank ", r.rank, " on host ", r.host, " (", r.worker_id, ")");
+}
+
+}  // namespace
+
+Coordinator::Coordinator(CoordinatorOptions options)
+    : clock_(options.clock),
+      heartbeat_interval_(options.heartbeat_interval),
+      housekeeping_interval_(options.housekeeping_interval),
+      jobs_(std::move(options.store), options.clock),
+      workers_(options.clock, options.lease) {}
+
+Coordinator::~Coordinator() = default;
+
+absl::StatusOr<Job> Coordinator::RegisterJob(JobSpec spec) {
+  absl::StatusOr<Job> job = jobs_.Register(std::move(spec));
+  if (!job.ok()) return job;
+  spdlog::info("job {} '{}' registered: np={}", job->id, job->spec.name, job->spec.np);
+  Schedule();
+  return jobs_.Get(job->id);
+}
+
+absl::StatusOr<Worker> Coordinator::RegisterWorker(std::string host, std::string device,
+                                                   std::map<std::string, std::string> labels) {
+  absl::StatusOr<Worker> w = workers_.Register(std::move(host), std::move(device), std::move(labels));
+  if (w.ok()) spdlog::info("worker {} registered: host {} device {}", w->id, w->host, w->device);
+  return w;
+}
+
+WorkerChannel* Coordinator::ChannelOf(const std::string& worker_id) {
+  auto it = channels_.find(worker_id);
+  return it == channels_.end() ? nullptr : it->second;
+}
+
+void Coordinator::Schedule() {
+  absl::MutexLock schedule_lock(&schedule_mu_);
+  std::vector<Job> pending = jobs_.List({JobState::kPending});
+  std::reverse(pending.begin(), pending.end());  // oldest first
+  for (const Job& job : pending) {
+    absl::StatusOr<std::vector<RankInfo>> ranks =
+        GangSchedule(workers_.Available(), job.spec.np, job.spec.processes_per_host);
+    if (!ranks.ok()) continue;
+    std::vector<std::string> ids;
+    std::vector<int32_t> numbers;
+    for (const RankInfo& r : *ranks) {
+      ids.push_back(r.worker_id);
+      numbers.push_back(r.rank);
+    }
+    if (!workers_.Assign(ids, job.id, numbers).ok()) continue;
+    std::vector<std::string> hosts;
+    for (const RankInfo& r : *ranks) {
+      if (hosts.empty() || hosts.back() != r.host) hosts.push_back(r.host);
+    }
+    absl::StatusOr<Job> started =
+        jobs_.Start(job.id, *ranks,
+                    absl::StrCat("scheduled ", ranks->size(), " ranks on ", hosts.size(),
+                                 " hosts: ", absl::StrJoin(hosts, ", ")));
+    if (!started.ok()) {  // cancelled meanwhile
+      for (const std::string& id : ids) workers_.Release(id);
+      continue;
+    }
+    auto runtime = std::make_shared<Runtime>();
+    runtime->job_id = started->id;
+    runtime->epoch = started->epoch;
+    runtime->ranks = started->ranks;
+    runtime->negotiator = std::make_unique<Negotiator>(NegotiatorOptionsFor(*started));
+    spdlog::info("job {} starting on {} workers", started->id, ids.size());
+    absl::MutexLock lock(&mu_);
+    runtimes_[started->id] = runtime;
+    for (const RankInfo& r : started->ranks) {
+      if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendAssignment(*started, r.rank);
+    }
+  }
+}
+
+absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState state,
+                                        std::string reason, const std::string& except_worker) {
+  absl::StatusOr<Job> job = jobs_.Transition(job_id, state, reason);
+  if (!job.ok()) return job;
+  if (state == JobState::kFailed) {
+    spdlog::warn("job {} failed: {}", job_id, reason);
+  } else {
+    spdlog::info("job {} {}: {}", job_id, JobStateName(state), reason);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    runtimes_.erase(job_id);
+    for (const RankInfo& r : job->ranks) {
+      if (r.worker_id == except_worker) continue;
+      if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendStopJob(job_id, reason);
+    }
+  }
+  for (const RankInfo& r : job->ranks) workers_.Release(r.worker_id);
+  rendezvous_.DropScope(RendezvousStore::Scope(job_id, job->epoch),
+                        absl::StrCat("job ", job_id, " ended: ", reason));
+  Schedule();
+  return job;
+}
+
+absl::StatusOr<Job> Coordinator::CancelJob(const std::string& id, std::string reason) {
+  if (reason.size() > 1024) {
+    return absl::InvalidArgumentError("reason is longer than 1024 bytes");
+  }
+  if (absl::StatusOr<Job> job = jobs_.Get(id); !job.ok()) return job.status();
+  return Finish(id, JobState::kCancelled,
+                reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason));
+}
+
+absl::Status Coordinator::OpenSession(const std::string& worker_id, WorkerChannel* channel) {
+  absl::StatusOr<Worker> worker = workers_.Get(worker_id);
+  if (!worker.ok()) return worker.status();
+  if (absl::Status s = workers_.SetConnected(worker_id, true); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    if (WorkerChannel* old = ChannelOf(worker_id); old != nullptr && old != channel) {
+      old->Close(absl::AbortedError("superseded by a newer session of the same worker"));
+    }
+    channels_[worker_id] = channel;
+    // A worker that reconnects while serving a job gets its assignment again.
+    if (!worker->job_id.empty()) {
+      if (auto it = runtimes_.find(worker->job_id); it != runtimes_.end()) {
+        if (absl::StatusOr<Job> job = jobs_.Get(worker->job_id); job.ok()) {
+          channel->SendAssignment(*job, worker->rank);
+        }
+      }
+    }
+  }
+  spdlog::info("worker {} ({}) connected", worker_id, worker->host);
+  Schedule();
+  return absl::OkStatus();
+}
+
+void Coordinator::CloseSession(const std::string& worker_id, WorkerChannel* channel) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = channels_.find(worker_id);
+    if (it == channels_.end() || it->second != channel) return;
+    channels_.erase(it);
+  }
+  // The lease decides whether the worker is lost; it may reconnect before then.
+  workers_.SetConnected(worker_id, false).IgnoreError();
+  spdlog::info("worker {} disconnected", worker_id);
+}
+
+absl::Status Coordinator::Heartbeat(const std::string& worker_id) {
+  return workers_.Heartbeat(worker_id);
+}
+
+absl::StatusOr<std::shared_ptr<Coordinator::Runtime>> Coordinator::RuntimeFor(
+    const std::string& worker_id, const std::string& job_id, int64_t epoch, int32_t rank) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = runtimes_.find(job_id);
+    if (it != runtimes_.end()) {
+      const std::shared_ptr<Runtime>& runtime = it->second;
+      if (epoch != runtime->epoch) {
+        return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id,
+                                               " is stale; the job is at epoch ", runtime->epoch));
+      }
+      if (rank < 0 || rank >= static_cast<int32_t>(runtime->ranks.size()) ||
+          runtime->ranks[rank].worker_id != worker_id) {
+        return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id,
+                                                          " is not assigned rank ", rank,
+                                                          " of job ", job_id));
+      }
+      return runtime;
+    }
+  }
+  absl::StatusOr<Job> job = jobs_.Get(job_id);
+  if (!job.ok()) return job.status();
+  return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not assigned rank ",
+                                                    rank, " of job ", job_id, ", which is ",
+                                                    JobStateName(job->state)));
+}
+
+absl::Status Coordinator::SubmitRequests(const std::string& worker_id, RequestBatch batch) {
+  auto runtime = RuntimeFor(worker_id, batch.job_id, batch.epoch, batch.rank);
+  if (!runtime.ok()) return runtime.status();
+  const absl::Time now = clock_->Now();
+  (*runtime)->negotiator->Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now);
+  Flush(*runtime, now);
+  return absl::OkStatus();
+}
+
+void Coordinator::Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now) {
+  absl::MutexLock flush_lock(&runtime->flush_mu);
+  std::optional<CycleOutput> output = runtime->negotiator->Poll(now);
+  if (!output) return;
+  auto cycle = std::make_shared<CycleBroadcast>();
+  cycle->job_id = runtime->job_id;
+  cycle->output = *std::move(output);
+  absl::MutexLock lock(&mu_);
+  for (const RankInfo& r : runtime->ranks) {
+    if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendResponses(cycle, r.rank);
+  }
+}
+
+absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpdate& update) {
+  auto runtime = RuntimeFor(worker_id, update.job_id, update.epoch, update.rank);
+  if (!runtime.ok()) return runtime.status();
+  if (update.message.size() > 4096) {
+    return absl::InvalidArgumentError("rank_update.message is longer than 4096 bytes");
+  }
+  absl::StatusOr<Job> job =
+      jobs_.UpdateRank(update.job_id, update.rank, update.state, update.exit_code);
+  if (!job.ok()) return job.status();
+  const RankInfo& rank = job->ranks[update.rank];
+  if (update.state == RankState::kStarted) {
+    const bool all = std::all_of(job->ranks.begin(), job->ranks.end(), [](const RankInfo& r) {
+      return r.state != RankState::kAssigned;
+    });
+    if (all && job->state == JobState::kStarting) {
+      return jobs_
+          .Transition(update.job_id, JobState::kRunning,
+                      absl::StrCat("all ", job->ranks.size(), " ranks started"))
+          .status();
+    }
+    return absl::OkStatus();
+  }
+  if (update.state != RankState::kExited) {
+    return absl::InvalidArgumentError("rank_update.state must be STARTED or EXITED");
+  }
+  if (update.exit_code != 0) {
+    std::string reason = absl::StrCat(Placement(rank), " exited with status ", update.exit_code);
+    if (!update.message.empty()) absl::StrAppend(&reason, ": ", update.message);
+    return Finish(update.job_id, JobState::kFailed, std::move(reason), worker_id).status();
+  }
+  const bool all_done = std::all_of(job->ranks.begin(), job->ranks.end(), [](const RankInfo& r) {
+    return r.state == RankState::kExited && r.exit_code == 0;
+  });
+  if (all_done) {
+    return Finish(update.job_id, JobState::kSucceeded,
+                  absl::StrCat("all ", job->ranks.size(), " ranks exited 0"))
+        .status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::CheckScope(const std::string& job_id, int64_t epoch) const {
+  absl::StatusOr<Job> job = jobs_.Get(job_id);
+  if (!job.ok()) return job.status();
+  if (job->state != JobState::kStarting && job->state != JobState::kRunning) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", JobStateName(job->state), "; its rendezvous is closed"));
+  }
+  if (epoch != job->epoch) {
+    return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id,
+                                           " is stale; the job is at epoch ", job->epoch));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::RendezvousSet(const std::string& job_id, int64_t epoch,
+                                        const std::string& key, std::string value) {
+  if (absl::Status s = CheckScope(job_id, epoch); !s.ok()) return s;
+  return rendezvous_.Set(RendezvousStore::Scope(job_id, epoch), key, std::move(value));
+}
+
+absl::StatusOr<std::string> Coordinator::RendezvousGet(const std::string& job_id, int64_t epoch,
+                                                       const std::string& key) {
+  if (absl::Status s = CheckScope(job_id, epoch); !s.ok()) return s;
+  return rendezvous_.Get(RendezvousStore::Scope(job_id, epoch), key);
+}
+
+void Coordinator::RendezvousWait(const std::string& job_id, int64_t epoch,
+                                 std::vector<std::string> keys, absl::Duration timeout,
+                                 RendezvousStore::WaitCallback done) {
+  if (absl::Status s = CheckScope(job_id, epoch); !s.ok()) {
+    done(s);
+    return;
+  }
+  if (timeout <= absl::ZeroDuration() || timeout > absl::Minutes(10)) {
+    done(absl::InvalidArgumentError(absl::StrCat("timeout_ms = ", absl::ToInt64Milliseconds(timeout),
+                                                 " is out of bounds [1, 600000]")));
+    return;
+  }
+  rendezvous_.Wait(RendezvousStore::Scope(job_id, epoch), std::move(keys),
+                   clock_->Now() + timeout, std::move(done));
+}
+
+void Coordinator::Tick() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::shared_ptr<Runtime>> runtimes;
+  bool housekeeping = false;
+  {
+    absl::MutexLock lock(&mu_);
+    runtimes.reserve(runtimes_.size());
+    for (auto& [id, runtime] : runtimes_) runtimes.push_back(runtime);
+    if (now - last_housekeeping_ >= housekeeping_interval_) {
+      last_housekeeping_ = now;
+      housekeeping = true;
+    }
+  }
+  for (const auto& runtime : runtimes) Flush(runtime, now);
+  if (housekeeping) Housekeeping(now);
+}
+
+absl::Time Coordinator::NextDeadline() const {
+  absl::Time next = absl::InfiniteFuture();
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, runtime] : runtimes_) {
+    next = std::min(next, runtime->negotiator->NextDeadline());
+  }
+  return next;
+}
+
+void Coordinator::Housekeeping(absl::Time now) {
+  for (const Worker& w : workers_.ExpireLeases()) {
+    const std::string lost = absl::StrCat("no heartbeat for ", absl::FormatDuration(lease()));
+    spdlog::warn("worker {} on {} lost: {}", w.id, w.host, lost);
+    {
+      absl::MutexLock lock(&mu_);
+      if (WorkerChannel* channel = ChannelOf(w.id)) {
+        channel->Close(absl::FailedPreconditionError(
+            absl::StrCat("worker ", w.id, " lost its lease (", lost, "); register again")));
+        channels_.erase(w.id);
+      }
+    }
+    if (!w.job_id.empty()) {
+      Finish(w.job_id, JobState::kFailed,
+             absl::StrCat("worker ", w.id, " serving rank ", w.rank, " on host ", w.host,
+                          " was lost: ", lost))
+          .IgnoreError();  // the job may have ended meanwhile
+    }
+  }
+  std::vector<std::shared_ptr<Runtime>> runtimes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, runtime] : runtimes_) runtimes.push_back(runtime);
+  }
+  for (const auto& runtime : runtimes) {
+    StallReport report = runtime->negotiator->CheckStalls(now);
+    if (report.message.empty()) continue;
+    spdlog::warn("{}", report.message);
+    if (report.shutdown) {
+      Finish(runtime->job_id, JobState::kFailed, report.message).IgnoreError();
+    } else {
+      jobs_.AddEvent(runtime->job_id, report.message).IgnoreError();
+    }
+  }
+  rendezvous_.ExpireWaiters(now);
+}
+
+void Coordinator::ShutdownWorkers(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, channel] : channels_) channel->SendShutdown(reason);
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,100 @@
+#include "coordinator/job.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace ringmaster {
+namespace {
+
+bool IsNameChar(char c) { return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-'; }
+
+absl::Status ValidateMap(const std::map<std::string, std::string>& m, absl::string_view field,
+                         size_t max_entries, size_t max_key, size_t max_value) {
+  if (m.size() > max_entries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.", field, " has ", m.size(), " entries; at most ", max_entries));
+  }
+  for (const auto& [k, v] : m) {
+    if (k.empty() || k.size() > max_key) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.", field, " key '", k.substr(0, 64),
+                                                     "' must be 1..", max_key, " bytes"));
+    }
+    if (v.size() > max_value) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.", field, "['", k, "'] is longer than ",
+                                                     max_value, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsTerminal(JobState state) {
+  return state == JobState::kSucceeded || state == JobState::kFailed ||
+         state == JobState::kCancelled;
+}
+
+absl::string_view JobStateName(JobState state) {
+  switch (state) {
+    case JobState::kPending: return "PENDING";
+    case JobState::kStarting: return "STARTING";
+    case JobState::kRunning: return "RUNNING";
+    case JobState::kSucceeded: return "SUCCEEDED";
+    case JobState::kFailed: return "FAILED";
+    case JobState::kCancelled: return "CANCELLED";
+  }
+  return "UNSPECIFIED";
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  if (spec.name.empty() || spec.name.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.name must be 1..128 bytes; got ", spec.name.size()));
+  }
+  for (char c : spec.name) {
+    if (!IsNameChar(c)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.name '", spec.name, "' may contain only letters, digits, '.', '_' and '-'"));
+    }
+  }
+  if (spec.np < 1 || spec.np > kMaxNp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.np = ", spec.np, " is out of bounds [1, ", kMaxNp, "]"));
+  }
+  if (spec.processes_per_host < 0 || spec.processes_per_host > spec.np) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.processes_per_host = ",
+                                                   spec.processes_per_host,
+                                                   " is out of bounds [0, np = ", spec.np, "]"));
+  }
+  if (spec.command.size() > 1024) {
+    return absl::InvalidArgumentError("spec.command has more than 1024 arguments");
+  }
+  for (size_t i = 0; i < spec.command.size(); ++i) {
+    if (spec.command[i].size() > 65536) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.command[", i, "] is longer than 65536 bytes"));
+    }
+  }
+  if (!spec.command.empty() && spec.command[0].empty()) {
+    return absl::InvalidArgumentError("spec.command[0] (the program) is empty");
+  }
+  if (absl::Status s = ValidateMap(spec.env, "env", 1024, 256, 65536); !s.ok()) return s;
+  for (const auto& [k, v] : spec.env) {
+    bool ok = !absl::ascii_isdigit(k[0]);
+    for (char c : k) ok = ok && (absl::ascii_isalnum(c) || c == '_');
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.env key '", k, "' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"));
+    }
+  }
+  if (spec.working_dir.size() > 4096) {
+    return absl::InvalidArgumentError("spec.working_dir is longer than 4096 bytes");
+  }
+  if (absl::Status s = ValidateMap(spec.labels, "labels", 64, 63, 256); !s.ok()) return s;
+  if (absl::Status s = ValidateKnobs(spec.knobs); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ringmaster

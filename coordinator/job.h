@@ -1,0 +1,71 @@
+// A job as the coordinator's logic sees it: plain data, converted to and from ringmaster.v1 messages by
+// the service layer.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/knobs.h"
+
+namespace ringmaster {
+
+enum class JobState { kPending = 1, kStarting, kRunning, kSucceeded, kFailed, kCancelled };
+enum class RankState { kAssigned = 1, kStarted, kExited };
+
+struct JobSpec {
+  std::string name;
+  int32_t np = 0;
+  int32_t processes_per_host = 0;  // 0: no limit
+  std::vector<std::string> command;  // empty: processes attach to their worker
+  std::map<std::string, std::string> env;
+  std::string working_dir;
+  Knobs knobs;
+  std::map<std::string, std::string> labels;
+};
+
+struct RankInfo {
+  int32_t rank = 0;
+  std::string worker_id;
+  std::string host;
+  std::string device;
+  int32_t local_rank = 0;
+  int32_t local_size = 0;
+  int32_t cross_rank = 0;
+  int32_t cross_size = 0;
+  RankState state = RankState::kAssigned;
+  int32_t exit_code = 0;
+};
+
+struct JobEvent {
+  absl::Time time;
+  JobState state = JobState::kPending;
+  std::string message;
+};
+
+struct Job {
+  std::string id;
+  JobSpec spec;
+  JobState state = JobState::kPending;
+  std::string reason;
+  int64_t epoch = 0;
+  absl::Time create_time;
+  absl::Time update_time;
+  std::vector<RankInfo> ranks;
+  std::vector<JobEvent> events;
+};
+
+inline constexpr int32_t kMaxNp = 4096;
+
+bool IsTerminal(JobState state);
+absl::string_view JobStateName(JobState state);  // "PENDING", ...
+
+// INVALID_ARGUMENT naming the first bad field ("spec.np = 0 is out of bounds [1, 4096]").
+absl::Status ValidateJobSpec(const JobSpec& spec);
+
+}  // namespace ringmaster

@@ -1,0 +1,185 @@
+#include "coordinator/job_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ringmaster {
+namespace {
+
+bool Allowed(JobState from, JobState to) {
+  switch (to) {
+    case JobState::kStarting: return from == JobState::kPending;
+    case JobState::kRunning: return from == JobState::kStarting;
+    case JobState::kSucceeded: return from == JobState::kRunning || from == JobState::kStarting;
+    case JobState::kFailed:
+    case JobState::kCancelled: return !IsTerminal(from);
+    case JobState::kPending: return false;
+  }
+  return false;
+}
+
+}  // namespace
+
+JobRegistry::JobRegistry(std::unique_ptr<JobStore> store, Clock* clock)
+    : clock_(clock), store_(std::move(store)) {}
+
+absl::StatusOr<Job> JobRegistry::Register(JobSpec spec) {
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  std::vector<std::shared_ptr<Watcher>> none;
+  Job job;
+  {
+    absl::MutexLock lock(&mu_);
+    job.id = absl::StrFormat("job-%06d", next_job_++);
+    job.spec = std::move(spec);
+    job.state = JobState::kPending;
+    job.create_time = clock_->Now();
+    none = CommitLocked(job, absl::StrCat("registered: ", job.spec.np, " ranks"));
+  }
+  return job;
+}
+
+absl::StatusOr<Job> JobRegistry::LoadLocked(const std::string& id) const {
+  if (id.empty() || id.size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("job_id must be 1..64 bytes; got ", id.size()));
+  }
+  return store_->Get(id);
+}
+
+absl::StatusOr<Job> JobRegistry::Get(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  return LoadLocked(id);
+}
+
+std::vector<Job> JobRegistry::List(const std::vector<JobState>& states) const {
+  std::vector<Job> all;
+  {
+    absl::MutexLock lock(&mu_);
+    all = store_->List();
+  }
+  std::vector<Job> out;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (states.empty() || std::find(states.begin(), states.end(), it->state) != states.end()) {
+      out.push_back(std::move(*it));
+    }
+  }
+  return out;
+}
+
+std::vector<std::shared_ptr<JobRegistry::Watcher>> JobRegistry::CommitLocked(Job& job,
+                                                                             std::string message) {
+  job.update_time = clock_->Now();
+  job.events.push_back(JobEvent{job.update_time, job.state, std::move(message)});
+  // The in-memory store cannot fail; a durable one would surface its error through the caller.
+  store_->Put(job).IgnoreError();
+  std::vector<std::shared_ptr<Watcher>> out;
+  if (auto it = watchers_.find(job.id); it != watchers_.end()) {
+    for (auto& [watch_id, w] : it->second) out.push_back(w);
+  }
+  return out;
+}
+
+void JobRegistry::Notify(const std::vector<std::shared_ptr<Watcher>>& watchers, const Job& job) {
+  for (const auto& w : watchers) (*w)(job, job.events.back());
+}
+
+absl::StatusOr<Job> JobRegistry::Transition(const std::string& id, JobState to,
+                                            std::string message) {
+  std::vector<std::shared_ptr<Watcher>> watchers;
+  Job job;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Job> loaded = LoadLocked(id);
+    if (!loaded.ok()) return loaded.status();
+    job = *std::move(loaded);
+    if (!Allowed(job.state, to)) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", JobStateName(job.state),
+                                                        "; it cannot become ", JobStateName(to)));
+    }
+    job.state = to;
+    if (IsTerminal(to)) job.reason = message;
+    watchers = CommitLocked(job, std::move(message));
+    // Notify under notify_mu_ (taken before mu_ is released) so events reach watchers in order.
+    notify_mu_.Lock();
+  }
+  Notify(watchers, job);
+  notify_mu_.Unlock();
+  return job;
+}
+
+absl::StatusOr<Job> JobRegistry::Start(const std::string& id, std::vector<RankInfo> ranks,
+                                       std::string message) {
+  std::vector<std::shared_ptr<Watcher>> watchers;
+  Job job;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Job> loaded = LoadLocked(id);
+    if (!loaded.ok()) return loaded.status();
+    job = *std::move(loaded);
+    if (!Allowed(job.state, JobState::kStarting)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " is ", JobStateName(job.state), "; it cannot start"));
+    }
+    job.state = JobState::kStarting;
+    job.ranks = std::move(ranks);
+    ++job.epoch;
+    watchers = CommitLocked(job, std::move(message));
+    notify_mu_.Lock();
+  }
+  Notify(watchers, job);
+  notify_mu_.Unlock();
+  return job;
+}
+
+absl::StatusOr<Job> JobRegistry::UpdateRank(const std::string& id, int rank, RankState state,
+                                            int exit_code) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Job> loaded = LoadLocked(id);
+  if (!loaded.ok()) return loaded.status();
+  Job job = *std::move(loaded);
+  if (rank < 0 || rank >= static_cast<int>(job.ranks.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is out of bounds for job ", id, " of ", job.ranks.size()));
+  }
+  job.ranks[rank].state = state;
+  job.ranks[rank].exit_code = exit_code;
+  job.update_time = clock_->Now();
+  store_->Put(job).IgnoreError();
+  return job;
+}
+
+absl::Status JobRegistry::AddEvent(const std::string& id, std::string message) {
+  std::vector<std::shared_ptr<Watcher>> watchers;
+  Job job;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Job> loaded = LoadLocked(id);
+    if (!loaded.ok()) return loaded.status();
+    job = *std::move(loaded);
+    watchers = CommitLocked(job, std::move(message));
+    notify_mu_.Lock();
+  }
+  Notify(watchers, job);
+  notify_mu_.Unlock();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> JobRegistry::Watch(const std::string& id, Watcher watcher) {
+  absl::MutexLock lock(&mu_);
+  if (absl::StatusOr<Job> job = LoadLocked(id); !job.ok()) return job.status();
+  const int64_t watch_id = next_watch_++;
+  watchers_[id][watch_id] = std::make_shared<Watcher>(std::move(watcher));
+  return watch_id;
+}
+
+void JobRegistry::Unwatch(const std::string& id, int64_t watch_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = watchers_.find(id);
+  if (it == watchers_.end()) return;
+  it->second.erase(watch_id);
+  if (it->second.empty()) watchers_.erase(it);
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,76 @@
+// Jobs and their state machine: PENDING -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
+// (PENDING and STARTING may also end FAILED or CANCELLED). Every terminal state carries a reason; every
+// change is an event that watchers receive.
+//
+// Thread-safe: one mutex guards the registry; watchers are called with it released, in event order
+// per job.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "coordinator/job.h"
+#include "coordinator/job_store.h"
+
+namespace ringmaster {
+
+class JobRegistry {
+ public:
+  // Called after each event with the job as it is after it. Must not block.
+  using Watcher = std::function<void(const Job& job, const JobEvent& event)>;
+
+  // `clock` is borrowed and must outlive the registry.
+  JobRegistry(std::unique_ptr<JobStore> store, Clock* clock);
+
+  // Validates the spec (INVALID_ARGUMENT naming the field), fills in nothing else, and records a new
+  // PENDING job.
+  absl::StatusOr<Job> Register(JobSpec spec);
+
+  absl::StatusOr<Job> Get(const std::string& id) const;
+  // Newest first; only jobs in `states` when it is not empty.
+  std::vector<Job> List(const std::vector<JobState>& states) const;
+
+  // Moves the job to `to` with `message` as the event (and reason, for a terminal state).
+  // FAILED_PRECONDITION when the move is not allowed (e.g. the job already ended); NOT_FOUND.
+  absl::StatusOr<Job> Transition(const std::string& id, JobState to, std::string message);
+
+  // Places the job's ranks and increments its epoch; the job moves to STARTING.
+  absl::StatusOr<Job> Start(const std::string& id, std::vector<RankInfo> ranks, std::string message);
+
+  // Records a rank's new state. Returns the job after the update.
+  absl::StatusOr<Job> UpdateRank(const std::string& id, int rank, RankState state, int exit_code);
+
+  // Adds an event without changing state (e.g. a stall report).
+  absl::Status AddEvent(const std::string& id, std::string message);
+
+  // Registers `watcher` for the job; returns an id for Unwatch. NOT_FOUND for an unknown job.
+  absl::StatusOr<int64_t> Watch(const std::string& id, Watcher watcher);
+  void Unwatch(const std::string& id, int64_t watch_id);
+
+ private:
+  // Records `event` on `job`, stores it, and returns the watchers to notify.
+  std::vector<std::shared_ptr<Watcher>> CommitLocked(Job& job, std::string message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job> LoadLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Notify(const std::vector<std::shared_ptr<Watcher>>& watchers, const Job& job);
+
+  Clock* const clock_;
+  mutable absl::Mutex mu_;
+  // Serialises notifications so each watcher sees a job's events in order.
+  absl::Mutex notify_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  const std::unique_ptr<JobStore> store_ ABSL_PT_GUARDED_BY(mu_);
+  int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, absl::flat_hash_map<int64_t, std::shared_ptr<Watcher>>> watchers_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ringmaster

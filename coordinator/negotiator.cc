@@ -1,0 +1,503 @@
+#include "coordinator/negotiator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ringmaster {
+namespace {
+
+constexpr size_t kMaxNameBytes = 1024;
+constexpr int kMaxDims = 16;
+constexpr int64_t kMaxElements = int64_t{1} << 40;
+constexpr int kMaxStallNamesPerRank = 10;
+
+bool Fusable(RequestType t) { return t == RequestType::kAllreduce || t == RequestType::kAllgather; }
+
+Response::Type ResponseTypeOf(RequestType t) {
+  switch (t) {
+    case RequestType::kAllreduce: return Response::Type::kAllreduce;
+    case RequestType::kAllgather: return Response::Type::kAllgather;
+    case RequestType::kBroadcast: return Response::Type::kBroadcast;
+    case RequestType::kJoin: return Response::Type::kJoin;
+    case RequestType::kBarrier: return Response::Type::kBarrier;
+    case RequestType::kUnspecified: break;
+  }
+  return Response::Type::kError;
+}
+
+}  // namespace
+
+Negotiator::Negotiator(NegotiatorOptions options)
+    : job_id_(std::move(options.job_id)),
+      rank_hosts_(std::move(options.rank_hosts)),
+      size_(static_cast<int>(rank_hosts_.size())),
+      fusion_threshold_bytes_(options.fusion_threshold_bytes),
+      cycle_time_(options.cycle_time),
+      stall_check_(options.stall_check),
+      stall_shutdown_(options.stall_shutdown),
+      cache_(options.cache_capacity),
+      joined_(size_, 0),
+      notices_(size_) {}
+
+std::string Negotiator::RankName(int rank) const {
+  return absl::StrCat("rank ", rank, " (", rank_hosts_[rank], ")");
+}
+
+std::string Negotiator::Validate(const TensorRequest& r, int size) {
+  if (r.name.empty()) return "name is empty";
+  if (r.name.size() > kMaxNameBytes) return "name is longer than 1024 bytes";
+  const auto type = static_cast<int32_t>(r.type);
+  if (type <= 0 || type > kMaxRequestType) return absl::StrCat("type ", type, " is not a collective");
+  const bool has_data = r.type == RequestType::kAllreduce || r.type == RequestType::kAllgather ||
+                        r.type == RequestType::kBroadcast;
+  if (has_data) {
+    const auto dtype = static_cast<int32_t>(r.dtype);
+    if (dtype <= 0 || dtype > kMaxDataType) return absl::StrCat("dtype ", dtype, " is not a data type");
+    if (r.shape.size() > kMaxDims) {
+      return absl::StrCat("shape has ", r.shape.size(), " dimensions; at most 16 are allowed");
+    }
+    int64_t elements = 1;
+    for (size_t i = 0; i < r.shape.size(); ++i) {
+      if (r.shape[i] < 0 || r.shape[i] > kMaxElements) {
+        return absl::StrCat("shape[", i, "] = ", r.shape[i], " is out of bounds [0, 2^40]");
+      }
+      elements = r.shape[i] == 0 ? 0 : (elements > kMaxElements / r.shape[i] ? kMaxElements + 1
+                                                                              : elements * r.shape[i]);
+    }
+    if (elements > kMaxElements) return "shape has more than 2^40 elements";
+  }
+  if (r.type == RequestType::kAllgather && r.shape.empty()) {
+    return "allgather needs a tensor of at least one dimension";
+  }
+  if (r.type == RequestType::kBroadcast && (r.root_rank < 0 || r.root_rank >= size)) {
+    return absl::StrCat("root_rank ", r.root_rank, " is out of bounds [0, ", size - 1, "]");
+  }
+  const auto op = static_cast<int32_t>(r.reduce_op);
+  if (op < 0 || op > kMaxReduceOp) return absl::StrCat("reduce_op ", op, " is not a reduction");
+  if (!std::isfinite(r.prescale_factor)) return "prescale_factor is not finite";
+  if (!std::isfinite(r.postscale_factor)) return "postscale_factor is not finite";
+  if (r.device < -1 || r.device >= 1024) {
+    return absl::StrCat("device ", r.device, " is out of bounds [-1, 1023]");
+  }
+  if (r.group_id < 0) return absl::StrCat("group_id ", r.group_id, " is negative");
+  if (r.group_id > 0 && (r.group_size < 1 || r.group_size > 65536)) {
+    return absl::StrCat("group_size ", r.group_size, " is out of bounds [1, 65536]");
+  }
+  return "";
+}
+
+std::string Negotiator::Mismatch(const Pending& p, const TensorRequest& r, int rank) const {
+  const TensorRequest& f = p.request;
+  const std::string who = absl::StrCat(RankName(p.first_rank), " and ", RankName(rank));
+  auto differ = [&](absl::string_view what, const std::string& a, const std::string& b) {
+    return absl::StrCat("Mismatched ", what, " for tensor '", f.name, "': ", RankName(p.first_rank),
+                        " sent ", a, " but ", RankName(rank), " sent ", b, ".");
+  };
+  if (f.type != r.type) {
+    return differ("collective operations", std::string(RequestTypeName(f.type)),
+                  std::string(RequestTypeName(r.type)));
+  }
+  const std::string op(RequestTypeName(f.type));
+  if (f.dtype != r.dtype) {
+    return differ(absl::StrCat(op, " data types"), std::string(DataTypeName(f.dtype)),
+                  std::string(DataTypeName(r.dtype)));
+  }
+  if (f.type == RequestType::kAllgather) {
+    bool same = f.shape.size() == r.shape.size() &&
+                std::equal(f.shape.begin() + 1, f.shape.end(), r.shape.begin() + 1);
+    if (!same) {
+      return differ("allgather tensor shapes (all dimensions but the first must match)",
+                    ShapeString(f.shape), ShapeString(r.shape));
+    }
+  } else if (f.shape != r.shape) {
+    return differ(absl::StrCat(op, " tensor shapes"), ShapeString(f.shape), ShapeString(r.shape));
+  }
+  if (f.type == RequestType::kBroadcast && f.root_rank != r.root_rank) {
+    return differ("broadcast root ranks", absl::StrCat("root ", f.root_rank),
+                  absl::StrCat("root ", r.root_rank));
+  }
+  if (f.type == RequestType::kAllreduce) {
+    ReduceOp a = f.reduce_op == ReduceOp::kUnspecified ? ReduceOp::kAverage : f.reduce_op;
+    ReduceOp b = r.reduce_op == ReduceOp::kUnspecified ? ReduceOp::kAverage : r.reduce_op;
+    if (a != b) {
+      return differ("allreduce reduction ops", std::string(ReduceOpName(a)),
+                    std::string(ReduceOpName(b)));
+    }
+  }
+  if (f.prescale_factor != r.prescale_factor) {
+    return differ(absl::StrCat(op, " prescale factors"), absl::StrCat(f.prescale_factor),
+                  absl::StrCat(r.prescale_factor));
+  }
+  if (f.postscale_factor != r.postscale_factor) {
+    return differ(absl::StrCat(op, " postscale factors"), absl::StrCat(f.postscale_factor),
+                  absl::StrCat(r.postscale_factor));
+  }
+  if ((f.device < 0) != (r.device < 0)) {
+    return differ(absl::StrCat(op, " devices"), DeviceName(f.device), DeviceName(r.device));
+  }
+  if (f.group_id != r.group_id || f.group_size != r.group_size) {
+    return differ(absl::StrCat(op, " groups"),
+                  absl::StrCat("group ", f.group_id, " of ", f.group_size),
+                  absl::StrCat("group ", r.group_id, " of ", r.group_size));
+  }
+  return "";
+}
+
+int64_t Negotiator::ByteSize(const Pending& p) const {
+  const TensorRequest& r = p.request;
+  const int64_t elem = DataTypeSize(r.dtype);
+  if (r.type == RequestType::kAllgather) {
+    int64_t row = NumElements(absl::MakeConstSpan(r.shape).subspan(1)) * elem;
+    int64_t rows = 0;
+    for (int64_t d : p.first_dims) rows += d;
+    return rows * row;
+  }
+  return NumElements(r.shape) * elem;
+}
+
+bool Negotiator::Compatible(const Pending& a, const Pending& b) const {
+  const TensorRequest& x = a.request;
+  const TensorRequest& y = b.request;
+  return a.error.empty() && b.error.empty() && x.type == y.type && x.dtype == y.dtype &&
+         x.device == y.device && x.reduce_op == y.reduce_op &&
+         x.prescale_factor == y.prescale_factor && x.postscale_factor == y.postscale_factor;
+}
+
+void Negotiator::Submit(int rank, std::vector<TensorRequest> requests,
+                        absl::Span<const uint32_t> cached_ids, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  stats_.requests += static_cast<int64_t>(requests.size() + cached_ids.size());
+  for (uint32_t id : cached_ids) {
+    const TensorRequest* cached = cache_.Lookup(id);
+    if (cached == nullptr) {
+      notices_[rank].resend_ids.push_back(id);
+      has_notices_ = true;
+      continue;
+    }
+    SubmitOne(rank, *cached, id, now);
+  }
+  for (TensorRequest& request : requests) {
+    if (request.reduce_op == ReduceOp::kUnspecified) request.reduce_op = ReduceOp::kAverage;
+    if (request.prescale_factor == 0) request.prescale_factor = 1.0;
+    if (request.postscale_factor == 0) request.postscale_factor = 1.0;
+    if (std::string problem = Validate(request, size_); !problem.empty()) {
+      RankError(rank, request.name,
+                absl::StrCat("Invalid ", RequestTypeName(request.type), " request for tensor '",
+                             request.name, "' from ", RankName(rank), ": ", problem, "."));
+      continue;
+    }
+    if (request.type == RequestType::kJoin) {
+      Join(rank, now);
+      continue;
+    }
+    // A full request whose metadata differ from the cached entry invalidates it; ranks that still
+    // send the old id then meet a mismatch (or, once evicted, a resend).
+    SubmitOne(rank, request, 0, now);
+  }
+}
+
+void Negotiator::RankError(int rank, const std::string& name, std::string message) {
+  Response error;
+  error.type = Response::Type::kError;
+  error.names.push_back(name);
+  error.cache_ids.push_back(0);
+  error.error_message = std::move(message);
+  notices_[rank].errors.push_back(std::move(error));
+  has_notices_ = true;
+}
+
+void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cache_id,
+                           absl::Time now) {
+  if (joined_[rank]) {
+    RankError(rank, request.name,
+              absl::StrCat("Tensor '", request.name, "' was submitted by ", RankName(rank),
+                           " after it joined; a joined rank submits no collectives."));
+    return;
+  }
+  auto [it, inserted] = pending_.try_emplace(request.name);
+  Pending& p = it->second;
+  if (inserted) {
+    p.request = request;
+    p.first_rank = rank;
+    p.cache_id = cache_id;
+    p.submitted.assign(size_, 0);
+    p.first_submit = now;
+    if (request.type == RequestType::kAllgather) p.first_dims.assign(size_, 0);
+    ++waiting_;
+  } else if (p.submitted[rank] || p.ready) {
+    RankError(rank, request.name,
+              absl::StrCat("Tensor '", request.name, "' is already in flight on ", RankName(rank),
+                           ": wait for it to complete before submitting it again, or use a "
+                           "different name."));
+    return;
+  } else if (p.error.empty() && !(cache_id != 0 && cache_id == p.cache_id)) {
+    p.error = Mismatch(p, request, rank);
+  }
+  p.submitted[rank] = 1;
+  ++p.count;
+  if (request.type == RequestType::kAllgather) p.first_dims[rank] = request.shape[0];
+  if (AllSubmitted(p)) MarkReady(&p, now);
+}
+
+bool Negotiator::AllSubmitted(const Pending& p) const {
+  if (joined_count_ == 0) return p.count == size_;
+  for (int r = 0; r < size_; ++r) {
+    if (!p.submitted[r] && !joined_[r]) return false;
+  }
+  return true;
+}
+
+void Negotiator::MarkReady(Pending* p, absl::Time now) {
+  p->ready = true;
+  --waiting_;
+  if (p->error.empty() && p->request.type == RequestType::kBroadcast &&
+      joined_[p->request.root_rank] && !p->submitted[p->request.root_rank]) {
+    p->error = absl::StrCat("Broadcast of tensor '", p->request.name, "' has root ",
+                            RankName(p->request.root_rank), ", which has joined.");
+  }
+  if (first_ready_time_ == absl::InfiniteFuture()) first_ready_time_ = now;
+  ready_bytes_ += ByteSize(*p);
+  if (p->request.group_id > 0) {
+    std::vector<Pending*>& members = group_ready_[p->request.group_id];
+    members.push_back(p);
+    if (static_cast<int>(members.size()) < p->request.group_size) return;
+    ready_.push_back(Unit{std::move(members)});
+    group_ready_.erase(p->request.group_id);
+    return;
+  }
+  ready_.push_back(Unit{{p}});
+}
+
+void Negotiator::Join(int rank, absl::Time now) {
+  if (joined_[rank]) return;
+  joined_[rank] = 1;
+  ++joined_count_;
+  // Tensors that waited only for this rank are ready now; the rank contributes zeros.
+  for (auto& [name, p] : pending_) {
+    if (!p.ready && AllSubmitted(p)) MarkReady(&p, now);
+  }
+  if (joined_count_ == size_) {
+    Unit unit;
+    unit.join = true;
+    unit.last_joined_rank = rank;
+    ready_.push_back(std::move(unit));
+    if (first_ready_time_ == absl::InfiniteFuture()) first_ready_time_ = now;
+    joined_.assign(size_, 0);
+    joined_count_ = 0;
+  }
+}
+
+bool Negotiator::DueLocked(absl::Time now) const {
+  if (has_notices_) return true;
+  if (ready_.empty()) return false;
+  return waiting_ == 0 || now >= first_ready_time_ + cycle_time_ ||
+         (fusion_threshold_bytes_ > 0 && ready_bytes_ >= fusion_threshold_bytes_);
+}
+
+absl::Time Negotiator::NextDeadline() const {
+  absl::MutexLock lock(&mu_);
+  if (has_notices_ || (!ready_.empty() && waiting_ == 0)) return absl::InfinitePast();
+  if (ready_.empty()) return absl::InfiniteFuture();
+  return first_ready_time_ + cycle_time_;
+}
+
+Response Negotiator::MakeResponse(const std::vector<Pending*>& tensors) const {
+  Response out;
+  const Pending& first = *tensors.front();
+  const TensorRequest& r = first.request;
+  for (const Pending* p : tensors) {
+    if (!p->error.empty()) {
+      out.type = Response::Type::kError;
+      out.error_message = p->error;
+    }
+  }
+  if (out.error_message.empty()) out.type = ResponseTypeOf(r.type);
+  out.dtype = r.dtype;
+  out.reduce_op = r.reduce_op;
+  out.prescale_factor = r.prescale_factor;
+  out.postscale_factor = r.postscale_factor;
+  out.root_rank = r.root_rank;
+  out.device = r.device;
+  out.names.reserve(tensors.size());
+  for (const Pending* p : tensors) {
+    out.names.push_back(p->request.name);
+    if (out.type == Response::Type::kAllgather) {
+      out.tensor_sizes.insert(out.tensor_sizes.end(), p->first_dims.begin(), p->first_dims.end());
+    } else if (out.type != Response::Type::kError) {
+      out.tensor_sizes.push_back(NumElements(p->request.shape));
+    }
+  }
+  return out;
+}
+
+std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (!DueLocked(now)) return std::nullopt;
+  CycleOutput out;
+  out.notices.resize(size_);
+  if (has_notices_) {
+    out.notices.swap(notices_);
+    notices_.resize(size_);
+    has_notices_ = false;
+  }
+
+  // Fuse: take the first unit; pull in later compatible units while the total fits the threshold.
+  // Units passed over keep their relative order, so every rank sees the same list.
+  std::vector<Unit> units = std::move(ready_);
+  ready_.clear();
+  std::vector<uint8_t> taken(units.size(), 0);
+  std::vector<std::vector<Pending*>> batches;
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (taken[i]) continue;
+    Unit& unit = units[i];
+    if (unit.join) {
+      Response join;
+      join.type = Response::Type::kJoin;
+      join.last_joined_rank = unit.last_joined_rank;
+      batches.emplace_back();  // placeholder keeps order; filled below
+      out.responses.push_back(std::move(join));
+      continue;
+    }
+    std::vector<Pending*> batch = std::move(unit.tensors);
+    const bool grouped = batch.front()->request.group_id > 0;
+    const Pending& head = *batch.front();
+    if (!grouped && fusion_threshold_bytes_ > 0 && head.error.empty() &&
+        Fusable(head.request.type)) {
+      int64_t bytes = ByteSize(head);
+      for (size_t j = i + 1; j < units.size() && bytes < fusion_threshold_bytes_; ++j) {
+        if (taken[j] || units[j].join || units[j].tensors.size() != 1) continue;
+        const Pending& candidate = *units[j].tensors.front();
+        if (candidate.request.group_id > 0 || !Compatible(head, candidate)) continue;
+        const int64_t candidate_bytes = ByteSize(candidate);
+        if (bytes + candidate_bytes > fusion_threshold_bytes_) continue;
+        bytes += candidate_bytes;
+        batch.push_back(units[j].tensors.front());
+        taken[j] = 1;
+      }
+    }
+    out.responses.push_back(MakeResponse(batch));
+    batches.push_back(std::move(batch));
+  }
+
+  // Response cache: successful tensors get (or keep) an id; a response names a tensor by id when the
+  // id is still valid at the end of the cycle.
+  absl::flat_hash_map<std::string, uint32_t> assigned;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const bool ok = out.responses[b].type != Response::Type::kError &&
+                    out.responses[b].type != Response::Type::kJoin;
+    for (Pending* p : batches[b]) {
+      // Allgather is not cached: its first dimension differs per rank.
+      if (!ok || p->request.type == RequestType::kAllgather) continue;
+      if (p->cache_id != 0 && cache_.Lookup(p->cache_id) != nullptr) {
+        cache_.Touch(p->cache_id);
+        ++stats_.cache_hits;
+        continue;
+      }
+      ++stats_.cache_misses;
+      const uint32_t existing = cache_.IdOf(p->request.name);
+      if (existing != 0 && *cache_.Lookup(existing) == p->request) {
+        cache_.Touch(existing);
+        p->cache_id = existing;
+        continue;
+      }
+      p->cache_id = cache_.Put(p->request, &out.evicted_ids);
+      if (p->cache_id != 0) assigned[p->request.name] = p->cache_id;
+    }
+  }
+  for (size_t b = 0; b < batches.size(); ++b) {
+    Response& response = out.responses[b];
+    if (response.type == Response::Type::kJoin) continue;
+    response.cache_ids.assign(batches[b].size(), 0);
+    for (size_t t = 0; t < batches[b].size(); ++t) {
+      const Pending* p = batches[b][t];
+      if (response.type != Response::Type::kError && p->cache_id != 0 &&
+          cache_.Lookup(p->cache_id) != nullptr) {
+        response.cache_ids[t] = p->cache_id;
+        // Ids assigned this cycle travel with their name in cache_assignments.
+        response.names[t].clear();
+      }
+    }
+    stats_.tensors_negotiated += static_cast<int64_t>(batches[b].size());
+  }
+  for (auto& [name, id] : assigned) {
+    if (cache_.Lookup(id) != nullptr) out.cache_assignments.push_back({name, id});
+  }
+  std::sort(out.cache_assignments.begin(), out.cache_assignments.end(),
+            [](const CacheAssignment& a, const CacheAssignment& b) { return a.id < b.id; });
+
+  for (const auto& batch : batches) {
+    for (const Pending* p : batch) pending_.erase(p->request.name);
+  }
+  ready_bytes_ = 0;
+  first_ready_time_ = absl::InfiniteFuture();
+  ++stats_.cycles;
+  return out;
+}
+
+StallReport Negotiator::CheckStalls(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  StallReport report;
+  if (stall_check_ == absl::ZeroDuration()) return report;
+  std::map<int, std::vector<std::string>> missing;  // rank -> tensor names, ordered
+  absl::Duration longest;
+  bool fresh = false;
+  for (auto& [name, p] : pending_) {
+    if (p.ready) continue;
+    const absl::Duration waited = now - p.first_submit;
+    if (waited < stall_check_) continue;
+    longest = std::max(longest, waited);
+    if (stall_shutdown_ > absl::ZeroDuration() && waited >= stall_shutdown_) report.shutdown = true;
+    if (now - p.last_stall_report < stall_check_) continue;
+    p.last_stall_report = now;
+    fresh = true;
+    for (int r = 0; r < size_; ++r) {
+      if (!p.submitted[r] && !joined_[r]) missing[r].push_back(name);
+    }
+  }
+  if (!fresh && !report.shutdown) return report;
+  if (!fresh) {
+    // Shutdown without a new report: name everything stalled.
+    for (auto& [name, p] : pending_) {
+      if (p.ready || now - p.first_submit < stall_check_) continue;
+      for (int r = 0; r < size_; ++r) {
+        if (!p.submitted[r] && !joined_[r]) missing[r].push_back(name);
+      }
+    }
+  }
+  std::vector<std::string> parts;
+  for (auto& [rank, names] : missing) {
+    std::sort(names.begin(), names.end());
+    const size_t total = names.size();
+    if (total > kMaxStallNamesPerRank) names.resize(kMaxStallNamesPerRank);
+    std::string part = absl::StrCat(RankName(rank), " has not submitted ",
+                                    absl::StrJoin(names, ", ", [](std::string* out, const auto& n) {
+                                      absl::StrAppend(out, "'", n, "'");
+                                    }));
+    if (total > names.size()) absl::StrAppend(&part, " and ", total - names.size(), " more");
+    parts.push_back(std::move(part));
+  }
+  report.message = absl::StrCat(
+      "Stalled collectives in job ", job_id_, ": tensors submitted by some ranks have waited ",
+      absl::FormatDuration(absl::Trunc(longest, absl::Seconds(1))), " for the others (",
+      absl::StrJoin(parts, "; "), ").",
+      report.shutdown ? " Stall shutdown time exceeded: failing the job." : "");
+  return report;
+}
+
+void Negotiator::SetParameters(int64_t fusion_threshold_bytes, absl::Duration cycle_time) {
+  absl::MutexLock lock(&mu_);
+  fusion_threshold_bytes_ = fusion_threshold_bytes;
+  cycle_time_ = cycle_time;
+}
+
+NegotiatorStats Negotiator::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,146 @@
+// The Horovod controller as a service: per job, collects every rank's tensor requests, decides which are
+// ready (submitted by every non-joined rank), validates that all ranks agree, orders and fuses the ready
+// ones, and produces one response list that every rank executes in the same order.
+//
+// Thread-safe: one mutex guards all state; no method blocks or performs I/O.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "coordinator/negotiation_types.h"
+#include "coordinator/response_cache.h"
+
+namespace ringmaster {
+
+struct NegotiatorOptions {
+  std::string job_id;
+  // Host of each rank (size = number of ranks); named in error messages.
+  std::vector<std::string> rank_hosts;
+  int64_t fusion_threshold_bytes = int64_t{128} << 20;  // 0 disables fusion
+  absl::Duration cycle_time = absl::Milliseconds(1);
+  int cache_capacity = 1024;
+  absl::Duration stall_check = absl::Seconds(60);  // zero disables stall reports
+  absl::Duration stall_shutdown = absl::ZeroDuration();  // zero: never fail on a stall
+};
+
+struct StallReport {
+  // Empty when nothing newly crossed the stall-check time since the last report.
+  std::string message;
+  // A tensor has waited longer than the stall-shutdown time: the job must fail with `message`.
+  bool shutdown = false;
+};
+
+struct NegotiatorStats {
+  int64_t tensors_negotiated = 0;  // tensors that left in a response (errors included)
+  int64_t cycles = 0;              // Poll() calls that produced output
+  int64_t cache_hits = 0;          // ready tensors first requested by cache id
+  int64_t cache_misses = 0;        // ready tensors first requested in full
+  int64_t requests = 0;            // tensor requests received, full or by id
+};
+
+class Negotiator {
+ public:
+  explicit Negotiator(NegotiatorOptions options);
+
+  Negotiator(const Negotiator&) = delete;
+  Negotiator& operator=(const Negotiator&) = delete;
+
+  int size() const { return size_; }
+
+  // Records one batch of requests from `rank`: full requests, and requests by response-cache id.
+  // Malformed requests, names already in flight on that rank and unknown cache ids do not disturb
+  // anything else: they become notices to that rank in the next Poll().
+  // REQUIRES: 0 <= rank < size() (the caller has checked the rank belongs to the job).
+  void Submit(int rank, std::vector<TensorRequest> requests, absl::Span<const uint32_t> cached_ids,
+              absl::Time now);
+
+  // The cycle's output when one is due at `now`: when there are notices, or ready tensors and either
+  // nothing is partially submitted, the cycle time has passed since the first became ready, or a full
+  // fusion buffer is ready. nullopt otherwise.
+  std::optional<CycleOutput> Poll(absl::Time now);
+
+  // The earliest time at which Poll() would produce output if nothing else arrived;
+  // absl::InfiniteFuture() when nothing is ready.
+  absl::Time NextDeadline() const;
+
+  // Tensors that some ranks submitted and others have not, for longer than the stall-check time. Each
+  // stalled tensor is reported once per stall-check period.
+  StallReport CheckStalls(absl::Time now);
+
+  // Autotune moves these; they apply from the next Poll().
+  void SetParameters(int64_t fusion_threshold_bytes, absl::Duration cycle_time);
+
+  NegotiatorStats stats() const;
+
+ private:
+  struct Pending {
+    TensorRequest request;  // as the first rank submitted it
+    int first_rank = 0;
+    uint32_t cache_id = 0;  // nonzero: `request` equals this cache entry
+    std::vector<uint8_t> submitted;  // per rank
+    int count = 0;
+    std::vector<int64_t> first_dims;  // allgather: each rank's first dimension
+    absl::Time first_submit;
+    absl::Time last_stall_report = absl::InfinitePast();
+    std::string error;  // the first mismatch found
+    bool ready = false;
+  };
+
+  // Tensors that leave together: one tensor, a whole group, or an all-joined marker.
+  struct Unit {
+    std::vector<Pending*> tensors;
+    bool join = false;
+    int last_joined_rank = -1;
+  };
+
+  std::string RankName(int rank) const;
+  static std::string Validate(const TensorRequest& r, int size);
+  std::string Mismatch(const Pending& p, const TensorRequest& r, int rank) const;
+  int64_t ByteSize(const Pending& p) const;
+  bool Compatible(const Pending& a, const Pending& b) const;
+
+  void SubmitOne(int rank, const TensorRequest& request, uint32_t cache_id, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Join(int rank, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AllSubmitted(const Pending& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkReady(Pending* p, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RankError(int rank, const std::string& name, std::string message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool DueLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Response MakeResponse(const std::vector<Pending*>& tensors) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string job_id_;
+  const std::vector<std::string> rank_hosts_;
+  const int size_;
+
+  mutable absl::Mutex mu_;
+  int64_t fusion_threshold_bytes_ ABSL_GUARDED_BY(mu_);
+  absl::Duration cycle_time_ ABSL_GUARDED_BY(mu_);
+  const absl::Duration stall_check_;
+  const absl::Duration stall_shutdown_;
+  ResponseCache cache_ ABSL_GUARDED_BY(mu_);
+  absl::node_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // pending tensors not yet ready
+  std::vector<Unit> ready_ ABSL_GUARDED_BY(mu_);
+  int64_t ready_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time first_ready_time_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // Ready members of groups whose other members are not ready yet, by group id.
+  absl::flat_hash_map<int32_t, std::vector<Pending*>> group_ready_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint8_t> joined_ ABSL_GUARDED_BY(mu_);
+  int joined_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<RankNotice> notices_ ABSL_GUARDED_BY(mu_);
+  bool has_notices_ ABSL_GUARDED_BY(mu_) = false;
+  NegotiatorStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ringmaster

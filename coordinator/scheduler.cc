@@ -1,0 +1,86 @@
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace ringmaster {
+namespace {
+
+// "cpu" before "cuda:0" before "cuda:2" before "cuda:10".
+std::tuple<int, int, std::string> DeviceKey(const std::string& device) {
+  int ordinal = 0;
+  if (device.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(device.substr(5), &ordinal)) {
+    return {1, ordinal, device};
+  }
+  return {0, 0, device};
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& available, int np,
+                                                   int processes_per_host) {
+  std::map<std::string, std::vector<const Worker*>> by_host;
+  for (const Worker& w : available) by_host[w.host].push_back(&w);
+  const int cap = processes_per_host > 0 ? processes_per_host : np;
+
+  // Fill the hosts with the most usable workers first (fewest hosts, fewest cross-host hops).
+  std::vector<std::pair<std::string, int>> hosts;
+  int usable = 0;
+  for (auto& [host, workers] : by_host) {
+    std::sort(workers.begin(), workers.end(), [](const Worker* a, const Worker* b) {
+      return std::make_pair(DeviceKey(a->device), a->id) < std::make_pair(DeviceKey(b->device), b->id);
+    });
+    const int n = std::min<int>(cap, static_cast<int>(workers.size()));
+    hosts.emplace_back(host, n);
+    usable += n;
+  }
+  if (usable < np) {
+    return absl::UnavailableError(absl::StrCat(
+        "needs ", np, " idle workers", processes_per_host > 0
+            ? absl::StrCat(" with at most ", processes_per_host, " per host") : "",
+        "; ", usable, " usable of ", available.size(), " idle on ", by_host.size(), " hosts"));
+  }
+  std::stable_sort(hosts.begin(), hosts.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::map<std::string, int> take;  // chosen hosts in name order
+  int remaining = np;
+  for (const auto& [host, n] : hosts) {
+    if (remaining == 0) break;
+    take[host] = std::min(n, remaining);
+    remaining -= take[host];
+  }
+
+  std::vector<RankInfo> ranks;
+  ranks.reserve(np);
+  for (const auto& [host, n] : take) {
+    for (int local = 0; local < n; ++local) {
+      const Worker& w = *by_host[host][local];
+      RankInfo r;
+      r.rank = static_cast<int32_t>(ranks.size());
+      r.worker_id = w.id;
+      r.host = w.host;
+      r.device = w.device;
+      r.local_rank = local;
+      r.local_size = n;
+      ranks.push_back(std::move(r));
+    }
+  }
+  // cross_rank: the host's index among hosts that have this local_rank; cross_size: how many do.
+  for (RankInfo& r : ranks) {
+    int index = 0, count = 0;
+    for (const auto& [host, n] : take) {
+      if (n <= r.local_rank) continue;
+      if (host == r.host) index = count;
+      ++count;
+    }
+    r.cross_rank = index;
+    r.cross_size = count;
+  }
+  return ranks;
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,20 @@
+// Gang scheduling: all np ranks of a job are placed at once, or none. Pure functions of their inputs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/job.h"
+#include "coordinator/worker_registry.h"
+
+namespace ringmaster {
+
+// Places `np` ranks on `available` workers, at most `processes_per_host` per host (0: no limit),
+// filling the hosts with the most available workers first. Ranks are ordered by (host, device), so
+// ranks on one host are consecutive and local_rank, local_size, cross_rank and cross_size follow
+// Horovod's definitions. UNAVAILABLE, saying how many workers there are, when the gang does not fit.
+absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& available, int np,
+                                                   int processes_per_host);
+
+}  // namespace ringmaster

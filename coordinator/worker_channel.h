@@ -1,0 +1,40 @@
+// How the coordinator's logic talks to one connected worker. The gRPC session adapter implements it;
+// tests implement it with a recording fake. Every method only queues: none may block.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/job.h"
+#include "coordinator/negotiation_types.h"
+
+namespace ringmaster {
+
+// One negotiation cycle's output on its way to every rank of a job. Most ranks receive identical
+// bytes, so a channel may encode it once and keep the encoding in `encoded` for the other ranks.
+struct CycleBroadcast {
+  std::string job_id;
+  CycleOutput output;
+  int64_t fusion_threshold_bytes = 0;
+  double cycle_time_ms = 0;
+
+  absl::Mutex mu;
+  std::shared_ptr<const void> encoded ABSL_GUARDED_BY(mu);
+};
+
+class WorkerChannel {
+ public:
+  virtual ~WorkerChannel() = default;
+  virtual void SendAssignment(const Job& job, int rank) = 0;
+  // `cycle->output.notices[rank]` is this worker's own part.
+  virtual void SendResponses(const std::shared_ptr<CycleBroadcast>& cycle, int rank) = 0;
+  virtual void SendStopJob(const std::string& job_id, const std::string& reason) = 0;
+  virtual void SendShutdown(const std::string& reason) = 0;
+  // Ends the session with `status` (e.g. FAILED_PRECONDITION when the lease expired).
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+}  // namespace ringmaster

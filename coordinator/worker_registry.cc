@@ -1,0 +1,153 @@
+#include "coordinator/worker_registry.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ringmaster {
+
+absl::string_view WorkerStateName(WorkerState state) {
+  switch (state) {
+    case WorkerState::kIdle: return "IDLE";
+    case WorkerState::kBusy: return "BUSY";
+    case WorkerState::kLost: return "LOST";
+  }
+  return "UNSPECIFIED";
+}
+
+absl::Status ValidateWorkerPlacement(const std::string& host, const std::string& device) {
+  if (host.empty() || host.size() > 253) {
+    return absl::InvalidArgumentError(absl::StrCat("host must be 1..253 bytes; got ", host.size()));
+  }
+  for (char c : host) {
+    if (!absl::ascii_isalnum(c) && c != '.' && c != '-' && c != '_') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("host '", host, "' may contain only letters, digits, '.', '-' and '_'"));
+    }
+  }
+  int ordinal = -1;
+  const bool ok = device == "cpu" ||
+                  (absl::StartsWith(device, "cuda:") &&
+                   absl::SimpleAtoi(device.substr(5), &ordinal) && ordinal >= 0 && ordinal < 1024);
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device '", device, "' is not \"cpu\" or \"cuda:N\" (0 <= N < 1024)"));
+  }
+  return absl::OkStatus();
+}
+
+WorkerRegistry::WorkerRegistry(Clock* clock, absl::Duration lease) : clock_(clock), lease_(lease) {}
+
+absl::StatusOr<Worker> WorkerRegistry::Register(std::string host, std::string device,
+                                                std::map<std::string, std::string> labels) {
+  if (absl::Status s = ValidateWorkerPlacement(host, device); !s.ok()) return s;
+  if (labels.size() > 64) return absl::InvalidArgumentError("labels has more than 64 entries");
+  absl::MutexLock lock(&mu_);
+  Worker w;
+  w.id = absl::StrFormat("worker-%06d", next_id_++);
+  w.host = std::move(host);
+  w.device = std::move(device);
+  w.labels = std::move(labels);
+  w.last_heartbeat = clock_->Now();
+  workers_[w.id] = w;
+  return w;
+}
+
+absl::StatusOr<Worker*> WorkerRegistry::FindLocked(const std::string& id) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("worker_id '", id, "' is not registered"));
+  }
+  if (it->second.state == WorkerState::kLost) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", id, " on ", it->second.host, " lost its lease; register again"));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<Worker> WorkerRegistry::Get(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto w = const_cast<WorkerRegistry*>(this)->FindLocked(id);
+  if (!w.ok()) return w.status();
+  return **w;
+}
+
+absl::Status WorkerRegistry::Heartbeat(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto w = FindLocked(id);
+  if (!w.ok()) return w.status();
+  (*w)->last_heartbeat = clock_->Now();
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::SetConnected(const std::string& id, bool connected) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("worker_id '", id, "' is not registered"));
+  }
+  it->second.connected = connected;
+  if (connected) it->second.last_heartbeat = clock_->Now();
+  return absl::OkStatus();
+}
+
+std::vector<Worker> WorkerRegistry::Available() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Worker> out;
+  for (const auto& [id, w] : workers_) {
+    if (w.state == WorkerState::kIdle && w.connected) out.push_back(w);
+  }
+  return out;
+}
+
+std::vector<Worker> WorkerRegistry::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Worker> out;
+  for (const auto& [id, w] : workers_) out.push_back(w);
+  return out;
+}
+
+absl::Status WorkerRegistry::Assign(const std::vector<std::string>& ids, const std::string& job_id,
+                                    const std::vector<int32_t>& ranks) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& id : ids) {
+    auto w = FindLocked(id);
+    if (!w.ok()) return w.status();
+    if ((*w)->state != WorkerState::kIdle || !(*w)->connected) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", id, " is not idle"));
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Worker& w = workers_.at(ids[i]);
+    w.state = WorkerState::kBusy;
+    w.job_id = job_id;
+    w.rank = ranks[i];
+  }
+  return absl::OkStatus();
+}
+
+void WorkerRegistry::Release(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(id);
+  if (it == workers_.end() || it->second.state != WorkerState::kBusy) return;
+  it->second.state = WorkerState::kIdle;
+  it->second.job_id.clear();
+  it->second.rank = -1;
+}
+
+std::vector<Worker> WorkerRegistry::ExpireLeases() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  std::vector<Worker> lost;
+  for (auto& [id, w] : workers_) {
+    if (w.state == WorkerState::kLost || now - w.last_heartbeat < lease_) continue;
+    lost.push_back(w);
+    w.state = WorkerState::kLost;
+    w.connected = false;
+  }
+  return lost;
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,81 @@
+// Worker daemons known to the coordinator: registration, heartbeats, lease expiry, and which job rank
+// each one serves. Time comes from the injected clock, so lease expiry is tested without sleeping.
+//
+// Thread-safe: one mutex guards the registry.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+
+namespace ringmaster {
+
+enum class WorkerState { kIdle = 1, kBusy, kLost };
+
+struct Worker {
+  std::string id;
+  std::string host;
+  std::string device;  // "cpu" or "cuda:N"
+  std::map<std::string, std::string> labels;
+  WorkerState state = WorkerState::kIdle;
+  bool connected = false;  // has an open session stream
+  absl::Time last_heartbeat;
+  std::string job_id;  // when busy
+  int32_t rank = -1;
+};
+
+absl::string_view WorkerStateName(WorkerState state);  // "IDLE", "BUSY", "LOST"
+
+// INVALID_ARGUMENT naming the field: host 1..253 bytes of [A-Za-z0-9.-_], device "cpu" or "cuda:N".
+absl::Status ValidateWorkerPlacement(const std::string& host, const std::string& device);
+
+class WorkerRegistry {
+ public:
+  // `clock` is borrowed and must outlive the registry.
+  WorkerRegistry(Clock* clock, absl::Duration lease);
+
+  absl::Duration lease() const { return lease_; }
+
+  absl::StatusOr<Worker> Register(std::string host, std::string device,
+                                  std::map<std::string, std::string> labels);
+
+  // NOT_FOUND for an unknown id; FAILED_PRECONDITION once the worker's lease has expired.
+  absl::StatusOr<Worker> Get(const std::string& id) const;
+  absl::Status Heartbeat(const std::string& id);
+  absl::Status SetConnected(const std::string& id, bool connected);
+
+  // Workers that are idle and connected.
+  std::vector<Worker> Available() const;
+  std::vector<Worker> List() const;
+
+  // Marks the workers busy with `job_id`, worker i serving ranks[i]. FAILED_PRECONDITION (nothing
+  // changed) unless every one is idle and connected.
+  absl::Status Assign(const std::vector<std::string>& ids, const std::string& job_id,
+                      const std::vector<int32_t>& ranks);
+  // Returns a busy worker to idle (no-op for a lost or unknown one).
+  void Release(const std::string& id);
+
+  // Marks every worker whose last heartbeat is older than the lease as lost and returns them (as they
+  // were, with the job they served).
+  std::vector<Worker> ExpireLeases();
+
+ private:
+  absl::StatusOr<Worker*> FindLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Clock* const clock_;
+  const absl::Duration lease_;
+  mutable absl::Mutex mu_;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);  // ordered by id
+};
+
+}  // namespace ringmaster

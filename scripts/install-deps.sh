@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs, from Debian 12's packages, whatever Ringmaster's build, tests and demo need and the machine
+# lacks. Idempotent: a machine that has everything makes no apt call at all.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ccache pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
+  libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev
+  libgloo-dev
+  python3 python3-grpc-tools python3-grpcio python3-protobuf python3-pytest
+  iproute2 procps
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
