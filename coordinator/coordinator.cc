@@ -217,6 +217,8 @@ void Coordinator::Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now)
   auto cycle = std::make_shared<CycleBroadcast>();
   cycle->job_id = runtime->job_id;
   cycle->output = *std::move(output);
+  cycle->fusion_threshold_bytes = runtime->negotiator->fusion_threshold_bytes();
+  cycle->cycle_time_ms = absl::ToDoubleMilliseconds(runtime->negotiator->cycle_time());
   absl::MutexLock lock(&mu_);
   for (const RankInfo& r : runtime->ranks) {
     if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendResponses(cycle, r.rank);
@@ -369,9 +371,12 @@ void Coordinator::Housekeeping(absl::Time now) {
   rendezvous_.ExpireWaiters(now);
 }
 
-void Coordinator::ShutdownWorkers(const std::string& reason) {
-  absl::MutexLock lock(&mu_);
-  for (auto& [id, channel] : channels_) channel->SendShutdown(reason);
+void Coordinator::Shutdown(const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, channel] : channels_) channel->SendShutdown(reason);
+  }
+  rendezvous_.AbortAll(reason);
 }
 
 }  // namespace ringmaster

@@ -109,8 +109,9 @@ class Coordinator {
   // The earliest negotiation deadline of any job (InfiniteFuture when none).
   absl::Time NextDeadline() const;
 
-  // Tells every connected worker to shut down (graceful server stop).
-  void ShutdownWorkers(const std::string& reason);
+  // Graceful server stop: tells every connected worker to shut down and fails pending rendezvous
+  // waits with UNAVAILABLE.
+  void Shutdown(const std::string& reason);
 
  private:
   // A job's live state while it has workers.

@@ -495,6 +495,16 @@ void Negotiator::SetParameters(int64_t fusion_threshold_bytes, absl::Duration cy
   cycle_time_ = cycle_time;
 }
 
+int64_t Negotiator::fusion_threshold_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return fusion_threshold_bytes_;
+}
+
+absl::Duration Negotiator::cycle_time() const {
+  absl::MutexLock lock(&mu_);
+  return cycle_time_;
+}
+
 NegotiatorStats Negotiator::stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;

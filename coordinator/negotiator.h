@@ -80,6 +80,8 @@ class Negotiator {
   void SetParameters(int64_t fusion_threshold_bytes, absl::Duration cycle_time);
 
   NegotiatorStats stats() const;
+  int64_t fusion_threshold_bytes() const;
+  absl::Duration cycle_time() const;
 
  private:
   struct Pending {

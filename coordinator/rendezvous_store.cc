@@ -140,4 +140,13 @@ void RendezvousStore::DropScope(const std::string& scope, const std::string& rea
   for (auto& done : aborted) done(absl::AbortedError(reason));
 }
 
+void RendezvousStore::AbortAll(const std::string& reason) {
+  std::vector<Waiter> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    waiters.swap(waiters_);
+  }
+  for (Waiter& w : waiters) w.done(absl::UnavailableError(reason));
+}
+
 }  // namespace ringmaster

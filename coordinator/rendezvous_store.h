@@ -47,6 +47,9 @@ class RendezvousStore {
   // Removes the scope's keys and fails its waiters with ABORTED and `reason`.
   void DropScope(const std::string& scope, const std::string& reason);
 
+  // Fails every waiter with UNAVAILABLE and `reason` (the server is stopping).
+  void AbortAll(const std::string& reason);
+
  private:
   struct Waiter {
     std::string scope;

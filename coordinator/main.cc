@@ -1,0 +1,66 @@
+// ringmaster-coordinator: the control plane. Registers jobs and workers, places ranks, negotiates every
+// cycle, and serves rendezvous. Stops gracefully on SIGTERM or SIGINT.
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+#include "coordinator/server.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "address to serve gRPC on (host:port)");
+ABSL_FLAG(std::string, log_level, "warning",
+          "trace, debug, info, warning, error, fatal or off (env HOROVOD_LOG_LEVEL)");
+ABSL_FLAG(double, lease_seconds, 10, "a worker without a heartbeat for this long is lost");
+ABSL_FLAG(double, heartbeat_interval_seconds, 2, "how often workers are told to heartbeat");
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("ringmaster-coordinator --listen ADDR:PORT [--log-level LEVEL]");
+  absl::ParseCommandLine(argc, argv);
+  std::string level = absl::GetFlag(FLAGS_log_level);
+  if (const char* env = std::getenv("HOROVOD_LOG_LEVEL"); env != nullptr && level == "warning") {
+    level = env;
+  }
+  if (absl::Status s = ringmaster::InitLogging(level); !s.ok()) {
+    std::fprintf(stderr, "ringmaster-coordinator: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  const double lease = absl::GetFlag(FLAGS_lease_seconds);
+  const double heartbeat = absl::GetFlag(FLAGS_heartbeat_interval_seconds);
+  if (!(lease > 0) || !(heartbeat > 0) || heartbeat >= lease) {
+    std::fprintf(stderr,
+                 "ringmaster-coordinator: need 0 < --heartbeat-interval-seconds < "
+                 "--lease-seconds\n");
+    return 2;
+  }
+  ringmaster::CoordinatorOptions options;
+  options.lease = absl::Milliseconds(lease * 1000);
+  options.heartbeat_interval = absl::Milliseconds(heartbeat * 1000);
+  ringmaster::CoordinatorServer server(std::move(options));
+  absl::StatusOr<int> port = server.Start(absl::GetFlag(FLAGS_listen));
+  if (!port.ok()) {
+    std::fprintf(stderr, "ringmaster-coordinator: %s\n", std::string(port.status().message()).c_str());
+    return 1;
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  // Printed on stdout so scripts that asked for port 0 learn the port.
+  std::printf("ringmaster-coordinator listening on port %d\n", *port);
+  std::fflush(stdout);
+  spdlog::info("listening on {}", absl::GetFlag(FLAGS_listen));
+  while (!g_stop) absl::SleepFor(absl::Milliseconds(50));
+  spdlog::info("shutting down");
+  server.Stop();
+  return 0;
+}

@@ -1,0 +1,59 @@
+#include "coordinator/server.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/service/job_service.h"
+#include "coordinator/service/rendezvous_service.h"
+#include "coordinator/service/worker_service.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+
+namespace ringmaster {
+
+// The ticker's period bounds how late a cycle-time flush can be; full readiness flushes at once.
+constexpr auto kTickPeriod = std::chrono::microseconds(250);
+
+CoordinatorServer::CoordinatorServer(CoordinatorOptions options)
+    : coordinator_(std::make_unique<Coordinator>(std::move(options))),
+      job_service_(std::make_unique<JobService>(*coordinator_)),
+      worker_service_(std::make_unique<WorkerService>(*coordinator_)),
+      rendezvous_service_(std::make_unique<RendezvousService>(*coordinator_)) {}
+
+CoordinatorServer::~CoordinatorServer() { Stop(); }
+
+absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(job_service_.get());
+  builder.RegisterService(worker_service_.get());
+  builder.RegisterService(rendezvous_service_.get());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port == 0) {
+    server_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  ticker_ = std::thread([this] { TickLoop(); });
+  return port;
+}
+
+void CoordinatorServer::TickLoop() {
+  while (!stopping_.load(std::memory_order_acquire)) {
+    coordinator_->Tick();
+    std::this_thread::sleep_for(kTickPeriod);
+  }
+}
+
+void CoordinatorServer::Stop(absl::Duration grace) {
+  if (stopping_.exchange(true)) return;
+  if (ticker_.joinable()) ticker_.join();
+  if (server_ == nullptr) return;
+  coordinator_->Shutdown("coordinator is shutting down");
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(absl::ToInt64Milliseconds(grace)));
+  server_->Wait();
+}
+
+}  // namespace ringmaster

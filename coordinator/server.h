@@ -1,0 +1,50 @@
+// The coordinator process: the Coordinator, its three gRPC services on one server, and the ticker
+// thread that flushes negotiation cycles and runs housekeeping. Used by main() and by in-process tests.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "coordinator/coordinator.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace ringmaster {
+
+class JobService;
+class WorkerService;
+class RendezvousService;
+
+class CoordinatorServer {
+ public:
+  explicit CoordinatorServer(CoordinatorOptions options);
+  ~CoordinatorServer();  // Stop()s
+
+  // Listens on `address` ("host:port"; port 0 picks one) and starts the ticker. Returns the port.
+  // UNAVAILABLE when the address cannot be bound.
+  absl::StatusOr<int> Start(const std::string& address);
+
+  // Tells workers to shut down, fails pending rendezvous waits, and stops the server, giving in-flight
+  // calls up to `grace` to finish. Idempotent.
+  void Stop(absl::Duration grace = absl::Seconds(5));
+
+  Coordinator& coordinator() { return *coordinator_; }
+
+ private:
+  void TickLoop();
+
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<JobService> job_service_;
+  std::unique_ptr<WorkerService> worker_service_;
+  std::unique_ptr<RendezvousService> rendezvous_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::atomic<bool> stopping_{false};
+  std::thread ticker_;
+};
+
+}  // namespace ringmaster

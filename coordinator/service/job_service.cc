@@ -1,0 +1,168 @@
+#include "coordinator/service/job_service.h"
+
+#include <deque>
+#include <memory>
+
+#include "absl/synchronization/mutex.h"
+#include "coordinator/service/grpc_status.h"
+#include "coordinator/service/proto_convert.h"
+
+namespace ringmaster {
+namespace {
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// Streams a job's events. The registry's watcher may fire on any thread, even after the client went
+// away, so it reaches the reactor only through `State`, which OnDone() closes.
+class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
+ public:
+  WatchReactor(Coordinator& coordinator, std::string job_id)
+      : coordinator_(coordinator), job_id_(std::move(job_id)), state_(std::make_shared<State>()) {
+    state_->reactor = this;
+    std::shared_ptr<State> state = state_;
+    absl::StatusOr<int64_t> watch =
+        coordinator_.WatchJob(job_id_, [state](const Job& job, const JobEvent& event) {
+          v1::WatchJobResponse message;
+          ToProto(job, message.mutable_job());
+          ToProto(event, message.mutable_event());
+          state->Push(std::move(message), IsTerminal(job.state));
+        });
+    if (!watch.ok()) {
+      state_->Fail(ToGrpcStatus(watch.status()));
+      return;
+    }
+    watch_id_ = *watch;
+    absl::StatusOr<Job> job = coordinator_.GetJob(job_id_);
+    if (!job.ok()) {
+      state_->Fail(ToGrpcStatus(job.status()));
+      return;
+    }
+    v1::WatchJobResponse first;
+    ToProto(*job, first.mutable_job());
+    state_->PushFront(std::move(first), IsTerminal(job->state));
+  }
+
+  void OnWriteDone(bool ok) override { state_->WriteDone(ok); }
+  void OnCancel() override { state_->Fail(grpc::Status::CANCELLED); }
+  void OnDone() override {
+    if (watch_id_ != 0) coordinator_.UnwatchJob(job_id_, watch_id_);
+    state_->Close();
+    delete this;
+  }
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    WatchReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // null once done
+    std::deque<v1::WatchJobResponse> queue ABSL_GUARDED_BY(mu);
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool finishing ABSL_GUARDED_BY(mu) = false;  // finish once the queue drains
+    bool finished ABSL_GUARDED_BY(mu) = false;
+
+    void Push(v1::WatchJobResponse m, bool last) { Enqueue(std::move(m), last, false); }
+    void PushFront(v1::WatchJobResponse m, bool last) { Enqueue(std::move(m), last, true); }
+
+    void Enqueue(v1::WatchJobResponse m, bool last, bool front) {
+      absl::MutexLock lock(&mu);
+      if (reactor == nullptr || finished || finishing) return;
+      if (front && !writing) {
+        queue.push_front(std::move(m));
+      } else {
+        queue.push_back(std::move(m));
+      }
+      if (last) finishing = true;
+      PumpLocked();
+    }
+    void WriteDone(bool ok) {
+      absl::MutexLock lock(&mu);
+      writing = false;
+      if (!queue.empty()) queue.pop_front();
+      if (!ok) {
+        FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+        return;
+      }
+      PumpLocked();
+    }
+    void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      if (writing || finished) return;
+      if (!queue.empty()) {
+        writing = true;
+        reactor->StartWrite(&queue.front());
+      } else if (finishing) {
+        FinishLocked(grpc::Status::OK);
+      }
+    }
+    void Fail(const grpc::Status& status) {
+      absl::MutexLock lock(&mu);
+      FinishLocked(status);
+    }
+    void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      if (finished || reactor == nullptr) return;
+      finished = true;
+      reactor->Finish(status);
+    }
+    void Close() {
+      absl::MutexLock lock(&mu);
+      reactor = nullptr;
+    }
+  };
+
+  Coordinator& coordinator_;
+  const std::string job_id_;
+  std::shared_ptr<State> state_;
+  int64_t watch_id_ = 0;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* JobService::RegisterJob(grpc::CallbackServerContext* context,
+                                                  const v1::RegisterJobRequest* request,
+                                                  v1::RegisterJobResponse* response) {
+  JobSpec spec;
+  if (absl::Status s = FromProto(request->spec(), &spec); !s.ok()) return Done(context, s);
+  absl::StatusOr<Job> job = coordinator_.RegisterJob(std::move(spec));
+  if (job.ok()) ToProto(*job, response->mutable_job());
+  return Done(context, job.status());
+}
+
+grpc::ServerUnaryReactor* JobService::GetJob(grpc::CallbackServerContext* context,
+                                             const v1::GetJobRequest* request,
+                                             v1::GetJobResponse* response) {
+  absl::StatusOr<Job> job = coordinator_.GetJob(request->job_id());
+  if (job.ok()) ToProto(*job, response->mutable_job());
+  return Done(context, job.status());
+}
+
+grpc::ServerUnaryReactor* JobService::ListJobs(grpc::CallbackServerContext* context,
+                                               const v1::ListJobsRequest* request,
+                                               v1::ListJobsResponse* response) {
+  std::vector<JobState> states;
+  for (int s : request->states()) {
+    JobState state;
+    if (absl::Status st = FromProto(static_cast<v1::JobState>(s), &state); !st.ok()) {
+      return Done(context, st);
+    }
+    states.push_back(state);
+  }
+  for (const Job& job : coordinator_.ListJobs(states)) ToProto(job, response->add_jobs());
+  return Done(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* JobService::CancelJob(grpc::CallbackServerContext* context,
+                                                const v1::CancelJobRequest* request,
+                                                v1::CancelJobResponse* response) {
+  absl::StatusOr<Job> job = coordinator_.CancelJob(request->job_id(), request->reason());
+  if (job.ok()) ToProto(*job, response->mutable_job());
+  return Done(context, job.status());
+}
+
+grpc::ServerWriteReactor<v1::WatchJobResponse>* JobService::WatchJob(
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  return new WatchReactor(coordinator_, request->job_id());
+}
+
+}  // namespace ringmaster

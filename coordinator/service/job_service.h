@@ -1,0 +1,33 @@
+// ringmaster.v1.JobService over the Coordinator: translates messages and status codes, nothing else.
+#pragma once
+
+#include "coordinator/coordinator.h"
+#include "ringmaster/v1/job.grpc.pb.h"
+
+namespace ringmaster {
+
+class JobService final : public v1::JobService::CallbackService {
+ public:
+  // `coordinator` is borrowed and must outlive the service.
+  explicit JobService(Coordinator& coordinator) : coordinator_(coordinator) {}
+
+  grpc::ServerUnaryReactor* RegisterJob(grpc::CallbackServerContext* context,
+                                        const v1::RegisterJobRequest* request,
+                                        v1::RegisterJobResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request,
+                                   v1::GetJobResponse* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const v1::CancelJobRequest* request,
+                                      v1::CancelJobResponse* response) override;
+  grpc::ServerWriteReactor<v1::WatchJobResponse>* WatchJob(
+      grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) override;
+
+ private:
+  Coordinator& coordinator_;
+};
+
+}  // namespace ringmaster

@@ -1,0 +1,214 @@
+#include "coordinator/service/proto_convert.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+namespace ringmaster {
+namespace {
+
+int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+}  // namespace
+
+absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
+  out->name = in.name();
+  out->np = in.np();
+  out->processes_per_host = in.processes_per_host();
+  out->command.assign(in.command().begin(), in.command().end());
+  out->env = {in.env().begin(), in.env().end()};
+  out->working_dir = in.working_dir();
+  out->labels = {in.labels().begin(), in.labels().end()};
+  const v1::Knobs& k = in.knobs();
+  Knobs& o = out->knobs;
+  o = Knobs{};
+  if (k.has_fusion_threshold_bytes()) o.fusion_threshold_bytes = k.fusion_threshold_bytes();
+  if (k.has_cycle_time_ms()) o.cycle_time_ms = k.cycle_time_ms();
+  if (k.has_cache_capacity()) o.cache_capacity = k.cache_capacity();
+  o.autotune = k.autotune();
+  if (k.has_autotune_warmup_samples()) o.autotune_warmup_samples = k.autotune_warmup_samples();
+  if (k.has_autotune_steps_per_sample()) o.autotune_steps_per_sample = k.autotune_steps_per_sample();
+  if (k.has_autotune_bayes_opt_max_samples()) {
+    o.autotune_bayes_opt_max_samples = k.autotune_bayes_opt_max_samples();
+  }
+  if (k.has_autotune_gaussian_process_noise()) {
+    o.autotune_gaussian_process_noise = k.autotune_gaussian_process_noise();
+  }
+  o.autotune_log = k.autotune_log();
+  o.timeline = k.timeline();
+  o.timeline_mark_cycles = k.timeline_mark_cycles();
+  if (k.has_stall_check_seconds()) o.stall_check_seconds = k.stall_check_seconds();
+  if (k.has_stall_shutdown_seconds()) o.stall_shutdown_seconds = k.stall_shutdown_seconds();
+  if (!v1::Backend_IsValid(k.backend())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.knobs.backend = ", k.backend(), " is not a backend"));
+  }
+  o.backend = static_cast<Backend>(k.backend());
+  return absl::OkStatus();
+}
+
+void ToProto(const JobSpec& in, v1::JobSpec* out) {
+  out->set_name(in.name);
+  out->set_np(in.np);
+  out->set_processes_per_host(in.processes_per_host);
+  for (const std::string& arg : in.command) out->add_command(arg);
+  out->mutable_env()->insert(in.env.begin(), in.env.end());
+  out->set_working_dir(in.working_dir);
+  out->mutable_labels()->insert(in.labels.begin(), in.labels.end());
+  const Knobs& k = in.knobs;
+  v1::Knobs* o = out->mutable_knobs();
+  o->set_fusion_threshold_bytes(k.fusion_threshold_bytes);
+  o->set_cycle_time_ms(k.cycle_time_ms);
+  o->set_cache_capacity(k.cache_capacity);
+  o->set_autotune(k.autotune);
+  o->set_autotune_warmup_samples(k.autotune_warmup_samples);
+  o->set_autotune_steps_per_sample(k.autotune_steps_per_sample);
+  o->set_autotune_bayes_opt_max_samples(k.autotune_bayes_opt_max_samples);
+  o->set_autotune_gaussian_process_noise(k.autotune_gaussian_process_noise);
+  o->set_autotune_log(k.autotune_log);
+  o->set_timeline(k.timeline);
+  o->set_timeline_mark_cycles(k.timeline_mark_cycles);
+  o->set_stall_check_seconds(k.stall_check_seconds);
+  o->set_stall_shutdown_seconds(k.stall_shutdown_seconds);
+  o->set_backend(static_cast<v1::Backend>(k.backend));
+}
+
+v1::JobState ToProto(JobState state) { return static_cast<v1::JobState>(state); }
+
+absl::Status FromProto(v1::JobState in, JobState* out) {
+  if (in == v1::JOB_STATE_UNSPECIFIED || !v1::JobState_IsValid(in)) {
+    return absl::InvalidArgumentError(absl::StrCat("states: ", in, " is not a job state"));
+  }
+  *out = static_cast<JobState>(in);
+  return absl::OkStatus();
+}
+
+void ToProto(const JobEvent& in, v1::JobEvent* out) {
+  out->set_time_unix_ms(UnixMs(in.time));
+  out->set_state(ToProto(in.state));
+  out->set_message(in.message);
+}
+
+void ToProto(const Job& in, v1::Job* out) {
+  out->set_id(in.id);
+  ToProto(in.spec, out->mutable_spec());
+  out->set_state(ToProto(in.state));
+  out->set_reason(in.reason);
+  out->set_epoch(in.epoch);
+  out->set_create_time_unix_ms(UnixMs(in.create_time));
+  out->set_update_time_unix_ms(UnixMs(in.update_time));
+  for (const RankInfo& r : in.ranks) {
+    v1::RankInfo* o = out->add_ranks();
+    o->set_rank(r.rank);
+    o->set_worker_id(r.worker_id);
+    o->set_host(r.host);
+    o->set_device(r.device);
+    o->set_local_rank(r.local_rank);
+    o->set_local_size(r.local_size);
+    o->set_cross_rank(r.cross_rank);
+    o->set_cross_size(r.cross_size);
+    o->set_state(static_cast<v1::RankState>(r.state));
+    o->set_exit_code(r.exit_code);
+  }
+  for (const JobEvent& e : in.events) ToProto(e, out->add_events());
+}
+
+void FromProto(const v1::TensorRequest& in, TensorRequest* out) {
+  out->name = in.name();
+  out->type = static_cast<RequestType>(in.type());
+  out->dtype = static_cast<DataType>(in.dtype());
+  out->shape.assign(in.shape().begin(), in.shape().end());
+  out->root_rank = in.root_rank();
+  out->reduce_op = static_cast<ReduceOp>(in.reduce_op());
+  out->prescale_factor = in.prescale_factor();
+  out->postscale_factor = in.postscale_factor();
+  out->device = in.device();
+  out->group_id = in.group_id();
+  out->group_size = in.group_size();
+}
+
+void ToProto(const TensorRequest& in, v1::TensorRequest* out) {
+  out->set_name(in.name);
+  out->set_type(static_cast<v1::RequestType>(in.type));
+  out->set_dtype(static_cast<v1::DataType>(in.dtype));
+  for (int64_t d : in.shape) out->add_shape(d);
+  out->set_root_rank(in.root_rank);
+  out->set_reduce_op(static_cast<v1::ReduceOp>(in.reduce_op));
+  out->set_prescale_factor(in.prescale_factor);
+  out->set_postscale_factor(in.postscale_factor);
+  out->set_device(in.device);
+  out->set_group_id(in.group_id);
+  out->set_group_size(in.group_size);
+}
+
+void FromProto(const v1::RequestBatch& in, RequestBatch* out) {
+  out->job_id = in.job_id();
+  out->epoch = in.epoch();
+  out->rank = in.rank();
+  out->requests.resize(in.requests_size());
+  for (int i = 0; i < in.requests_size(); ++i) FromProto(in.requests(i), &out->requests[i]);
+  out->cached_ids.assign(in.cached_ids().begin(), in.cached_ids().end());
+}
+
+absl::Status FromProto(const v1::RankUpdate& in, RankUpdate* out) {
+  out->job_id = in.job_id();
+  out->epoch = in.epoch();
+  out->rank = in.rank();
+  if (in.state() != v1::RANK_STATE_STARTED && in.state() != v1::RANK_STATE_EXITED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank_update.state = ", in.state(), " must be STARTED or EXITED"));
+  }
+  out->state = static_cast<RankState>(in.state());
+  out->exit_code = in.exit_code();
+  out->message = in.message();
+  return absl::OkStatus();
+}
+
+void ToProto(const Response& in, v1::Response* out) {
+  out->set_type(static_cast<v1::Response::Type>(static_cast<int>(in.type) + 1));
+  for (const std::string& name : in.names) out->add_names(name);
+  for (uint32_t id : in.cache_ids) out->add_cache_ids(id);
+  out->set_dtype(static_cast<v1::DataType>(in.dtype));
+  out->set_reduce_op(static_cast<v1::ReduceOp>(in.reduce_op));
+  out->set_prescale_factor(in.prescale_factor);
+  out->set_postscale_factor(in.postscale_factor);
+  out->set_root_rank(in.root_rank);
+  out->set_device(in.device);
+  for (int64_t s : in.tensor_sizes) out->add_tensor_sizes(s);
+  out->set_error_message(in.error_message);
+  out->set_last_joined_rank(in.last_joined_rank);
+}
+
+void FromProto(const v1::Response& in, Response* out) {
+  out->type = static_cast<Response::Type>(static_cast<int>(in.type()) - 1);
+  out->names.assign(in.names().begin(), in.names().end());
+  out->cache_ids.assign(in.cache_ids().begin(), in.cache_ids().end());
+  out->dtype = static_cast<DataType>(in.dtype());
+  out->reduce_op = static_cast<ReduceOp>(in.reduce_op());
+  out->prescale_factor = in.prescale_factor();
+  out->postscale_factor = in.postscale_factor();
+  out->root_rank = in.root_rank();
+  out->device = in.device();
+  out->tensor_sizes.assign(in.tensor_sizes().begin(), in.tensor_sizes().end());
+  out->error_message = in.error_message();
+  out->last_joined_rank = in.last_joined_rank();
+}
+
+void ToProto(const CycleBroadcast& in, v1::ResponseList* out) {
+  out->set_job_id(in.job_id);
+  for (const CacheAssignment& a : in.output.cache_assignments) {
+    v1::CacheAssignment* o = out->add_cache_assignments();
+    o->set_name(a.name);
+    o->set_id(a.id);
+  }
+  for (uint32_t id : in.output.evicted_ids) out->add_evicted_ids(id);
+  for (const Response& r : in.output.responses) ToProto(r, out->add_responses());
+  out->set_fusion_threshold_bytes(in.fusion_threshold_bytes);
+  out->set_cycle_time_ms(in.cycle_time_ms);
+}
+
+void ToProto(const RankNotice& in, v1::ResponseList* out) {
+  for (uint32_t id : in.resend_ids) out->add_resend_ids(id);
+  for (const Response& r : in.errors) ToProto(r, out->add_rank_errors());
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,36 @@
+// Conversions between ringmaster.v1 messages and the coordinator's plain types, with validation of what
+// the plain types cannot represent (enum values out of range). Included only by service sources.
+#pragma once
+
+#include "absl/status/status.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/job.h"
+#include "coordinator/negotiation_types.h"
+#include "coordinator/worker_registry.h"
+#include "ringmaster/v1/job.pb.h"
+#include "ringmaster/v1/worker.pb.h"
+
+namespace ringmaster {
+
+// Fills in Horovod's defaults for unset knobs. INVALID_ARGUMENT names a bad enum field.
+absl::Status FromProto(const v1::JobSpec& in, JobSpec* out);
+void ToProto(const JobSpec& in, v1::JobSpec* out);
+void ToProto(const Job& in, v1::Job* out);
+void ToProto(const JobEvent& in, v1::JobEvent* out);
+v1::JobState ToProto(JobState state);
+// INVALID_ARGUMENT for JOB_STATE_UNSPECIFIED or an unknown value.
+absl::Status FromProto(v1::JobState in, JobState* out);
+
+void FromProto(const v1::TensorRequest& in, TensorRequest* out);
+void ToProto(const TensorRequest& in, v1::TensorRequest* out);
+void FromProto(const v1::RequestBatch& in, RequestBatch* out);
+// INVALID_ARGUMENT for a state other than STARTED or EXITED.
+absl::Status FromProto(const v1::RankUpdate& in, RankUpdate* out);
+
+// The part of a cycle every rank receives alike (no resend_ids, no rank_errors).
+void ToProto(const CycleBroadcast& in, v1::ResponseList* out);
+void ToProto(const RankNotice& in, v1::ResponseList* out);
+void ToProto(const Response& in, v1::Response* out);
+void FromProto(const v1::Response& in, Response* out);
+
+}  // namespace ringmaster

@@ -1,0 +1,46 @@
+#include "coordinator/service/rendezvous_service.h"
+
+#include "coordinator/service/grpc_status.h"
+
+namespace ringmaster {
+
+grpc::ServerUnaryReactor* RendezvousService::Set(grpc::CallbackServerContext* context,
+                                                 const v1::SetRequest* request,
+                                                 v1::SetResponse* response) {
+  absl::Status s = coordinator_.RendezvousSet(request->job_id(), request->epoch(), request->key(),
+                                              request->value());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* context,
+                                                 const v1::GetRequest* request,
+                                                 v1::GetResponse* response) {
+  absl::StatusOr<std::string> value =
+      coordinator_.RendezvousGet(request->job_id(), request->epoch(), request->key());
+  if (value.ok()) response->set_value(*std::move(value));
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(value.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Wait(grpc::CallbackServerContext* context,
+                                                  const v1::WaitRequest* request,
+                                                  v1::WaitResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The store calls back exactly once: with the values, on timeout, when the job ends, or at server
+  // stop, so the reactor and `response` are alive until then.
+  coordinator_.RendezvousWait(
+      request->job_id(), request->epoch(), {request->keys().begin(), request->keys().end()},
+      absl::Milliseconds(request->timeout_ms()),
+      [reactor, response](absl::StatusOr<std::vector<std::string>> values) {
+        if (values.ok()) {
+          for (std::string& v : *values) response->add_values(std::move(v));
+        }
+        reactor->Finish(ToGrpcStatus(values.status()));
+      });
+  return reactor;
+}
+
+}  // namespace ringmaster

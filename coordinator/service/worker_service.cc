@@ -1,0 +1,213 @@
+#include "coordinator/service/worker_service.h"
+
+#include <deque>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "coordinator/service/grpc_status.h"
+#include "coordinator/service/proto_convert.h"
+#include "spdlog/spdlog.h"
+
+namespace ringmaster {
+namespace {
+
+using Outbound = std::shared_ptr<const v1::CoordinatorMessage>;
+
+// One worker's session. Reads are handled one at a time (the next read starts when the last message
+// was handed to the coordinator); writes are queued and sent one at a time. Nothing here blocks.
+class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>,
+                       public WorkerChannel {
+ public:
+  explicit SessionReactor(Coordinator& coordinator) : coordinator_(coordinator) {
+    StartRead(&in_);
+  }
+
+  // WorkerChannel. Called by the coordinator (with its lock held): queue only.
+  void SendAssignment(const Job& job, int rank) override {
+    auto message = std::make_shared<v1::CoordinatorMessage>();
+    v1::JobAssignment* a = message->mutable_assignment();
+    ToProto(job, a->mutable_job());
+    a->set_rank(rank);
+    a->set_epoch(job.epoch);
+    Enqueue(std::move(message));
+  }
+
+  void SendResponses(const std::shared_ptr<CycleBroadcast>& cycle, int rank) override {
+    Outbound shared;
+    {
+      absl::MutexLock lock(&cycle->mu);
+      if (cycle->encoded == nullptr) {
+        auto message = std::make_shared<v1::CoordinatorMessage>();
+        ToProto(*cycle, message->mutable_responses());
+        cycle->encoded = message;
+      }
+      shared = std::static_pointer_cast<const v1::CoordinatorMessage>(cycle->encoded);
+    }
+    const RankNotice& notice = cycle->output.notices[rank];
+    if (notice.empty()) {
+      Enqueue(std::move(shared));
+      return;
+    }
+    auto own = std::make_shared<v1::CoordinatorMessage>(*shared);
+    ToProto(notice, own->mutable_responses());
+    Enqueue(std::move(own));
+  }
+
+  void SendStopJob(const std::string& job_id, const std::string& reason) override {
+    auto message = std::make_shared<v1::CoordinatorMessage>();
+    message->mutable_stop_job()->set_job_id(job_id);
+    message->mutable_stop_job()->set_reason(reason);
+    Enqueue(std::move(message));
+  }
+
+  void SendShutdown(const std::string& reason) override {
+    auto message = std::make_shared<v1::CoordinatorMessage>();
+    message->mutable_shutdown()->set_reason(reason);
+    Enqueue(std::move(message));
+  }
+
+  void Close(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    finishing_ = true;
+    final_status_ = ToGrpcStatus(status);
+    if (!writing_) FinishLocked();
+  }
+
+  // Reactor.
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the worker closed its side, or the stream broke
+      Close(absl::OkStatus());
+      return;
+    }
+    if (absl::Status s = Handle(in_); !s.ok()) {
+      Close(s);
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    queue_.pop_front();
+    if (!ok) {
+      finishing_ = true;
+      final_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "write to worker failed");
+    }
+    PumpLocked();
+  }
+
+  void OnDone() override {
+    if (!worker_id_.empty()) coordinator_.CloseSession(worker_id_, this);
+    delete this;
+  }
+
+ private:
+  absl::Status Handle(const v1::WorkerMessage& m) {
+    if (worker_id_.empty()) {
+      if (m.kind_case() != v1::WorkerMessage::kOpen) {
+        return absl::InvalidArgumentError("the first message of a session must be 'open'");
+      }
+      if (absl::Status s = coordinator_.OpenSession(m.open().worker_id(), this); !s.ok()) return s;
+      worker_id_ = m.open().worker_id();
+      auto accepted = std::make_shared<v1::CoordinatorMessage>();
+      v1::RegisterWorkerResponse* a = accepted->mutable_accepted();
+      a->set_worker_id(worker_id_);
+      a->set_lease_ms(absl::ToInt64Milliseconds(coordinator_.lease()));
+      a->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(coordinator_.heartbeat_interval()));
+      Enqueue(std::move(accepted));
+      return absl::OkStatus();
+    }
+    // Every message proves the worker alive; a lost worker's session ends here.
+    if (absl::Status s = coordinator_.Heartbeat(worker_id_); !s.ok()) return s;
+    switch (m.kind_case()) {
+      case v1::WorkerMessage::kHeartbeat:
+        return absl::OkStatus();
+      case v1::WorkerMessage::kRequests: {
+        RequestBatch batch;
+        FromProto(m.requests(), &batch);
+        const std::string job_id = batch.job_id;
+        if (absl::Status s = coordinator_.SubmitRequests(worker_id_, std::move(batch)); !s.ok()) {
+          // Not this worker's job (or a stale epoch): tell it to stop that job; the session lives.
+          SendStopJob(job_id, s.ToString());
+        }
+        return absl::OkStatus();
+      }
+      case v1::WorkerMessage::kRankUpdate: {
+        RankUpdate update;
+        if (absl::Status s = FromProto(m.rank_update(), &update); !s.ok()) return s;
+        if (absl::Status s = coordinator_.UpdateRank(worker_id_, update); !s.ok()) {
+          spdlog::debug("rank update from {} ignored: {}", worker_id_, s.ToString());
+        }
+        return absl::OkStatus();
+      }
+      case v1::WorkerMessage::kOpen:
+        return absl::InvalidArgumentError("'open' may only be the first message of a session");
+      case v1::WorkerMessage::KIND_NOT_SET:
+        break;
+    }
+    return absl::InvalidArgumentError("worker message has no kind set");
+  }
+
+  void Enqueue(Outbound message) {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    queue_.push_back(std::move(message));
+    PumpLocked();
+  }
+
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || finished_) return;
+    if (!queue_.empty() && !finishing_) {
+      writing_ = true;
+      StartWrite(queue_.front().get());
+      return;
+    }
+    if (finishing_) FinishLocked();
+  }
+
+  void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(final_status_);
+  }
+
+  Coordinator& coordinator_;
+  v1::WorkerMessage in_;
+  std::string worker_id_;  // set once the session is open; read only by reactor callbacks
+
+  absl::Mutex mu_;
+  std::deque<Outbound> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* WorkerService::RegisterWorker(grpc::CallbackServerContext* context,
+                                                        const v1::RegisterWorkerRequest* request,
+                                                        v1::RegisterWorkerResponse* response) {
+  absl::StatusOr<Worker> worker = coordinator_.RegisterWorker(
+      request->host(), request->device(), {request->labels().begin(), request->labels().end()});
+  if (worker.ok()) {
+    response->set_worker_id(worker->id);
+    response->set_lease_ms(absl::ToInt64Milliseconds(coordinator_.lease()));
+    response->set_heartbeat_interval_ms(
+        absl::ToInt64Milliseconds(coordinator_.heartbeat_interval()));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(worker.status()));
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerService::Session(
+    grpc::CallbackServerContext* context) {
+  return new SessionReactor(coordinator_);
+}
+
+}  // namespace ringmaster
