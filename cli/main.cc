@@ -197,9 +197,10 @@ void PrintJob(const v1::Job& job) {
   std::printf("Name:      %s\n", s.name().c_str());
   std::printf("State:     %s\n", StateName(job.state()).c_str());
   if (!job.reason().empty()) std::printf("Reason:    %s\n", job.reason().c_str());
-  std::printf("Ranks:     %d (at most %s per host)\n", s.np(),
-              s.processes_per_host() > 0 ? absl::StrCat(s.processes_per_host()).c_str()
-                                         : "any number");
+  std::printf("Ranks:     %d (%s)\n", s.np(),
+              s.processes_per_host() > 0
+                  ? absl::StrCat("at most ", s.processes_per_host(), " per host").c_str()
+                  : "no per-host limit");
   std::printf("Epoch:     %lld\n", static_cast<long long>(job.epoch()));
   std::printf("Created:   %s\n", TimeString(job.create_time_unix_ms()).c_str());
   std::printf("Command:   %s\n",

@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "coordinator/server.h"
 #include "spdlog/spdlog.h"
@@ -27,7 +28,8 @@ void OnSignal(int) { g_stop = 1; }
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("ringmaster-coordinator --listen ADDR:PORT [--log-level LEVEL]");
-  absl::ParseCommandLine(argc, argv);
+  ringmaster::KebabFlags flags(argc, argv);
+  absl::ParseCommandLine(flags.argc(), flags.argv());
   std::string level = absl::GetFlag(FLAGS_log_level);
   if (const char* env = std::getenv("HOROVOD_LOG_LEVEL"); env != nullptr && level == "warning") {
     level = env;

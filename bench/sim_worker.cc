@@ -1,0 +1,225 @@
+#include "bench/sim_worker.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace ringmaster {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
+  return std::chrono::system_clock::now() +
+         std::chrono::microseconds(absl::ToInt64Microseconds(timeout));
+}
+
+// Same metadata, as a daemon compares its cached request with a new one (names already match).
+bool SameMetadata(const v1::TensorRequest& a, const v1::TensorRequest& b) {
+  return a.type() == b.type() && a.dtype() == b.dtype() &&
+         std::equal(a.shape().begin(), a.shape().end(), b.shape().begin(), b.shape().end()) &&
+         a.root_rank() == b.root_rank() && a.reduce_op() == b.reduce_op() &&
+         a.prescale_factor() == b.prescale_factor() &&
+         a.postscale_factor() == b.postscale_factor() && a.device() == b.device() &&
+         a.group_id() == b.group_id() && a.group_size() == b.group_size();
+}
+
+}  // namespace
+
+SimWorker::SimWorker(std::shared_ptr<grpc::Channel> channel, std::string host, std::string device)
+    : host_(std::move(host)),
+      device_(std::move(device)),
+      stub_(v1::WorkerService::NewStub(std::move(channel))) {}
+
+SimWorker::~SimWorker() { Close(); }
+
+absl::Status SimWorker::Connect(absl::Duration timeout) {
+  v1::RegisterWorkerRequest request;
+  request.set_host(host_);
+  request.set_device(device_);
+  v1::RegisterWorkerResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(timeout));
+  if (grpc::Status s = stub_->RegisterWorker(&context, request, &response); !s.ok()) {
+    return FromGrpc(s);
+  }
+  worker_id_ = response.worker_id();
+  stream_ = stub_->Session(&context_);
+  v1::WorkerMessage open;
+  open.mutable_open()->set_worker_id(worker_id_);
+  if (absl::Status s = Send(open); !s.ok()) return s;
+  reader_ = std::thread([this] { ReadLoop(); });
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return accepted_ || ended_; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+    return absl::DeadlineExceededError("session not accepted in time");
+  }
+  if (!accepted_) return FromGrpc(final_status_);
+  return absl::OkStatus();
+}
+
+void SimWorker::ReadLoop() {
+  v1::CoordinatorMessage m;
+  while (stream_->Read(&m)) {
+    absl::MutexLock lock(&mu_);
+    switch (m.kind_case()) {
+      case v1::CoordinatorMessage::kAccepted: accepted_ = true; break;
+      case v1::CoordinatorMessage::kAssignment: assignments_.push_back(m.assignment()); break;
+      case v1::CoordinatorMessage::kResponses: responses_.push_back(m.responses()); break;
+      case v1::CoordinatorMessage::kStopJob: stops_.push_back(m.stop_job()); break;
+      default: break;
+    }
+  }
+  grpc::Status status = stream_->Finish();
+  absl::MutexLock lock(&mu_);
+  final_status_ = status;
+  ended_ = true;
+}
+
+template <typename T>
+absl::StatusOr<T> SimWorker::Pop(std::deque<T>& queue, absl::Duration timeout, const char* what) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue.empty() || ended_; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("no ", what, " within ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  if (queue.empty()) {
+    return absl::UnavailableError(absl::StrCat("session ended: ", final_status_.error_message()));
+  }
+  T value = std::move(queue.front());
+  queue.pop_front();
+  return value;
+}
+
+absl::StatusOr<v1::JobAssignment> SimWorker::WaitAssignment(absl::Duration timeout) {
+  return Pop(assignments_, timeout, "assignment");
+}
+
+absl::StatusOr<v1::StopJob> SimWorker::WaitStop(absl::Duration timeout) {
+  return Pop(stops_, timeout, "stop_job");
+}
+
+absl::StatusOr<v1::ResponseList> SimWorker::WaitResponses(absl::Duration timeout) {
+  return Pop(responses_, timeout, "response list");
+}
+
+absl::Status SimWorker::Send(const v1::WorkerMessage& message) {
+  absl::MutexLock lock(&write_mu_);
+  if (!stream_->Write(message)) return absl::UnavailableError("session stream is closed");
+  return absl::OkStatus();
+}
+
+absl::Status SimWorker::SendRankUpdate(const v1::JobAssignment& a, v1::RankState state,
+                                       int exit_code, const std::string& text) {
+  v1::WorkerMessage m;
+  v1::RankUpdate* u = m.mutable_rank_update();
+  u->set_job_id(a.job().id());
+  u->set_epoch(a.epoch());
+  u->set_rank(a.rank());
+  u->set_state(state);
+  u->set_exit_code(exit_code);
+  u->set_message(text);
+  return Send(m);
+}
+
+absl::StatusOr<std::vector<v1::Response>> SimWorker::Negotiate(
+    const v1::JobAssignment& a, const std::vector<v1::TensorRequest>& requests,
+    absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::flat_hash_map<std::string, const v1::TensorRequest*> outstanding;
+  v1::WorkerMessage m;
+  v1::RequestBatch* batch = m.mutable_requests();
+  batch->set_job_id(a.job().id());
+  batch->set_epoch(a.epoch());
+  batch->set_rank(a.rank());
+  for (const v1::TensorRequest& r : requests) {
+    outstanding[r.name()] = &r;
+    auto it = cache_by_name_.find(r.name());
+    if (it != cache_by_name_.end() && SameMetadata(it->second.second, r)) {
+      batch->add_cached_ids(it->second.first);
+    } else {
+      *batch->add_requests() = r;
+    }
+  }
+  if (absl::Status s = Send(m); !s.ok()) return s;
+  std::vector<v1::Response> out;
+  while (!outstanding.empty()) {
+    absl::StatusOr<v1::ResponseList> list = WaitResponses(deadline - absl::Now());
+    if (!list.ok()) return list.status();
+    for (uint32_t id : list->evicted_ids()) {
+      if (auto it = cache_by_id_.find(id); it != cache_by_id_.end()) {
+        cache_by_name_.erase(it->second);
+        cache_by_id_.erase(it);
+      }
+    }
+    for (const v1::CacheAssignment& c : list->cache_assignments()) {
+      auto it = outstanding.find(c.name());
+      if (it == outstanding.end()) continue;
+      cache_by_name_[c.name()] = {c.id(), *it->second};
+      cache_by_id_[c.id()] = c.name();
+    }
+    if (list->resend_ids_size() > 0) {
+      v1::WorkerMessage again;
+      v1::RequestBatch* b = again.mutable_requests();
+      b->set_job_id(a.job().id());
+      b->set_epoch(a.epoch());
+      b->set_rank(a.rank());
+      for (uint32_t id : list->resend_ids()) {
+        auto name = cache_by_id_.find(id);
+        if (name == cache_by_id_.end()) continue;
+        if (auto it = outstanding.find(name->second); it != outstanding.end()) {
+          *b->add_requests() = *it->second;
+        }
+        cache_by_name_.erase(name->second);
+        cache_by_id_.erase(name);
+      }
+      if (absl::Status s = Send(again); !s.ok()) return s;
+    }
+    for (const v1::Response& e : list->rank_errors()) {
+      for (const std::string& name : e.names()) outstanding.erase(name);
+      out.push_back(e);
+    }
+    for (v1::Response r : list->responses()) {
+      for (int i = 0; i < r.names_size(); ++i) {
+        if (r.names(i).empty() && i < r.cache_ids_size()) {
+          auto it = cache_by_id_.find(r.cache_ids(i));
+          if (it == cache_by_id_.end()) {
+            return absl::InternalError(absl::StrCat("response names unknown cache id ",
+                                                    r.cache_ids(i)));
+          }
+          r.set_names(i, it->second);
+        }
+        outstanding.erase(r.names(i));
+      }
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+grpc::Status SimWorker::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return final_status_;
+    closed_ = true;
+  }
+  if (stream_ != nullptr) {
+    {
+      absl::MutexLock lock(&write_mu_);
+      stream_->WritesDone();
+    }
+    // The coordinator ends the stream once it sees our half-close; cancel if it does not in time.
+    absl::MutexLock lock(&mu_);
+    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ended_; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(5))) context_.TryCancel();
+  }
+  if (reader_.joinable()) reader_.join();
+  absl::MutexLock lock(&mu_);
+  return final_status_;
+}
+
+}  // namespace ringmaster
