@@ -218,7 +218,7 @@ Result RunGrpc(const ModelProfile& profile, int ranks, int warmup, int steps,
   }
   std::atomic<bool> failed{false};
   Gang gang(ranks, [&](int r) {
-    auto out = workers[r]->Negotiate(assignments[r], tensors, absl::Seconds(60));
+    auto out = workers[r]->Negotiate(assignments[r], tensors, absl::Seconds(60), false);
     if (!out.ok()) {
       std::fprintf(stderr, "grpc: rank %d: %s\n", r, out.status().ToString().c_str());
       failed = true;

@@ -128,39 +128,54 @@ absl::Status SimWorker::SendRankUpdate(const v1::JobAssignment& a, v1::RankState
 
 absl::StatusOr<std::vector<v1::Response>> SimWorker::Negotiate(
     const v1::JobAssignment& a, const std::vector<v1::TensorRequest>& requests,
-    absl::Duration timeout) {
+    absl::Duration timeout, bool resolve_names) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::flat_hash_map<std::string, const v1::TensorRequest*> outstanding;
-  v1::WorkerMessage m;
-  v1::RequestBatch* batch = m.mutable_requests();
-  batch->set_job_id(a.job().id());
-  batch->set_epoch(a.epoch());
-  batch->set_rank(a.rank());
-  for (const v1::TensorRequest& r : requests) {
-    outstanding[r.name()] = &r;
-    auto it = cache_by_name_.find(r.name());
-    if (it != cache_by_name_.end() && SameMetadata(it->second.second, r)) {
-      batch->add_cached_ids(it->second.first);
-    } else {
-      *batch->add_requests() = r;
+  // Steady state: the same tensors as last time and no cache change since: reuse the batch.
+  const bool reuse = &requests == last_requests_ && requests.size() == last_size_ &&
+                     cache_version_ == last_cache_version_ && last_batch_.requests().job_id() == a.job().id();
+  if (!reuse) {
+    last_batch_.Clear();
+    v1::RequestBatch* batch = last_batch_.mutable_requests();
+    batch->set_job_id(a.job().id());
+    batch->set_epoch(a.epoch());
+    batch->set_rank(a.rank());
+    for (const v1::TensorRequest& r : requests) {
+      auto it = cache_by_name_.find(r.name());
+      if (it != cache_by_name_.end() && SameMetadata(it->second.second, r)) {
+        batch->add_cached_ids(it->second.first);
+      } else {
+        *batch->add_requests() = r;
+      }
     }
+    last_requests_ = &requests;
+    last_size_ = requests.size();
+    last_cache_version_ = cache_version_;
   }
-  if (absl::Status s = Send(m); !s.ok()) return s;
+  if (absl::Status s = Send(last_batch_); !s.ok()) return s;
+  size_t answered = 0;
   std::vector<v1::Response> out;
-  while (!outstanding.empty()) {
+  while (answered < requests.size()) {
     absl::StatusOr<v1::ResponseList> list = WaitResponses(deadline - absl::Now());
     if (!list.ok()) return list.status();
+    if (list->evicted_ids_size() > 0 || list->cache_assignments_size() > 0 ||
+        list->resend_ids_size() > 0) {
+      ++cache_version_;
+    }
     for (uint32_t id : list->evicted_ids()) {
       if (auto it = cache_by_id_.find(id); it != cache_by_id_.end()) {
         cache_by_name_.erase(it->second);
         cache_by_id_.erase(it);
       }
     }
-    for (const v1::CacheAssignment& c : list->cache_assignments()) {
-      auto it = outstanding.find(c.name());
-      if (it == outstanding.end()) continue;
-      cache_by_name_[c.name()] = {c.id(), *it->second};
-      cache_by_id_[c.id()] = c.name();
+    if (list->cache_assignments_size() > 0) {
+      absl::flat_hash_map<absl::string_view, const v1::TensorRequest*> by_name;
+      for (const v1::TensorRequest& r : requests) by_name[r.name()] = &r;
+      for (const v1::CacheAssignment& c : list->cache_assignments()) {
+        auto it = by_name.find(c.name());
+        if (it == by_name.end()) continue;
+        cache_by_name_[c.name()] = {c.id(), *it->second};
+        cache_by_id_[c.id()] = c.name();
+      }
     }
     if (list->resend_ids_size() > 0) {
       v1::WorkerMessage again;
@@ -171,29 +186,29 @@ absl::StatusOr<std::vector<v1::Response>> SimWorker::Negotiate(
       for (uint32_t id : list->resend_ids()) {
         auto name = cache_by_id_.find(id);
         if (name == cache_by_id_.end()) continue;
-        if (auto it = outstanding.find(name->second); it != outstanding.end()) {
-          *b->add_requests() = *it->second;
-        }
+        *b->add_requests() = cache_by_name_.at(name->second).second;
         cache_by_name_.erase(name->second);
         cache_by_id_.erase(name);
       }
       if (absl::Status s = Send(again); !s.ok()) return s;
     }
-    for (const v1::Response& e : list->rank_errors()) {
-      for (const std::string& name : e.names()) outstanding.erase(name);
-      out.push_back(e);
+    for (v1::Response& e : *list->mutable_rank_errors()) {
+      answered += e.names_size();
+      out.push_back(std::move(e));
     }
-    for (v1::Response r : list->responses()) {
-      for (int i = 0; i < r.names_size(); ++i) {
-        if (r.names(i).empty() && i < r.cache_ids_size()) {
+    for (v1::Response& r : *list->mutable_responses()) {
+      answered += std::max(r.names_size(), r.cache_ids_size());
+      if (resolve_names) {
+        while (r.names_size() < r.cache_ids_size()) r.add_names();
+        for (int i = 0; i < r.names_size(); ++i) {
+          if (!r.names(i).empty() || i >= r.cache_ids_size()) continue;
           auto it = cache_by_id_.find(r.cache_ids(i));
           if (it == cache_by_id_.end()) {
-            return absl::InternalError(absl::StrCat("response names unknown cache id ",
-                                                    r.cache_ids(i)));
+            return absl::InternalError(
+                absl::StrCat("response names unknown cache id ", r.cache_ids(i)));
           }
           r.set_names(i, it->second);
         }
-        outstanding.erase(r.names(i));
       }
       out.push_back(std::move(r));
     }

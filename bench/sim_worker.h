@@ -43,10 +43,12 @@ class SimWorker {
 
   // Negotiates `requests` as the rank of assignment `a`: requests by cache id what the coordinator
   // cached, the rest in full, re-sends on request, and waits until every tensor has been answered.
-  // Returns the responses in the order received, with cache ids resolved to names.
+  // Returns the responses in the order received, with cache ids resolved to names when
+  // `resolve_names` (the benchmark skips that, as it skips executing the collectives).
   absl::StatusOr<std::vector<v1::Response>> Negotiate(const v1::JobAssignment& a,
                                                       const std::vector<v1::TensorRequest>& requests,
-                                                      absl::Duration timeout);
+                                                      absl::Duration timeout,
+                                                      bool resolve_names = true);
 
   // Ends the session (WritesDone) and joins the reader. Returns the stream's final status.
   grpc::Status Close();
@@ -77,6 +79,12 @@ class SimWorker {
   // Response cache, as the daemon keeps it: name -> (id, request), id -> name.
   absl::flat_hash_map<std::string, std::pair<uint32_t, v1::TensorRequest>> cache_by_name_;
   absl::flat_hash_map<uint32_t, std::string> cache_by_id_;
+  int64_t cache_version_ = 0;  // bumped on every cache change
+  // The last batch sent, reused while the tensors and the cache stay the same.
+  v1::WorkerMessage last_batch_;
+  const std::vector<v1::TensorRequest>* last_requests_ = nullptr;
+  size_t last_size_ = 0;
+  int64_t last_cache_version_ = -1;
 };
 
 }  // namespace ringmaster

@@ -1,5 +1,7 @@
 #include "coordinator/service/proto_convert.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
@@ -165,7 +167,13 @@ absl::Status FromProto(const v1::RankUpdate& in, RankUpdate* out) {
 
 void ToProto(const Response& in, v1::Response* out) {
   out->set_type(static_cast<v1::Response::Type>(static_cast<int>(in.type) + 1));
-  for (const std::string& name : in.names) out->add_names(name);
+  // Steady state: every tensor has a cache id, and the names are left out altogether.
+  const bool all_cached =
+      !in.cache_ids.empty() &&
+      std::find(in.cache_ids.begin(), in.cache_ids.end(), 0u) == in.cache_ids.end();
+  if (!all_cached) {
+    for (const std::string& name : in.names) out->add_names(name);
+  }
   for (uint32_t id : in.cache_ids) out->add_cache_ids(id);
   out->set_dtype(static_cast<v1::DataType>(in.dtype));
   out->set_reduce_op(static_cast<v1::ReduceOp>(in.reduce_op));
@@ -180,8 +188,9 @@ void ToProto(const Response& in, v1::Response* out) {
 
 void FromProto(const v1::Response& in, Response* out) {
   out->type = static_cast<Response::Type>(static_cast<int>(in.type()) - 1);
-  out->names.assign(in.names().begin(), in.names().end());
   out->cache_ids.assign(in.cache_ids().begin(), in.cache_ids().end());
+  out->names.assign(in.names().begin(), in.names().end());
+  out->names.resize(std::max(out->names.size(), out->cache_ids.size()));
   out->dtype = static_cast<DataType>(in.dtype());
   out->reduce_op = static_cast<ReduceOp>(in.reduce_op());
   out->prescale_factor = in.prescale_factor();

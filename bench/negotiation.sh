@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Negotiation benchmark, as recorded in docs/benchmarks.md: the logic alone (N ranks in one process),
+# then N simulated workers against a coordinator in its own process, reporting the coordinator's own
+# CPU time per step next to the wall-clock step time (client and server share this machine's cores).
+#   bench/negotiation.sh [--profile bench/profiles/resnet50.json] [--ranks 2,16,128,1024] [--steps 50]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin="$root/build/bin"
+profile="$root/bench/profiles/resnet50.json"
+ranks="2,16,128,1024"
+steps=50
+while (($#)); do
+  case $1 in
+    --profile) profile=$2; shift 2 ;;
+    --ranks) ranks=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    *) echo "negotiation.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[[ -x $bin/ringmaster-negotiation-bench ]] || "$root/scripts/build.sh" >/dev/null
+
+echo "# logic (Negotiator alone), response cache on, then off"
+"$bin/ringmaster-negotiation-bench" --mode logic --profile "$profile" --ranks "$ranks" --steps "$steps"
+"$bin/ringmaster-negotiation-bench" --mode logic --profile "$profile" --ranks "$ranks" --steps "$steps" \
+  --cache-capacity 0
+
+echo "# grpc (simulated workers -> ringmaster-coordinator process on loopback)"
+log=$(mktemp)
+"$bin/ringmaster-coordinator" --listen 127.0.0.1:0 >"$log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
+for _ in $(seq 100); do
+  port=$(sed -n 's/^ringmaster-coordinator listening on port \([0-9]*\)$/\1/p' "$log")
+  [[ -n $port ]] && break
+  sleep 0.1
+done
+ticks=$(getconf CLK_TCK)
+IFS=, read -ra counts <<<"$ranks"
+for n in "${counts[@]}"; do
+  s=$steps
+  ((n > 128)) && s=$((steps / 5 > 5 ? steps / 5 : 5))
+  before=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  line=$("$bin/ringmaster-negotiation-bench" --coordinator "127.0.0.1:$port" --mode grpc \
+    --profile "$profile" --ranks "$n" --steps "$s" --warmup 5)
+  after=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  cpu_ms=$(awk -v d=$((after - before)) -v t="$ticks" -v k=$((s + 5)) 'BEGIN {printf "%.3f", d / t * 1000 / k}')
+  echo "$line  coordinator-cpu/step=${cpu_ms} ms"
+done
