@@ -10,7 +10,9 @@
 namespace ringmaster {
 namespace {
 
-absl::Status OutOfBounds(absl::string_view field, double value, absl::string_view bounds) {
+// A template, so integer knobs print exactly ("17179869185", not "1.71799e+10").
+template <typename T>
+absl::Status OutOfBounds(absl::string_view field, T value, absl::string_view bounds) {
   return absl::InvalidArgumentError(
       absl::StrCat("knobs.", field, " = ", value, " is out of bounds ", bounds));
 }

@@ -24,7 +24,8 @@ namespace ringmaster {
 
 class JobRegistry {
  public:
-  // Called after each event with the job as it is after it. Must not block.
+  // Called after each event with the job as it is after it. Must not block, and must not call back
+  // into the registry (it runs under the registry's notification lock).
   using Watcher = std::function<void(const Job& job, const JobEvent& event)>;
 
   // `clock` is borrowed and must outlive the registry.

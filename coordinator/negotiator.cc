@@ -240,7 +240,11 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
   }
   p.submitted[rank] = 1;
   ++p.count;
-  if (request.type == RequestType::kAllgather) p.first_dims[rank] = request.shape[0];
+  // first_dims exists only when the first rank asked for an allgather; a rank that asks for an
+  // allgather against another type (a mismatch) must not index it.
+  if (request.type == RequestType::kAllgather && !p.first_dims.empty()) {
+    p.first_dims[rank] = request.shape[0];
+  }
   if (AllSubmitted(p)) MarkReady(&p, now);
 }
 
@@ -301,7 +305,8 @@ bool Negotiator::DueLocked(absl::Time now) const {
 
 absl::Time Negotiator::NextDeadline() const {
   absl::MutexLock lock(&mu_);
-  if (has_notices_ || (!ready_.empty() && waiting_ == 0)) return absl::InfinitePast();
+  // Due whatever the time (notices, nothing partial, or a full fusion buffer): due now.
+  if (DueLocked(absl::InfinitePast())) return absl::InfinitePast();
   if (ready_.empty()) return absl::InfiniteFuture();
   return first_ready_time_ + cycle_time_;
 }

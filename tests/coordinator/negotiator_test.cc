@@ -681,6 +681,12 @@ INSTANTIATE_TEST_SUITE_P(
         MismatchCase{"Type", Allreduce("t"), Allgather("t", {4}),
                      "Mismatched collective operations for tensor 't': rank 2 (node-c) sent "
                      "allreduce but rank 1 (node-b) sent allgather."},
+        MismatchCase{"TypeAllgatherFirst", Allgather("t", {4}), Allreduce("t"),
+                     "Mismatched collective operations for tensor 't': rank 2 (node-c) sent "
+                     "allgather but rank 1 (node-b) sent allreduce."},
+        MismatchCase{"TypeBroadcast", Broadcast("t", 0), Allgather("t", {4}),
+                     "Mismatched collective operations for tensor 't': rank 2 (node-c) sent "
+                     "broadcast but rank 1 (node-b) sent allgather."},
         MismatchCase{"Dtype", Allreduce("t"), Allreduce("t", {4}, DataType::kFloat64),
                      "Mismatched allreduce data types for tensor 't': rank 2 (node-c) sent "
                      "float32 but rank 1 (node-b) sent float64."},
@@ -1078,8 +1084,9 @@ TEST_F(NegotiatorTest, StatsCountRequestsCyclesAndTensors) {
   EXPECT_EQ(s.requests, 5);
   EXPECT_EQ(s.cycles, 2);
   EXPECT_EQ(s.tensors_negotiated, 2);
+  // With the cache disabled every tensor requested in full still counts as a miss.
   EXPECT_EQ(s.cache_hits, 0);
-  EXPECT_EQ(s.cache_misses, 0);
+  EXPECT_EQ(s.cache_misses, 2);
 }
 
 }  // namespace

@@ -1,0 +1,730 @@
+// The coordinator glue, driven as the services drive it, with a FakeClock and recording channels:
+// no server, no sockets, no sleeps.
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "coordinator/worker_channel.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ringmaster {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+// Records every call. The coordinator calls it on the test's thread only, so it needs no lock.
+class RecordingChannel : public WorkerChannel {
+ public:
+  struct Assignment {
+    Job job;
+    int rank;
+  };
+  struct Delivery {
+    std::shared_ptr<CycleBroadcast> cycle;
+    int rank;
+  };
+  struct Stop {
+    std::string job_id;
+    std::string reason;
+    bool operator==(const Stop&) const = default;
+  };
+
+  void SendAssignment(const Job& job, int rank) override { assignments.push_back({job, rank}); }
+  void SendResponses(const std::shared_ptr<CycleBroadcast>& cycle, int rank) override {
+    deliveries.push_back({cycle, rank});
+  }
+  void SendStopJob(const std::string& job_id, const std::string& reason) override {
+    stops.push_back({job_id, reason});
+  }
+  void SendShutdown(const std::string& reason) override { shutdowns.push_back(reason); }
+  void Close(const absl::Status& status) override { closes.push_back(status); }
+
+  std::vector<Assignment> assignments;
+  std::vector<Delivery> deliveries;
+  std::vector<Stop> stops;
+  std::vector<std::string> shutdowns;
+  std::vector<absl::Status> closes;
+};
+
+std::ostream& operator<<(std::ostream& os, const RecordingChannel::Stop& s) {
+  return os << "Stop{" << s.job_id << ", " << s.reason << "}";
+}
+
+std::string Describe(const Response& r) {
+  static constexpr const char* kTypes[] = {"allreduce", "allgather", "broadcast",
+                                           "join",      "barrier",   "error"};
+  std::string s = absl::StrCat(kTypes[static_cast<int>(r.type)], " [", absl::StrJoin(r.names, ","),
+                               "] ids [", absl::StrJoin(r.cache_ids, ","), "] sizes [",
+                               absl::StrJoin(r.tensor_sizes, ","), "]");
+  if (!r.error_message.empty()) absl::StrAppend(&s, " error: ", r.error_message);
+  return s;
+}
+
+std::vector<std::string> Describe(const CycleOutput& out) {
+  std::vector<std::string> all;
+  for (const Response& r : out.responses) all.push_back(Describe(r));
+  return all;
+}
+
+JobSpec Spec(int np, int processes_per_host = 0) {
+  JobSpec spec;
+  spec.name = "train";
+  spec.np = np;
+  spec.processes_per_host = processes_per_host;
+  return spec;
+}
+
+TensorRequest Allreduce(std::string name, std::vector<int64_t> shape = {4}) {
+  TensorRequest r;
+  r.name = std::move(name);
+  r.type = RequestType::kAllreduce;
+  r.dtype = DataType::kFloat32;
+  r.shape = std::move(shape);
+  return r;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  CoordinatorTest() : coordinator_(Options(&clock_)) {}
+
+  static CoordinatorOptions Options(Clock* clock) {
+    CoordinatorOptions o;
+    o.clock = clock;
+    return o;  // lease 10 s, housekeeping every 100 ms
+  }
+
+  // Registers a worker and opens its session with a recording channel; returns its id.
+  std::string Connect(const std::string& host, const std::string& device) {
+    absl::StatusOr<Worker> w = coordinator_.RegisterWorker(host, device, {});
+    EXPECT_TRUE(w.ok()) << w.status();
+    if (!w.ok()) return "";
+    channels_[w->id] = std::make_unique<RecordingChannel>();
+    EXPECT_TRUE(coordinator_.OpenSession(w->id, channels_[w->id].get()).ok());
+    return w->id;
+  }
+
+  RecordingChannel& Channel(const std::string& worker_id) { return *channels_.at(worker_id); }
+
+  Job GetJob(const std::string& id) {
+    absl::StatusOr<Job> job = coordinator_.GetJob(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : Job{};
+  }
+
+  Worker GetWorker(const std::string& id) {
+    for (const Worker& w : coordinator_.ListWorkers()) {
+      if (w.id == id) return w;
+    }
+    ADD_FAILURE() << "no worker " << id;
+    return Worker{};
+  }
+
+  absl::Status Submit(const std::string& worker_id, const std::string& job_id, int rank,
+                      std::vector<TensorRequest> requests, std::vector<uint32_t> ids = {},
+                      int64_t epoch = 1) {
+    RequestBatch batch;
+    batch.job_id = job_id;
+    batch.epoch = epoch;
+    batch.rank = rank;
+    batch.requests = std::move(requests);
+    batch.cached_ids = std::move(ids);
+    return coordinator_.SubmitRequests(worker_id, std::move(batch));
+  }
+
+  absl::Status Update(const std::string& worker_id, const std::string& job_id, int rank,
+                      RankState state, int exit_code = 0, std::string message = "") {
+    RankUpdate u;
+    u.job_id = job_id;
+    u.epoch = 1;
+    u.rank = rank;
+    u.state = state;
+    u.exit_code = exit_code;
+    u.message = std::move(message);
+    return coordinator_.UpdateRank(worker_id, u);
+  }
+
+  // Moves time forward in steps no longer than `step`, heartbeating `alive` and ticking after each,
+  // as a live server would.
+  void RunFor(absl::Duration total, const std::vector<std::string>& alive,
+              absl::Duration step = absl::Seconds(5)) {
+    while (total > absl::ZeroDuration()) {
+      const absl::Duration d = std::min(step, total);
+      clock_.Advance(d);
+      total -= d;
+      for (const std::string& id : alive) EXPECT_TRUE(coordinator_.Heartbeat(id).ok()) << id;
+      coordinator_.Tick();
+    }
+  }
+
+  // Every channel in `ranks` (indexed by rank) received the same cycles, in the same order, each
+  // addressed to its own rank. Returns the cycles.
+  std::vector<std::shared_ptr<CycleBroadcast>> SameCycles(const std::vector<std::string>& ranks) {
+    std::vector<std::shared_ptr<CycleBroadcast>> cycles;
+    for (const RecordingChannel::Delivery& d : Channel(ranks[0]).deliveries) {
+      cycles.push_back(d.cycle);
+    }
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const auto& got = Channel(ranks[r]).deliveries;
+      EXPECT_EQ(got.size(), cycles.size()) << "rank " << r;
+      for (size_t k = 0; k < std::min(got.size(), cycles.size()); ++k) {
+        EXPECT_EQ(got[k].rank, static_cast<int>(r));
+        EXPECT_EQ(got[k].cycle.get(), cycles[k].get()) << "rank " << r << " cycle " << k;
+        EXPECT_EQ(Describe(got[k].cycle->output), Describe(cycles[k]->output));
+      }
+    }
+    return cycles;
+  }
+
+  // Declared in this order so the coordinator, which borrows both, goes first.
+  FakeClock clock_;
+  std::map<std::string, std::unique_ptr<RecordingChannel>> channels_;
+  Coordinator coordinator_;
+};
+
+// ---- Scheduling and the rank lifecycle ----
+
+TEST_F(CoordinatorTest, AssignmentsReachEachWorkerWithItsRankPlacement) {
+  const std::string w1 = Connect("host-b", "cuda:1");
+  const std::string w2 = Connect("host-a", "cuda:10");
+  const std::string w3 = Connect("host-a", "cuda:2");
+  const std::string w4 = Connect("host-b", "cuda:0");
+  absl::StatusOr<Job> job = coordinator_.RegisterJob(Spec(4));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->id, "job-000001");
+  EXPECT_EQ(job->state, JobState::kStarting);
+  EXPECT_EQ(job->epoch, 1);
+  std::vector<std::string> messages;
+  for (const JobEvent& e : job->events) messages.push_back(e.message);
+  EXPECT_THAT(messages,
+              ElementsAre("registered: 4 ranks", "scheduled 4 ranks on 2 hosts: host-a, host-b"));
+
+  // (worker, rank, host, device, local_rank, local_size, cross_rank, cross_size)
+  struct Expected {
+    std::string worker;
+    int rank;
+    std::string host, device;
+    int local_rank, local_size, cross_rank, cross_size;
+  };
+  const Expected expected[] = {{w3, 0, "host-a", "cuda:2", 0, 2, 0, 2},
+                               {w2, 1, "host-a", "cuda:10", 1, 2, 0, 2},
+                               {w4, 2, "host-b", "cuda:0", 0, 2, 1, 2},
+                               {w1, 3, "host-b", "cuda:1", 1, 2, 1, 2}};
+  for (const Expected& e : expected) {
+    SCOPED_TRACE(e.worker);
+    const RecordingChannel& ch = Channel(e.worker);
+    ASSERT_THAT(ch.assignments, SizeIs(1));
+    const Job& sent = ch.assignments[0].job;
+    EXPECT_EQ(ch.assignments[0].rank, e.rank);
+    EXPECT_EQ(sent.id, "job-000001");
+    EXPECT_EQ(sent.state, JobState::kStarting);
+    EXPECT_EQ(sent.epoch, 1);
+    ASSERT_THAT(sent.ranks, SizeIs(4));
+    const RankInfo& r = sent.ranks[e.rank];
+    EXPECT_EQ(r.rank, e.rank);
+    EXPECT_EQ(r.worker_id, e.worker);
+    EXPECT_EQ(r.host, e.host);
+    EXPECT_EQ(r.device, e.device);
+    EXPECT_EQ(r.local_rank, e.local_rank);
+    EXPECT_EQ(r.local_size, e.local_size);
+    EXPECT_EQ(r.cross_rank, e.cross_rank);
+    EXPECT_EQ(r.cross_size, e.cross_size);
+    const Worker w = GetWorker(e.worker);
+    EXPECT_EQ(w.state, WorkerState::kBusy);
+    EXPECT_EQ(w.job_id, "job-000001");
+    EXPECT_EQ(w.rank, e.rank);
+  }
+}
+
+TEST_F(CoordinatorTest, GangIsPlacedWholeOrNotAtAll) {
+  const std::string w1 = Connect("host-a", "cuda:0");
+  const std::string w2 = Connect("host-a", "cuda:1");
+  absl::StatusOr<Worker> unconnected = coordinator_.RegisterWorker("host-b", "cuda:0", {});
+  ASSERT_TRUE(unconnected.ok());
+
+  absl::StatusOr<Job> job = coordinator_.RegisterJob(Spec(3));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state, JobState::kPending);
+  EXPECT_THAT(job->ranks, IsEmpty());
+  EXPECT_THAT(Channel(w1).assignments, IsEmpty());
+  EXPECT_THAT(Channel(w2).assignments, IsEmpty());
+  EXPECT_EQ(GetWorker(w1).state, WorkerState::kIdle);
+  EXPECT_EQ(GetWorker(w2).state, WorkerState::kIdle);
+
+  // A third worker connecting completes the gang.
+  channels_[unconnected->id] = std::make_unique<RecordingChannel>();
+  ASSERT_TRUE(coordinator_.OpenSession(unconnected->id, channels_[unconnected->id].get()).ok());
+  EXPECT_EQ(GetJob(job->id).state, JobState::kStarting);
+  for (const std::string& w : {w1, w2, unconnected->id}) {
+    EXPECT_THAT(Channel(w).assignments, SizeIs(1)) << w;
+    EXPECT_EQ(GetWorker(w).state, WorkerState::kBusy) << w;
+  }
+}
+
+TEST_F(CoordinatorTest, AtMostProcessesPerHost) {
+  for (int d = 0; d < 3; ++d) Connect("host-a", absl::StrCat("cuda:", d));
+  Connect("host-b", "cuda:0");
+  absl::StatusOr<Job> job = coordinator_.RegisterJob(Spec(4, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state, JobState::kPending);  // host-b has only one worker
+
+  Connect("host-b", "cuda:1");
+  Job started = GetJob(job->id);
+  ASSERT_EQ(started.state, JobState::kStarting);
+  std::vector<std::string> placed;
+  for (const RankInfo& r : started.ranks) placed.push_back(absl::StrCat(r.host, "/", r.device));
+  EXPECT_THAT(placed, ElementsAre("host-a/cuda:0", "host-a/cuda:1", "host-b/cuda:0",
+                                  "host-b/cuda:1"));
+  EXPECT_EQ(GetWorker("worker-000003").state, WorkerState::kIdle);  // host-a cuda:2
+}
+
+TEST_F(CoordinatorTest, RanksStartedMakeTheJobRunningAndAllExitedZeroSucceeds) {
+  const std::string w1 = Connect("host-a", "cuda:0");
+  const std::string w2 = Connect("host-a", "cuda:1");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+
+  ASSERT_TRUE(Update(w1, id, 0, RankState::kStarted).ok());
+  EXPECT_EQ(GetJob(id).state, JobState::kStarting);
+  ASSERT_TRUE(Update(w2, id, 1, RankState::kStarted).ok());
+  Job job = GetJob(id);
+  EXPECT_EQ(job.state, JobState::kRunning);
+  EXPECT_EQ(job.events.back().message, "all 2 ranks started");
+  EXPECT_EQ(job.ranks[0].state, RankState::kStarted);
+
+  ASSERT_TRUE(Update(w2, id, 1, RankState::kExited, 0).ok());
+  EXPECT_EQ(GetJob(id).state, JobState::kRunning);
+  ASSERT_TRUE(Update(w1, id, 0, RankState::kExited, 0).ok());
+  job = GetJob(id);
+  EXPECT_EQ(job.state, JobState::kSucceeded);
+  EXPECT_EQ(job.reason, "all 2 ranks exited 0");
+  EXPECT_EQ(job.events.back().state, JobState::kSucceeded);
+  EXPECT_EQ(GetWorker(w1).state, WorkerState::kIdle);
+  EXPECT_EQ(GetWorker(w2).state, WorkerState::kIdle);
+  EXPECT_EQ(GetWorker(w1).job_id, "");
+
+  absl::Status late = Update(w1, id, 0, RankState::kStarted);
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(late.message(),
+            "worker worker-000001 is not assigned rank 0 of job job-000001, which is SUCCEEDED");
+}
+
+TEST_F(CoordinatorTest, NonzeroExitFailsTheJobNamingTheRankAndStopsTheOthers) {
+  const std::string w1 = Connect("host-a", "cuda:0");
+  const std::string w2 = Connect("host-a", "cuda:1");
+  const std::string w3 = Connect("host-b", "cuda:0");
+  const std::string id = coordinator_.RegisterJob(Spec(3))->id;
+  for (auto [w, r] : {std::pair{w1, 0}, std::pair{w2, 1}, std::pair{w3, 2}}) {
+    ASSERT_TRUE(Update(w, id, r, RankState::kStarted).ok());
+  }
+  ASSERT_EQ(GetJob(id).state, JobState::kRunning);
+
+  ASSERT_TRUE(Update(w2, id, 1, RankState::kExited, 3, "CUDA error: out of memory").ok());
+  const std::string reason =
+      "rank 1 on host host-a (worker-000002) exited with status 3: CUDA error: out of memory";
+  Job job = GetJob(id);
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_EQ(job.reason, reason);
+  EXPECT_THAT(Channel(w1).stops, ElementsAre(RecordingChannel::Stop{id, reason}));
+  EXPECT_THAT(Channel(w3).stops, ElementsAre(RecordingChannel::Stop{id, reason}));
+  EXPECT_THAT(Channel(w2).stops, IsEmpty());  // its process has already exited
+  for (const std::string& w : {w1, w2, w3}) EXPECT_EQ(GetWorker(w).state, WorkerState::kIdle);
+
+  // The freed workers take the next job; an exit without a message names just the status.
+  const std::string next = coordinator_.RegisterJob(Spec(3))->id;
+  ASSERT_EQ(GetJob(next).state, JobState::kStarting);
+  ASSERT_TRUE(Update(w3, next, 2, RankState::kExited, -9).ok());
+  EXPECT_EQ(GetJob(next).reason, "rank 2 on host host-b (worker-000003) exited with status -9");
+  EXPECT_EQ(GetJob(next).state, JobState::kFailed);
+}
+
+TEST_F(CoordinatorTest, CancelStopsEveryRankAndFreesTheWorkers) {
+  const std::string w1 = Connect("host-a", "cuda:0");
+  const std::string w2 = Connect("host-a", "cuda:1");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+
+  absl::StatusOr<Job> cancelled = coordinator_.CancelJob(id, "");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state, JobState::kCancelled);
+  EXPECT_EQ(cancelled->reason, "cancelled by user");
+  EXPECT_THAT(Channel(w1).stops, ElementsAre(RecordingChannel::Stop{id, "cancelled by user"}));
+  EXPECT_THAT(Channel(w2).stops, ElementsAre(RecordingChannel::Stop{id, "cancelled by user"}));
+  EXPECT_EQ(GetWorker(w1).state, WorkerState::kIdle);
+  EXPECT_EQ(GetWorker(w2).state, WorkerState::kIdle);
+
+  absl::StatusOr<Job> again = coordinator_.CancelJob(id, "");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(again.status().message(), "job job-000001 is CANCELLED; it cannot become CANCELLED");
+  EXPECT_EQ(coordinator_.CancelJob("job-000042", "").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_.CancelJob(id, std::string(1025, 'r')).status().message(),
+            "reason is longer than 1024 bytes");
+
+  const std::string second = coordinator_.RegisterJob(Spec(2))->id;
+  absl::StatusOr<Job> with_reason = coordinator_.CancelJob(second, "preempted");
+  ASSERT_TRUE(with_reason.ok());
+  EXPECT_EQ(with_reason->reason, "cancelled: preempted");
+
+  // A pending job has no ranks to stop.
+  const std::string pending = coordinator_.RegisterJob(Spec(5))->id;
+  ASSERT_EQ(GetJob(pending).state, JobState::kPending);
+  ASSERT_TRUE(coordinator_.CancelJob(pending, "").ok());
+  EXPECT_EQ(GetJob(pending).state, JobState::kCancelled);
+  EXPECT_THAT(Channel(w1).stops, SizeIs(2));
+}
+
+// ---- Leases ----
+
+TEST_F(CoordinatorTest, LostLeaseFailsOnlyTheJobOfTheLostWorker) {
+  const std::string a0 = Connect("host-a", "cuda:0");
+  const std::string a1 = Connect("host-a", "cuda:1");
+  const std::string b0 = Connect("host-b", "cuda:0");
+  const std::string b1 = Connect("host-b", "cuda:1");
+  const std::string job_a = coordinator_.RegisterJob(Spec(2))->id;
+  const std::string job_b = coordinator_.RegisterJob(Spec(2))->id;
+  ASSERT_EQ(GetJob(job_a).ranks[1].worker_id, a1);
+  ASSERT_EQ(GetJob(job_b).ranks[0].worker_id, b0);
+
+  // a1 stops heartbeating; the others keep going.
+  clock_.Advance(absl::Seconds(6));
+  for (const std::string& w : {a0, b0, b1}) ASSERT_TRUE(coordinator_.Heartbeat(w).ok());
+  clock_.Advance(absl::Milliseconds(3900));  // a1: 9.9 s
+  coordinator_.Tick();
+  EXPECT_EQ(GetJob(job_a).state, JobState::kStarting);
+  EXPECT_EQ(GetWorker(a1).state, WorkerState::kBusy);
+
+  clock_.Advance(absl::Milliseconds(100));  // a1: 10 s
+  coordinator_.Tick();
+  const std::string reason =
+      "worker worker-000002 serving rank 1 on host host-a was lost: no heartbeat for 10s";
+  Job failed = GetJob(job_a);
+  EXPECT_EQ(failed.state, JobState::kFailed);
+  EXPECT_EQ(failed.reason, reason);
+  ASSERT_THAT(Channel(a1).closes, SizeIs(1));
+  EXPECT_EQ(Channel(a1).closes[0].code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Channel(a1).closes[0].message(),
+            "worker worker-000002 lost its lease (no heartbeat for 10s); register again");
+  EXPECT_THAT(Channel(a0).stops, ElementsAre(RecordingChannel::Stop{job_a, reason}));
+  EXPECT_THAT(Channel(a1).stops, IsEmpty());
+  EXPECT_EQ(GetWorker(a0).state, WorkerState::kIdle);
+  EXPECT_EQ(GetWorker(a1).state, WorkerState::kLost);
+
+  // The other job is untouched.
+  EXPECT_EQ(GetJob(job_b).state, JobState::kStarting);
+  for (const std::string& w : {b0, b1}) {
+    EXPECT_THAT(Channel(w).stops, IsEmpty()) << w;
+    EXPECT_THAT(Channel(w).closes, IsEmpty()) << w;
+    EXPECT_EQ(GetWorker(w).state, WorkerState::kBusy) << w;
+    EXPECT_EQ(GetWorker(w).job_id, job_b) << w;
+  }
+
+  // The lost worker must register again.
+  EXPECT_EQ(coordinator_.Heartbeat(a1).code(), absl::StatusCode::kFailedPrecondition);
+  RecordingChannel fresh;
+  absl::Status reopen = coordinator_.OpenSession(a1, &fresh);
+  EXPECT_EQ(reopen.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reopen.message(), "worker worker-000002 on host-a lost its lease; register again");
+}
+
+// ---- Request batches ----
+
+TEST_F(CoordinatorTest, BatchesAreCheckedAgainstTheAssignmentAndEpoch) {
+  const std::string w1 = Connect("host-a", "cuda:0");
+  const std::string w2 = Connect("host-a", "cuda:1");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+  const std::string idle = Connect("host-b", "cuda:0");
+
+  absl::Status s = Submit(idle, id, 0, {Allreduce("a")});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "worker worker-000003 is not assigned rank 0 of job job-000001");
+  s = Submit(w1, id, 1, {Allreduce("a")});  // another worker's rank
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "worker worker-000001 is not assigned rank 1 of job job-000001");
+  s = Submit(w1, id, 2, {Allreduce("a")});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "worker worker-000001 is not assigned rank 2 of job job-000001");
+  s = Submit(w1, id, 0, {Allreduce("a")}, {}, /*epoch=*/0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(s.message(), "epoch 0 of job job-000001 is stale; the job is at epoch 1");
+  EXPECT_EQ(Submit(w1, id, 0, {Allreduce("a")}, {}, /*epoch=*/2).code(),
+            absl::StatusCode::kAborted);
+  s = Submit(w1, "job-000042", 0, {Allreduce("a")});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "job 'job-000042' not found");
+  EXPECT_EQ(Update(idle, id, 0, RankState::kStarted).code(), absl::StatusCode::kFailedPrecondition);
+
+  // None of the refused batches reached the negotiator: "a" still needs both ranks.
+  ASSERT_TRUE(Submit(w2, id, 1, {Allreduce("a")}).ok());
+  EXPECT_THAT(Channel(w1).deliveries, IsEmpty());
+  ASSERT_TRUE(Submit(w1, id, 0, {Allreduce("a")}).ok());
+  EXPECT_THAT(Channel(w1).deliveries, SizeIs(1));
+  EXPECT_THAT(Channel(w2).deliveries, SizeIs(1));
+  EXPECT_THAT(Channel(idle).deliveries, IsEmpty());
+}
+
+TEST_F(CoordinatorTest, EveryRankReceivesTheSameResponsesInEveryCycle) {
+  const std::string w0 = Connect("host-a", "cuda:0");
+  const std::string w1 = Connect("host-a", "cuda:1");
+  const std::string w2 = Connect("host-a", "cuda:2");
+  const std::vector<std::string> ranks = {w0, w1, w2};
+  const std::string id = coordinator_.RegisterJob(Spec(3))->id;
+  ASSERT_EQ(GetJob(id).ranks[2].worker_id, w2);
+
+  // Cycle 1: b becomes ready while a still waits for rank 2, so b leaves after the 1 ms cycle.
+  ASSERT_TRUE(Submit(w0, id, 0, {Allreduce("a"), Allreduce("b")}).ok());
+  ASSERT_TRUE(Submit(w2, id, 2, {Allreduce("b")}).ok());
+  ASSERT_TRUE(Submit(w1, id, 1, {Allreduce("b"), Allreduce("a")}).ok());
+  EXPECT_THAT(Channel(w0).deliveries, IsEmpty());
+  const absl::Time ready = clock_.Now();
+  EXPECT_EQ(coordinator_.NextDeadline(), ready + absl::Milliseconds(1));
+  clock_.Advance(absl::Microseconds(999));
+  coordinator_.Tick();
+  EXPECT_THAT(Channel(w0).deliveries, IsEmpty());
+  clock_.Advance(absl::Microseconds(1));
+  coordinator_.Tick();
+  std::vector<std::shared_ptr<CycleBroadcast>> cycles = SameCycles(ranks);
+  ASSERT_THAT(cycles, SizeIs(1));
+  EXPECT_EQ(cycles[0]->job_id, id);
+  EXPECT_EQ(cycles[0]->fusion_threshold_bytes, int64_t{128} << 20);
+  EXPECT_EQ(cycles[0]->cycle_time_ms, 1.0);
+  EXPECT_THAT(Describe(cycles[0]->output), ElementsAre("allreduce [] ids [1] sizes [4]"));
+  ASSERT_THAT(cycles[0]->output.cache_assignments, SizeIs(1));
+  EXPECT_EQ(cycles[0]->output.cache_assignments[0].name, "b");
+  EXPECT_EQ(cycles[0]->output.cache_assignments[0].id, 1u);
+
+  // Cycle 2: the last rank submits a; nothing is partial, so it leaves at once.
+  ASSERT_TRUE(Submit(w2, id, 2, {Allreduce("a")}).ok());
+  cycles = SameCycles(ranks);
+  ASSERT_THAT(cycles, SizeIs(2));
+  EXPECT_THAT(Describe(cycles[1]->output), ElementsAre("allreduce [] ids [2] sizes [4]"));
+  EXPECT_EQ(cycles[1]->output.cache_assignments[0].name, "a");
+
+  // Cycle 3: steady state by cache id, in different orders; the last rank's order decides.
+  ASSERT_TRUE(Submit(w0, id, 0, {}, {1, 2}).ok());
+  ASSERT_TRUE(Submit(w1, id, 1, {}, {1, 2}).ok());
+  ASSERT_TRUE(Submit(w2, id, 2, {}, {2, 1}).ok());
+  cycles = SameCycles(ranks);
+  ASSERT_THAT(cycles, SizeIs(3));
+  EXPECT_THAT(Describe(cycles[2]->output), ElementsAre("allreduce [,] ids [2,1] sizes [4,4]"));
+  EXPECT_THAT(cycles[2]->output.cache_assignments, IsEmpty());
+
+  // Cycle 4: a shape mismatch fails the tensor on every rank with one message.
+  ASSERT_TRUE(Submit(w0, id, 0, {Allreduce("c", {4})}).ok());
+  ASSERT_TRUE(Submit(w1, id, 1, {Allreduce("c", {5})}).ok());
+  ASSERT_TRUE(Submit(w2, id, 2, {Allreduce("c", {4})}).ok());
+  cycles = SameCycles(ranks);
+  ASSERT_THAT(cycles, SizeIs(4));
+  EXPECT_THAT(Describe(cycles[3]->output),
+              ElementsAre("error [c] ids [0] sizes [] error: Mismatched allreduce tensor shapes "
+                          "for tensor 'c': rank 0 (host-a) sent [4] but rank 1 (host-a) sent "
+                          "[5]."));
+
+  // Cycle 5: a rank's own mistake reaches everyone's stream but only its own notice.
+  ASSERT_TRUE(Submit(w1, id, 1, {Allreduce("")}).ok());
+  cycles = SameCycles(ranks);
+  ASSERT_THAT(cycles, SizeIs(5));
+  const CycleOutput& out = cycles[4]->output;
+  EXPECT_THAT(out.responses, IsEmpty());
+  ASSERT_THAT(out.notices, SizeIs(3));
+  EXPECT_TRUE(out.notices[0].empty());
+  EXPECT_TRUE(out.notices[2].empty());
+  ASSERT_THAT(out.notices[1].errors, SizeIs(1));
+  EXPECT_EQ(out.notices[1].errors[0].error_message,
+            "Invalid allreduce request for tensor '' from rank 1 (host-a): name is empty.");
+}
+
+// ---- Stalls ----
+
+TEST_F(CoordinatorTest, StallReportIsAJobEventAndStallShutdownFailsTheJob) {
+  const std::string w0 = Connect("host-a", "cuda:0");
+  const std::string w1 = Connect("host-b", "cuda:0");
+  JobSpec spec = Spec(2);
+  spec.knobs.stall_check_seconds = 10;
+  spec.knobs.stall_shutdown_seconds = 30;
+  const std::string id = coordinator_.RegisterJob(spec)->id;
+  ASSERT_EQ(GetJob(id).ranks[1].host, "host-b");
+  ASSERT_TRUE(Update(w0, id, 0, RankState::kStarted).ok());
+  ASSERT_TRUE(Update(w1, id, 1, RankState::kStarted).ok());
+  ASSERT_TRUE(Submit(w0, id, 0, {Allreduce("x")}).ok());
+  const size_t events_before = GetJob(id).events.size();
+
+  auto stall = [](const std::string& waited) {
+    return absl::StrCat(
+        "Stalled collectives in job job-000001: tensors submitted by some ranks have waited ",
+        waited, " for the others (rank 1 (host-b) has not submitted 'x').");
+  };
+
+  RunFor(absl::Seconds(5), {w0, w1});
+  EXPECT_EQ(GetJob(id).events.size(), events_before);
+  RunFor(absl::Seconds(5), {w0, w1});  // 10 s
+  Job job = GetJob(id);
+  ASSERT_EQ(job.events.size(), events_before + 1);
+  EXPECT_EQ(job.events.back().message, stall("10s"));
+  EXPECT_EQ(job.events.back().state, JobState::kRunning);
+  EXPECT_EQ(job.state, JobState::kRunning);
+
+  RunFor(absl::Seconds(5), {w0, w1});  // 15 s: reported once per period
+  EXPECT_EQ(GetJob(id).events.size(), events_before + 1);
+  RunFor(absl::Seconds(5), {w0, w1});  // 20 s
+  EXPECT_EQ(GetJob(id).events.back().message, stall("20s"));
+  EXPECT_EQ(GetJob(id).state, JobState::kRunning);
+
+  RunFor(absl::Seconds(10), {w0, w1});  // 30 s
+  job = GetJob(id);
+  const std::string reason =
+      absl::StrCat(stall("30s"), " Stall shutdown time exceeded: failing the job.");
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_EQ(job.reason, reason);
+  EXPECT_THAT(Channel(w0).stops, ElementsAre(RecordingChannel::Stop{id, reason}));
+  EXPECT_THAT(Channel(w1).stops, ElementsAre(RecordingChannel::Stop{id, reason}));
+  EXPECT_EQ(GetWorker(w0).state, WorkerState::kIdle);
+}
+
+// ---- Rendezvous ----
+
+TEST_F(CoordinatorTest, RendezvousIsScopedByJobAndEpoch) {
+  const std::string a0 = Connect("host-a", "cuda:0");
+  const std::string a1 = Connect("host-a", "cuda:1");
+  const std::string b0 = Connect("host-b", "cuda:0");
+  const std::string job_a = coordinator_.RegisterJob(Spec(2))->id;
+  const std::string job_b = coordinator_.RegisterJob(Spec(1))->id;
+  ASSERT_EQ(GetJob(job_b).state, JobState::kStarting);
+
+  ASSERT_TRUE(coordinator_.RendezvousSet(job_a, 1, "nccl_id", "abc").ok());
+  EXPECT_EQ(coordinator_.RendezvousGet(job_a, 1, "nccl_id").value(), "abc");
+  absl::StatusOr<std::string> other = coordinator_.RendezvousGet(job_b, 1, "nccl_id");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(other.status().message(), "key 'nccl_id' is not set");
+  ASSERT_TRUE(coordinator_.RendezvousSet(job_b, 1, "nccl_id", "xyz").ok());
+  EXPECT_EQ(coordinator_.RendezvousGet(job_a, 1, "nccl_id").value(), "abc");
+  EXPECT_EQ(coordinator_.RendezvousGet(job_b, 1, "nccl_id").value(), "xyz");
+
+  absl::StatusOr<std::string> stale = coordinator_.RendezvousGet(job_a, 0, "nccl_id");
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(stale.status().message(), "epoch 0 of job job-000001 is stale; the job is at epoch 1");
+  EXPECT_EQ(coordinator_.RendezvousSet(job_a, 2, "k", "v").code(), absl::StatusCode::kAborted);
+  absl::StatusOr<std::string> unknown = coordinator_.RendezvousGet("job-000042", 1, "k");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+
+  // Wait answers when the last key arrives.
+  std::optional<absl::StatusOr<std::vector<std::string>>> all;
+  coordinator_.RendezvousWait(job_a, 1, {"r0", "r1"}, absl::Seconds(5),
+                              [&](absl::StatusOr<std::vector<std::string>> r) { all = r; });
+  EXPECT_FALSE(all.has_value());
+  ASSERT_TRUE(coordinator_.RendezvousSet(job_a, 1, "r1", "one").ok());
+  EXPECT_FALSE(all.has_value());
+  ASSERT_TRUE(coordinator_.RendezvousSet(job_a, 1, "r0", "zero").ok());
+  ASSERT_TRUE(all.has_value());
+  ASSERT_TRUE(all->ok());
+  EXPECT_THAT(**all, ElementsAre("zero", "one"));
+
+  // Wait times out on Tick once its deadline passes.
+  std::optional<absl::StatusOr<std::vector<std::string>>> late;
+  coordinator_.RendezvousWait(job_a, 1, {"r0", "late"}, absl::Seconds(5),
+                              [&](absl::StatusOr<std::vector<std::string>> r) { late = r; });
+  RunFor(absl::Seconds(5) - absl::Milliseconds(200), {a0, a1, b0}, absl::Milliseconds(200));
+  EXPECT_FALSE(late.has_value());
+  RunFor(absl::Milliseconds(200), {a0, a1, b0});
+  ASSERT_TRUE(late.has_value());
+  EXPECT_EQ(late->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(late->status().message(), "rendezvous wait timed out; keys not set: late");
+
+  // Bad timeouts.
+  std::optional<absl::Status> bad;
+  coordinator_.RendezvousWait(job_a, 1, {"k"}, absl::ZeroDuration(),
+                              [&](absl::StatusOr<std::vector<std::string>> r) { bad = r.status(); });
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad->message(), "timeout_ms = 0 is out of bounds [1, 600000]");
+  coordinator_.RendezvousWait(job_a, 1, {"k"}, absl::Minutes(11),
+                              [&](absl::StatusOr<std::vector<std::string>> r) { bad = r.status(); });
+  EXPECT_EQ(bad->message(), "timeout_ms = 660000 is out of bounds [1, 600000]");
+
+  // The job ending closes its scope: waiters abort, and later calls are refused.
+  std::optional<absl::StatusOr<std::vector<std::string>>> aborted;
+  coordinator_.RendezvousWait(job_a, 1, {"never"}, absl::Seconds(60),
+                              [&](absl::StatusOr<std::vector<std::string>> r) { aborted = r; });
+  ASSERT_TRUE(coordinator_.CancelJob(job_a, "").ok());
+  ASSERT_TRUE(aborted.has_value());
+  EXPECT_EQ(aborted->status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(aborted->status().message(), "job job-000001 ended: cancelled by user");
+  absl::StatusOr<std::string> closed = coordinator_.RendezvousGet(job_a, 1, "nccl_id");
+  EXPECT_EQ(closed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(closed.status().message(), "job job-000001 is CANCELLED; its rendezvous is closed");
+  EXPECT_EQ(coordinator_.RendezvousGet(job_b, 1, "nccl_id").value(), "xyz");
+
+  // A job that has not started has no rendezvous yet.
+  const std::string pending = coordinator_.RegisterJob(Spec(3))->id;
+  ASSERT_EQ(GetJob(pending).state, JobState::kPending);
+  absl::Status not_started = coordinator_.RendezvousSet(pending, 0, "k", "v");
+  EXPECT_EQ(not_started.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(not_started.message(), "job job-000003 is PENDING; its rendezvous is closed");
+}
+
+// ---- Sessions ----
+
+TEST_F(CoordinatorTest, ReconnectingWorkerGetsItsAssignmentAgainAndTheOldSessionIsClosed) {
+  const std::string w0 = Connect("host-a", "cuda:0");
+  const std::string w1 = Connect("host-a", "cuda:1");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+
+  RecordingChannel newer;
+  ASSERT_TRUE(coordinator_.OpenSession(w1, &newer).ok());
+  ASSERT_THAT(Channel(w1).closes, SizeIs(1));
+  EXPECT_EQ(Channel(w1).closes[0].code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Channel(w1).closes[0].message(), "superseded by a newer session of the same worker");
+  ASSERT_THAT(newer.assignments, SizeIs(1));
+  EXPECT_EQ(newer.assignments[0].job.id, id);
+  EXPECT_EQ(newer.assignments[0].rank, 1);
+
+  // Closing the superseded session changes nothing; cycles go to the newer one.
+  coordinator_.CloseSession(w1, &Channel(w1));
+  ASSERT_TRUE(Submit(w0, id, 0, {Allreduce("a")}).ok());
+  ASSERT_TRUE(Submit(w1, id, 1, {Allreduce("a")}).ok());
+  EXPECT_THAT(newer.deliveries, SizeIs(1));
+  EXPECT_THAT(Channel(w1).deliveries, IsEmpty());
+  EXPECT_THAT(Channel(w0).deliveries, SizeIs(1));
+
+  // Once closed, the worker gets nothing until it reconnects.
+  coordinator_.CloseSession(w1, &newer);
+  EXPECT_FALSE(GetWorker(w1).connected);
+  ASSERT_TRUE(Submit(w0, id, 0, {Allreduce("b")}).ok());
+  ASSERT_TRUE(Submit(w1, id, 1, {Allreduce("b")}).ok());
+  EXPECT_THAT(newer.deliveries, SizeIs(1));
+  EXPECT_THAT(Channel(w0).deliveries, SizeIs(2));
+
+  RecordingChannel unknown;
+  EXPECT_EQ(coordinator_.OpenSession("worker-000042", &unknown).code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, ShutdownTellsEveryWorkerAndFailsRendezvousWaits) {
+  const std::string w0 = Connect("host-a", "cuda:0");
+  const std::string w1 = Connect("host-a", "cuda:1");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+  std::optional<absl::Status> waited;
+  coordinator_.RendezvousWait(id, 1, {"k"}, absl::Seconds(30),
+                              [&](absl::StatusOr<std::vector<std::string>> r) {
+                                waited = r.status();
+                              });
+  coordinator_.Shutdown("coordinator is shutting down");
+  EXPECT_THAT(Channel(w0).shutdowns, ElementsAre("coordinator is shutting down"));
+  EXPECT_THAT(Channel(w1).shutdowns, ElementsAre("coordinator is shutting down"));
+  ASSERT_TRUE(waited.has_value());
+  EXPECT_EQ(waited->code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(waited->message(), "coordinator is shutting down");
+}
+
+}  // namespace
+}  // namespace ringmaster

@@ -1,0 +1,159 @@
+#include "coordinator/scheduler.h"
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ringmaster {
+namespace {
+
+using ::testing::ElementsAre;
+
+Worker MakeWorker(std::string id, std::string host, std::string device) {
+  Worker w;
+  w.id = std::move(id);
+  w.host = std::move(host);
+  w.device = std::move(device);
+  w.state = WorkerState::kIdle;
+  w.connected = true;
+  return w;
+}
+
+// (rank, worker, host, device, local_rank, local_size, cross_rank, cross_size)
+using Placed = std::tuple<int, std::string, std::string, std::string, int, int, int, int>;
+
+std::vector<Placed> Placement(const std::vector<RankInfo>& ranks) {
+  std::vector<Placed> out;
+  for (const RankInfo& r : ranks) {
+    out.emplace_back(r.rank, r.worker_id, r.host, r.device, r.local_rank, r.local_size,
+                     r.cross_rank, r.cross_size);
+  }
+  return out;
+}
+
+TEST(GangScheduleTest, TwoHostsOfTwoFollowHorovodsRankLayout) {
+  // Listed out of order on purpose: placement must not depend on the input order.
+  const std::vector<Worker> available = {
+      MakeWorker("w1", "host-b", "cuda:1"), MakeWorker("w2", "host-a", "cuda:10"),
+      MakeWorker("w3", "host-a", "cuda:2"), MakeWorker("w4", "host-b", "cuda:0")};
+  absl::StatusOr<std::vector<RankInfo>> ranks = GangSchedule(available, 4, 0);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  EXPECT_THAT(Placement(*ranks),
+              ElementsAre(Placed{0, "w3", "host-a", "cuda:2", 0, 2, 0, 2},
+                          Placed{1, "w2", "host-a", "cuda:10", 1, 2, 0, 2},
+                          Placed{2, "w4", "host-b", "cuda:0", 0, 2, 1, 2},
+                          Placed{3, "w1", "host-b", "cuda:1", 1, 2, 1, 2}));
+  for (const RankInfo& r : *ranks) {
+    EXPECT_EQ(r.state, RankState::kAssigned);
+    EXPECT_EQ(r.exit_code, 0);
+  }
+}
+
+TEST(GangScheduleTest, UnevenHostsGetHorovodsLocalAndCrossRanks) {
+  const std::vector<Worker> available = {
+      MakeWorker("w1", "host-a", "cuda:0"), MakeWorker("w2", "host-a", "cuda:1"),
+      MakeWorker("w3", "host-a", "cuda:2"), MakeWorker("w4", "host-b", "cuda:0")};
+  absl::StatusOr<std::vector<RankInfo>> ranks = GangSchedule(available, 4, 0);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  // local_rank 0 exists on both hosts; local_ranks 1 and 2 only on host-a.
+  EXPECT_THAT(Placement(*ranks),
+              ElementsAre(Placed{0, "w1", "host-a", "cuda:0", 0, 3, 0, 2},
+                          Placed{1, "w2", "host-a", "cuda:1", 1, 3, 0, 1},
+                          Placed{2, "w3", "host-a", "cuda:2", 2, 3, 0, 1},
+                          Placed{3, "w4", "host-b", "cuda:0", 0, 1, 1, 2}));
+}
+
+TEST(GangScheduleTest, FillsTheHostsWithTheMostWorkersFirst) {
+  const std::vector<Worker> available = {
+      MakeWorker("a1", "host-a", "cuda:0"), MakeWorker("b1", "host-b", "cuda:0"),
+      MakeWorker("b2", "host-b", "cuda:1"), MakeWorker("c1", "host-c", "cuda:0"),
+      MakeWorker("c2", "host-c", "cuda:1"), MakeWorker("c3", "host-c", "cuda:2")};
+
+  absl::StatusOr<std::vector<RankInfo>> three = GangSchedule(available, 3, 0);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_THAT(Placement(*three),
+              ElementsAre(Placed{0, "c1", "host-c", "cuda:0", 0, 3, 0, 1},
+                          Placed{1, "c2", "host-c", "cuda:1", 1, 3, 0, 1},
+                          Placed{2, "c3", "host-c", "cuda:2", 2, 3, 0, 1}));
+
+  // Four: all of host-c, then one of host-b (more workers than host-a); ranks in host order.
+  absl::StatusOr<std::vector<RankInfo>> four = GangSchedule(available, 4, 0);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_THAT(Placement(*four),
+              ElementsAre(Placed{0, "b1", "host-b", "cuda:0", 0, 1, 0, 2},
+                          Placed{1, "c1", "host-c", "cuda:0", 0, 3, 1, 2},
+                          Placed{2, "c2", "host-c", "cuda:1", 1, 3, 0, 1},
+                          Placed{3, "c3", "host-c", "cuda:2", 2, 3, 0, 1}));
+}
+
+TEST(GangScheduleTest, EqualHostsAreTakenInNameOrder) {
+  const std::vector<Worker> available = {
+      MakeWorker("w1", "host-b", "cuda:0"), MakeWorker("w2", "host-b", "cuda:1"),
+      MakeWorker("w3", "host-a", "cuda:0"), MakeWorker("w4", "host-a", "cuda:1")};
+  absl::StatusOr<std::vector<RankInfo>> ranks = GangSchedule(available, 2, 0);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  EXPECT_THAT(Placement(*ranks), ElementsAre(Placed{0, "w3", "host-a", "cuda:0", 0, 2, 0, 1},
+                                             Placed{1, "w4", "host-a", "cuda:1", 1, 2, 0, 1}));
+}
+
+TEST(GangScheduleTest, AtMostProcessesPerHostOnEachHost) {
+  const std::vector<Worker> available = {
+      MakeWorker("a0", "host-a", "cuda:0"), MakeWorker("a1", "host-a", "cuda:1"),
+      MakeWorker("a2", "host-a", "cuda:2"), MakeWorker("b0", "host-b", "cuda:0"),
+      MakeWorker("b1", "host-b", "cuda:1"), MakeWorker("b2", "host-b", "cuda:2")};
+  absl::StatusOr<std::vector<RankInfo>> ranks = GangSchedule(available, 4, 2);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  EXPECT_THAT(Placement(*ranks),
+              ElementsAre(Placed{0, "a0", "host-a", "cuda:0", 0, 2, 0, 2},
+                          Placed{1, "a1", "host-a", "cuda:1", 1, 2, 0, 2},
+                          Placed{2, "b0", "host-b", "cuda:0", 0, 2, 1, 2},
+                          Placed{3, "b1", "host-b", "cuda:1", 1, 2, 1, 2}));
+
+  absl::StatusOr<std::vector<RankInfo>> too_many = GangSchedule(available, 3, 1);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(too_many.status().message(),
+            "needs 3 idle workers with at most 1 per host; 2 usable of 6 idle on 2 hosts");
+}
+
+TEST(GangScheduleTest, DevicesSortNumericallyAndCpuFirst) {
+  const std::vector<Worker> available = {
+      MakeWorker("w1", "host-a", "cuda:10"), MakeWorker("w2", "host-a", "cuda:2"),
+      MakeWorker("w3", "host-a", "cuda:1"), MakeWorker("w5", "host-a", "cpu"),
+      MakeWorker("w4", "host-a", "cpu")};
+  absl::StatusOr<std::vector<RankInfo>> ranks = GangSchedule(available, 5, 0);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  std::vector<std::pair<std::string, std::string>> order;
+  for (const RankInfo& r : *ranks) order.emplace_back(r.worker_id, r.device);
+  // Equal devices fall back to the worker id.
+  EXPECT_THAT(order, ElementsAre(std::pair<std::string, std::string>("w4", "cpu"),
+                                 std::pair<std::string, std::string>("w5", "cpu"),
+                                 std::pair<std::string, std::string>("w3", "cuda:1"),
+                                 std::pair<std::string, std::string>("w2", "cuda:2"),
+                                 std::pair<std::string, std::string>("w1", "cuda:10")));
+}
+
+TEST(GangScheduleTest, GangThatDoesNotFitIsRefusedWhole) {
+  const std::vector<Worker> available = {MakeWorker("w1", "host-a", "cuda:0"),
+                                         MakeWorker("w2", "host-a", "cuda:1")};
+  absl::StatusOr<std::vector<RankInfo>> ranks = GangSchedule(available, 3, 0);
+  EXPECT_EQ(ranks.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ranks.status().message(), "needs 3 idle workers; 2 usable of 2 idle on 1 hosts");
+
+  absl::StatusOr<std::vector<RankInfo>> none = GangSchedule({}, 1, 0);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(none.status().message(), "needs 1 idle workers; 0 usable of 0 idle on 0 hosts");
+}
+
+TEST(GangScheduleTest, SingleRank) {
+  absl::StatusOr<std::vector<RankInfo>> ranks =
+      GangSchedule({MakeWorker("w1", "host-a", "cpu")}, 1, 0);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  EXPECT_THAT(Placement(*ranks), ElementsAre(Placed{0, "w1", "host-a", "cpu", 0, 1, 0, 1}));
+}
+
+}  // namespace
+}  // namespace ringmaster

@@ -1,0 +1,388 @@
+// The coordinator's gRPC services on an in-process server with real channels: simulated workers hold
+// real Session streams and negotiate multi-step jobs end to end.
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bench/sim_worker.h"
+#include "coordinator/server.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "ringmaster/v1/job.grpc.pb.h"
+#include "ringmaster/v1/rendezvous.grpc.pb.h"
+#include "ringmaster/v1/worker.grpc.pb.h"
+
+namespace ringmaster {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+std::unique_ptr<grpc::ClientContext> Ctx() {
+  auto c = std::make_unique<grpc::ClientContext>();
+  c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return c;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartServer(CoordinatorOptions{}); }
+
+  void StartServer(CoordinatorOptions options) {
+    server_ = std::make_unique<CoordinatorServer>(std::move(options));
+    absl::StatusOr<int> port = server_->Start("127.0.0.1:0");
+    ASSERT_TRUE(port.ok()) << port.status();
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port),
+                                   grpc::InsecureChannelCredentials());
+    jobs_ = v1::JobService::NewStub(channel_);
+    workers_ = v1::WorkerService::NewStub(channel_);
+    rendezvous_ = v1::RendezvousService::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    sims_.clear();
+    server_->Stop();
+  }
+
+  SimWorker& AddWorker(const std::string& host) {
+    sims_.push_back(std::make_unique<SimWorker>(channel_, host));
+    absl::Status s = sims_.back()->Connect();
+    EXPECT_TRUE(s.ok()) << s;
+    return *sims_.back();
+  }
+
+  v1::Job Submit(int np, int per_host = 0, int cycle_time_ms = 1) {
+    v1::RegisterJobRequest request;
+    request.mutable_spec()->set_name("svc-test");
+    request.mutable_spec()->set_np(np);
+    request.mutable_spec()->set_processes_per_host(per_host);
+    request.mutable_spec()->add_command("train");
+    request.mutable_spec()->mutable_knobs()->set_cycle_time_ms(cycle_time_ms);
+    v1::RegisterJobResponse response;
+    grpc::Status s = jobs_->RegisterJob(Ctx().get(), request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.job();
+  }
+
+  v1::Job Get(const std::string& id) {
+    v1::GetJobRequest request;
+    request.set_job_id(id);
+    v1::GetJobResponse response;
+    EXPECT_TRUE(jobs_->GetJob(Ctx().get(), request, &response).ok());
+    return response.job();
+  }
+
+  // Polls until the job is in `state` or the deadline passes.
+  v1::Job AwaitState(const std::string& id, v1::JobState state, absl::Duration timeout = kWait) {
+    const absl::Time deadline = absl::Now() + timeout;
+    v1::Job job = Get(id);
+    while (job.state() != state && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+      job = Get(id);
+    }
+    return job;
+  }
+
+  static v1::TensorRequest Allreduce(const std::string& name, std::vector<int64_t> shape,
+                                     v1::DataType dtype = v1::DATA_TYPE_FLOAT32) {
+    v1::TensorRequest r;
+    r.set_name(name);
+    r.set_type(v1::REQUEST_TYPE_ALLREDUCE);
+    r.set_dtype(dtype);
+    for (int64_t d : shape) r.add_shape(d);
+    return r;
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::WorkerService::Stub> workers_;
+  std::unique_ptr<v1::RendezvousService::Stub> rendezvous_;
+  std::vector<std::unique_ptr<SimWorker>> sims_;
+};
+
+TEST_F(ServiceTest, FourWorkersNegotiateAMultiStepJobEndToEnd) {
+  std::vector<SimWorker*> w;
+  for (const char* host : {"host-b", "host-a", "host-b", "host-a"}) w.push_back(&AddWorker(host));
+  v1::Job job = Submit(4, 2);
+  std::vector<v1::JobAssignment> a(4);
+  for (int i = 0; i < 4; ++i) {
+    auto got = w[i]->WaitAssignment(kWait);
+    ASSERT_TRUE(got.ok()) << got.status();
+    a[i] = *got;
+  }
+  // Ranks ordered by (host, device): host-a's workers are ranks 0-1, host-b's 2-3.
+  for (int i = 0; i < 4; ++i) {
+    const v1::RankInfo& r = a[i].job().ranks(a[i].rank());
+    EXPECT_EQ(r.worker_id(), w[i]->worker_id());
+    EXPECT_EQ(r.host(), i % 2 == 1 ? "host-a" : "host-b");
+    EXPECT_EQ(r.rank() / 2, i % 2 == 1 ? 0 : 1);
+    EXPECT_EQ(r.local_size(), 2);
+    EXPECT_EQ(r.cross_size(), 2);
+    EXPECT_EQ(r.cross_rank(), r.rank() / 2);
+    EXPECT_EQ(r.local_rank(), r.rank() % 2);
+  }
+  EXPECT_EQ(AwaitState(job.id(), v1::JOB_STATE_STARTING).state(), v1::JOB_STATE_STARTING);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(w[i]->SendRankUpdate(a[i], v1::RANK_STATE_STARTED, 0).ok());
+  EXPECT_EQ(AwaitState(job.id(), v1::JOB_STATE_RUNNING).state(), v1::JOB_STATE_RUNNING);
+
+  const std::vector<v1::TensorRequest> step = {Allreduce("fc.bias", {10}),
+                                               Allreduce("fc.weight", {10, 20}),
+                                               Allreduce("conv.weight", {4, 3, 3, 3})};
+  for (int s = 0; s < 5; ++s) {
+    std::vector<std::vector<v1::Response>> got(4);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      threads.emplace_back([&, i] {
+        // Each rank submits in its own order.
+        std::vector<v1::TensorRequest> mine = step;
+        std::rotate(mine.begin(), mine.begin() + i % 3, mine.end());
+        auto out = w[i]->Negotiate(a[i], mine, kWait);
+        ASSERT_TRUE(out.ok()) << out.status();
+        got[i] = *out;
+      });
+    }
+    for (auto& t : threads) t.join();
+    // Every rank executes the same fused response, in the same order.
+    ASSERT_EQ(got[0].size(), 1u) << "step " << s;
+    EXPECT_EQ(got[0][0].type(), v1::Response::TYPE_ALLREDUCE);
+    EXPECT_EQ(got[0][0].names_size(), 3);
+    for (int i = 1; i < 4; ++i) {
+      ASSERT_EQ(got[i].size(), 1u);
+      EXPECT_THAT(got[i][0].names(), ::testing::ElementsAreArray(got[0][0].names()));
+      EXPECT_THAT(got[i][0].tensor_sizes(),
+                  ::testing::ElementsAreArray(got[0][0].tensor_sizes()));
+    }
+  }
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(w[i]->SendRankUpdate(a[i], v1::RANK_STATE_EXITED, 0).ok());
+  v1::Job done = AwaitState(job.id(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.reason(), "all 4 ranks exited 0");
+}
+
+TEST_F(ServiceTest, MismatchedShapesReachEveryRankWithTheCoordinatorsMessage) {
+  SimWorker& w0 = AddWorker("h0");
+  SimWorker& w1 = AddWorker("h1");
+  v1::Job job = Submit(2, 1);
+  auto a0 = w0.WaitAssignment(kWait);
+  auto a1 = w1.WaitAssignment(kWait);
+  ASSERT_TRUE(a0.ok() && a1.ok());
+  // Whichever worker got rank 0 sends [2, 3]; the other [2, 4].
+  SimWorker& r0 = a0->rank() == 0 ? w0 : w1;
+  SimWorker& r1 = a0->rank() == 0 ? w1 : w0;
+  const v1::JobAssignment& as0 = a0->rank() == 0 ? *a0 : *a1;
+  const v1::JobAssignment& as1 = a0->rank() == 0 ? *a1 : *a0;
+  std::vector<v1::Response> got0, got1;
+  std::thread t([&] {
+    auto out = r1.Negotiate(as1, {Allreduce("grad", {2, 4}), Allreduce("ok", {5})}, kWait);
+    ASSERT_TRUE(out.ok()) << out.status();
+    got1 = *out;
+  });
+  auto out = r0.Negotiate(as0, {Allreduce("grad", {2, 3}), Allreduce("ok", {5})}, kWait);
+  t.join();
+  ASSERT_TRUE(out.ok()) << out.status();
+  got0 = *out;
+  const std::string expected =
+      "Mismatched allreduce tensor shapes for tensor 'grad': rank 0 (h0) sent [2, 3] but rank 1 "
+      "(h1) sent [2, 4].";
+  for (const auto* got : {&got0, &got1}) {
+    int errors = 0, ok = 0;
+    for (const v1::Response& r : *got) {
+      if (r.type() == v1::Response::TYPE_ERROR) {
+        ++errors;
+        EXPECT_THAT(r.names(), ::testing::ElementsAre("grad"));
+        // Rank order follows the submission order; accept either rank first.
+        EXPECT_TRUE(r.error_message() == expected ||
+                    r.error_message() ==
+                        "Mismatched allreduce tensor shapes for tensor 'grad': rank 1 (h1) sent "
+                        "[2, 4] but rank 0 (h0) sent [2, 3].")
+            << r.error_message();
+      } else {
+        ++ok;
+        EXPECT_THAT(r.names(), ::testing::ElementsAre("ok"));
+      }
+    }
+    EXPECT_EQ(errors, 1);
+    EXPECT_EQ(ok, 1);
+  }
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_STARTING);
+}
+
+TEST_F(ServiceTest, BadWorkerInputIsRejectedWithTheFieldNamed) {
+  v1::RegisterWorkerRequest request;
+  request.set_host("h");
+  request.set_device("gpu0");
+  v1::RegisterWorkerResponse response;
+  grpc::Status s = workers_->RegisterWorker(Ctx().get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "device 'gpu0' is not \"cpu\" or \"cuda:N\" (0 <= N < 1024)");
+  request.set_host("");
+  request.set_device("cpu");
+  s = workers_->RegisterWorker(Ctx().get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "host must be 1..253 bytes; got 0");
+
+  // A session for an unknown worker ends with NOT_FOUND.
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream = workers_->Session(&context);
+  v1::WorkerMessage open;
+  open.mutable_open()->set_worker_id("worker-424242");
+  ASSERT_TRUE(stream->Write(open));
+  v1::CoordinatorMessage m;
+  EXPECT_FALSE(stream->Read(&m));
+  s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), "worker_id 'worker-424242' is not registered");
+}
+
+TEST_F(ServiceTest, RequestsForAJobTheWorkerDoesNotServeAreRefused) {
+  SimWorker& w0 = AddWorker("h0");
+  SimWorker& idle = AddWorker("h1");
+  v1::Job job = Submit(1);
+  auto a = w0.WaitAssignment(kWait);
+  ASSERT_TRUE(a.ok());
+  v1::JobAssignment stolen = *a;  // the idle worker pretends to be rank 0
+  v1::WorkerMessage m;
+  m.mutable_requests()->set_job_id(job.id());
+  m.mutable_requests()->set_epoch(stolen.epoch());
+  m.mutable_requests()->set_rank(0);
+  *m.mutable_requests()->add_requests() = Allreduce("x", {1});
+  ASSERT_TRUE(idle.Send(m).ok());
+  auto stop = idle.WaitStop(kWait);
+  ASSERT_TRUE(stop.ok()) << stop.status();
+  EXPECT_EQ(stop->job_id(), job.id());
+  EXPECT_EQ(stop->reason(), absl::StrCat("FAILED_PRECONDITION: worker ", idle.worker_id(),
+                                         " is not assigned rank 0 of job ", job.id()));
+  // A stale epoch is ABORTED.
+  m.mutable_requests()->set_epoch(stolen.epoch() + 7);
+  ASSERT_TRUE(w0.Send(m).ok());
+  stop = w0.WaitStop(kWait);
+  ASSERT_TRUE(stop.ok()) << stop.status();
+  EXPECT_EQ(stop->reason(), absl::StrCat("ABORTED: epoch ", stolen.epoch() + 7, " of job ",
+                                         job.id(), " is stale; the job is at epoch ",
+                                         stolen.epoch()));
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_STARTING);
+}
+
+TEST_F(ServiceTest, RankExitFailsTheJobAndStopsTheOtherRanks) {
+  SimWorker& w0 = AddWorker("h0");
+  SimWorker& w1 = AddWorker("h1");
+  v1::Job job = Submit(2);
+  auto a0 = w0.WaitAssignment(kWait);
+  auto a1 = w1.WaitAssignment(kWait);
+  ASSERT_TRUE(a0.ok() && a1.ok());
+  ASSERT_TRUE(w1.SendRankUpdate(*a1, v1::RANK_STATE_EXITED, 3, "Traceback: boom").ok());
+  v1::Job failed = AwaitState(job.id(), v1::JOB_STATE_FAILED);
+  ASSERT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed.reason(),
+            absl::StrCat("rank ", a1->rank(), " on host h1 (", w1.worker_id(),
+                         ") exited with status 3: Traceback: boom"));
+  auto stop = w0.WaitStop(kWait);
+  ASSERT_TRUE(stop.ok()) << stop.status();
+  EXPECT_EQ(stop->reason(), failed.reason());
+  // The workers are free again: the next job is scheduled on them.
+  v1::Job next = Submit(2);
+  EXPECT_TRUE(w0.WaitAssignment(kWait).ok());
+  EXPECT_TRUE(w1.WaitAssignment(kWait).ok());
+  EXPECT_EQ(AwaitState(next.id(), v1::JOB_STATE_STARTING).state(), v1::JOB_STATE_STARTING);
+}
+
+TEST_F(ServiceTest, RendezvousRelaysTheNcclIdAndTimesOutWithTheMissingKeys) {
+  SimWorker& w0 = AddWorker("h0");
+  SimWorker& w1 = AddWorker("h1");
+  v1::Job job = Submit(2);
+  auto a0 = w0.WaitAssignment(kWait);
+  ASSERT_TRUE(a0.ok() && w1.WaitAssignment(kWait).ok());
+  const int64_t epoch = a0->epoch();
+  // Rank 1 waits for the id that rank 0's worker generates.
+  v1::WaitResponse waited;
+  grpc::Status wait_status;
+  std::thread waiter([&] {
+    v1::WaitRequest w;
+    w.set_job_id(job.id());
+    w.set_epoch(epoch);
+    w.add_keys("nccl/unique_id");
+    w.set_timeout_ms(5000);
+    wait_status = rendezvous_->Wait(Ctx().get(), w, &waited);
+  });
+  v1::SetRequest set;
+  set.set_job_id(job.id());
+  set.set_epoch(epoch);
+  set.set_key("nccl/unique_id");
+  set.set_value(std::string(128, '\x7f'));
+  v1::SetResponse set_response;
+  ASSERT_TRUE(rendezvous_->Set(Ctx().get(), set, &set_response).ok());
+  waiter.join();
+  ASSERT_TRUE(wait_status.ok()) << wait_status.error_message();
+  EXPECT_THAT(waited.values(), ::testing::ElementsAre(std::string(128, '\x7f')));
+
+  v1::WaitRequest w;
+  w.set_job_id(job.id());
+  w.set_epoch(epoch);
+  w.add_keys("nccl/unique_id");
+  w.add_keys("gloo/rank_1");
+  w.set_timeout_ms(200);
+  grpc::Status s = rendezvous_->Wait(Ctx().get(), w, &waited);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(s.error_message(), "rendezvous wait timed out; keys not set: gloo/rank_1");
+
+  set.set_epoch(epoch + 1);
+  s = rendezvous_->Set(Ctx().get(), set, &set_response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_EQ(s.error_message(), absl::StrCat("epoch ", epoch + 1, " of job ", job.id(),
+                                            " is stale; the job is at epoch ", epoch));
+}
+
+class LeaseTest : public ServiceTest {
+ protected:
+  void SetUp() override {
+    CoordinatorOptions options;
+    options.lease = absl::Milliseconds(600);
+    options.heartbeat_interval = absl::Milliseconds(200);
+    options.housekeeping_interval = absl::Milliseconds(20);
+    StartServer(std::move(options));
+  }
+};
+
+TEST_F(LeaseTest, AWorkerThatStopsHeartbeatingFailsItsJobOnly) {
+  SimWorker& w0 = AddWorker("h0");
+  SimWorker& silent = AddWorker("h1");
+  SimWorker& other = AddWorker("h2");
+  v1::Job job = Submit(2, 1);
+  // The third worker keeps heartbeating and serves a job of its own afterwards.
+  auto a0 = w0.WaitAssignment(kWait);
+  auto a1 = silent.WaitAssignment(kWait);
+  ASSERT_TRUE(a0.ok() && a1.ok());
+  v1::Job solo = Submit(1);
+  auto a2 = other.WaitAssignment(kWait);
+  ASSERT_TRUE(a2.ok());
+  std::atomic<bool> stop{false};
+  std::thread beats([&] {
+    v1::WorkerMessage hb;
+    hb.mutable_heartbeat();
+    while (!stop) {
+      w0.Send(hb).IgnoreError();
+      other.Send(hb).IgnoreError();
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  v1::Job failed = AwaitState(job.id(), v1::JOB_STATE_FAILED, absl::Seconds(5));
+  stop = true;
+  beats.join();
+  ASSERT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed.reason(), absl::StrCat("worker ", silent.worker_id(), " serving rank ",
+                                          a1->rank(), " on host h1 was lost: no heartbeat for 600ms"));
+  EXPECT_EQ(Get(solo.id()).state(), v1::JOB_STATE_STARTING);
+  // The lost worker's session ended with FAILED_PRECONDITION.
+  grpc::Status closed = silent.Close();
+  EXPECT_EQ(closed.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(closed.error_message(), HasSubstr("lost its lease"));
+}
+
+}  // namespace
+}  // namespace ringmaster
