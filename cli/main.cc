@@ -6,30 +6,31 @@
 //     status JOB
 //     cancel JOB [--reason TEXT]
 //     watch JOB
+//     logs JOB [--rank R] [--follow]
+//     local --np N [--processes-per-host K] [--coordinator-port P] [options] -- CMD ARGS...
 //
 // The coordinator address comes from --coordinator, else $RINGMASTER_COORDINATOR, else
 // localhost:50051. Exit status: 0 on success, 1 when the call fails (one line on stderr), 2 for a usage
-// error; `watch` exits 0 when the job SUCCEEDED and 1 when it FAILED or was CANCELLED.
+// error; `watch` exits 0 when the job SUCCEEDED and 1 when it FAILED or was CANCELLED; `local` as
+// documented in cli/local.h.
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/knobs.h"
-#include "google/protobuf/util/json_util.h"
+#include "cli/command.h"
+#include "cli/job_flags.h"
+#include "cli/local.h"
+#include "cli/log_printer.h"
 #include "grpcpp/grpcpp.h"
 #include "ringmaster/v1/job.grpc.pb.h"
 
@@ -46,8 +47,12 @@ commands:
   status JOB                                 a job's state, ranks, knobs and events
   cancel JOB [--reason TEXT]                 cancel a job
   watch JOB                                  stream a job's events until it ends
+  logs JOB [--rank R] [--follow]             print a job's output ("[R] " before each line of
+                                             rank R unless --rank); --follow: until the job ends
+  local --np N [options] -- CMD [ARGS...]    run a job on this machine: starts a coordinator and
+                                             N workers, prints the output, exits with the job
 
-submit options:
+submit and local options:
   --np N                          number of ranks (required)
   --processes-per-host K          at most K ranks per host (default: no limit)
   --name NAME                     job name (default: the command's base name)
@@ -72,85 +77,12 @@ submit options:
   --backend auto|gloo|nccl        collective backend (default auto)
 Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...);
 flags win over the environment.
+
+local options (besides the above; --processes-per-host K simulates hosts local-0, local-1, ... of
+K ranks each, default all on one):
+  --coordinator-port P            the coordinator's port on 127.0.0.1 (default: any free port)
+  --start-timeout-seconds S       fail when the workers have not all connected after S (default 60)
 )";
-
-[[noreturn]] void Usage(const std::string& message) {
-  std::fprintf(stderr, "ringmaster: %s\n(run 'ringmaster --help' for usage)\n", message.c_str());
-  std::exit(2);
-}
-
-[[noreturn]] void Fail(const grpc::Status& status) {
-  static const char* const kCodes[] = {
-      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
-      "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
-  const int code = status.error_code();
-  std::fprintf(stderr, "ringmaster: %s: %s\n", code >= 0 && code <= 16 ? kCodes[code] : "ERROR",
-               status.error_message().c_str());
-  std::exit(1);
-}
-
-// Walks argv, handing out options and their values.
-class Args {
- public:
-  Args(int argc, char** argv) : args_(argv + 1, argv + argc) {}
-  // Removes `flag` wherever it stands before "--"; returns whether it was there.
-  bool Extract(const std::string& flag) {
-    bool found = false;
-    for (size_t i = pos_; i < args_.size() && args_[i] != "--";) {
-      if (args_[i] == flag) {
-        args_.erase(args_.begin() + i);
-        found = true;
-      } else {
-        ++i;
-      }
-    }
-    return found;
-  }
-  bool Done() const { return pos_ >= args_.size(); }
-  const std::string& Peek() const { return args_[pos_]; }
-  std::string Next() { return args_[pos_++]; }
-  std::string Value(const std::string& flag) {
-    if (Done()) Usage(absl::StrCat(flag, " needs a value"));
-    return Next();
-  }
-  std::vector<std::string> Rest() {
-    std::vector<std::string> rest(args_.begin() + pos_, args_.end());
-    pos_ = args_.size();
-    return rest;
-  }
-
- private:
-  std::vector<std::string> args_;
-  size_t pos_ = 0;
-};
-
-template <typename T>
-T Number(const std::string& flag, const std::string& text) {
-  T value;
-  bool ok;
-  if constexpr (std::is_floating_point_v<T>) {
-    ok = absl::SimpleAtod(text, &value);
-  } else {
-    ok = absl::SimpleAtoi(text, &value);
-  }
-  if (!ok) Usage(absl::StrCat(flag, " '", text, "' is not a number"));
-  return value;
-}
-
-std::pair<std::string, std::string> KeyValue(const std::string& flag, const std::string& text) {
-  size_t eq = text.find('=');
-  if (eq == std::string::npos || eq == 0) Usage(absl::StrCat(flag, " '", text, "' is not KEY=VALUE"));
-  return {text.substr(0, eq), text.substr(eq + 1)};
-}
-
-std::string Json(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
-  return out;
-}
 
 std::string StateName(v1::JobState state) {
   std::string name = v1::JobState_Name(state);
@@ -233,115 +165,8 @@ void PrintJob(const v1::Job& job) {
   }
 }
 
-struct Global {
-  std::string coordinator;
-  bool json = false;
-  double timeout_seconds = 10;
-};
-
-std::unique_ptr<grpc::ClientContext> Context(const Global& g) {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(g.timeout_seconds * 1000)));
-  return context;
-}
-
 int Submit(const Global& g, v1::JobService::Stub& stub, Args& args) {
-  v1::JobSpec spec;
-  Knobs knobs;
-  if (absl::Status s = ApplyEnvironment(ProcessEnv(), &knobs); !s.ok()) {
-    Usage(std::string(s.message()));
-  }
-  bool have_np = false;
-  while (!args.Done()) {
-    std::string flag = args.Next();
-    if (flag == "--") break;
-    if (flag == "--np") {
-      spec.set_np(Number<int32_t>(flag, args.Value(flag)));
-      have_np = true;
-    } else if (flag == "--processes-per-host") {
-      spec.set_processes_per_host(Number<int32_t>(flag, args.Value(flag)));
-    } else if (flag == "--name") {
-      spec.set_name(args.Value(flag));
-    } else if (flag == "--env") {
-      auto [k, v] = KeyValue(flag, args.Value(flag));
-      (*spec.mutable_env())[k] = v;
-    } else if (flag == "--label") {
-      auto [k, v] = KeyValue(flag, args.Value(flag));
-      (*spec.mutable_labels())[k] = v;
-    } else if (flag == "--working-dir") {
-      spec.set_working_dir(args.Value(flag));
-    } else if (flag == "--fusion-threshold-mb") {
-      knobs.fusion_threshold_bytes =
-          static_cast<int64_t>(Number<double>(flag, args.Value(flag)) * (1 << 20));
-    } else if (flag == "--fusion-threshold-bytes") {
-      knobs.fusion_threshold_bytes = Number<int64_t>(flag, args.Value(flag));
-    } else if (flag == "--cycle-time-ms") {
-      knobs.cycle_time_ms = Number<double>(flag, args.Value(flag));
-    } else if (flag == "--cache-capacity") {
-      knobs.cache_capacity = Number<int32_t>(flag, args.Value(flag));
-    } else if (flag == "--autotune") {
-      knobs.autotune = true;
-    } else if (flag == "--autotune-log-file") {
-      knobs.autotune_log = args.Value(flag);
-    } else if (flag == "--autotune-warmup-samples") {
-      knobs.autotune_warmup_samples = Number<int32_t>(flag, args.Value(flag));
-    } else if (flag == "--autotune-steps-per-sample") {
-      knobs.autotune_steps_per_sample = Number<int32_t>(flag, args.Value(flag));
-    } else if (flag == "--autotune-bayes-opt-max-samples") {
-      knobs.autotune_bayes_opt_max_samples = Number<int32_t>(flag, args.Value(flag));
-    } else if (flag == "--autotune-gaussian-process-noise") {
-      knobs.autotune_gaussian_process_noise = Number<double>(flag, args.Value(flag));
-    } else if (flag == "--timeline" || flag == "--timeline-filename") {
-      knobs.timeline = args.Value(flag);
-    } else if (flag == "--timeline-mark-cycles") {
-      knobs.timeline_mark_cycles = true;
-    } else if (flag == "--stall-check-seconds") {
-      knobs.stall_check_seconds = Number<double>(flag, args.Value(flag));
-    } else if (flag == "--no-stall-check") {
-      knobs.stall_check_seconds = 0;
-    } else if (flag == "--stall-shutdown-seconds") {
-      knobs.stall_shutdown_seconds = Number<double>(flag, args.Value(flag));
-    } else if (flag == "--backend") {
-      std::string b = args.Value(flag);
-      if (b == "auto") {
-        knobs.backend = Backend::kAuto;
-      } else if (b == "gloo") {
-        knobs.backend = Backend::kGloo;
-      } else if (b == "nccl") {
-        knobs.backend = Backend::kNccl;
-      } else {
-        Usage(absl::StrCat("--backend '", b, "' is not auto, gloo or nccl"));
-      }
-    } else {
-      Usage(absl::StrCat("submit: unknown option '", flag, "'"));
-    }
-  }
-  if (!have_np) Usage("submit needs --np N");
-  for (const std::string& arg : args.Rest()) spec.add_command(arg);
-  if (spec.name().empty()) {
-    std::string base = spec.command().empty() ? "job" : spec.command(0);
-    base = base.substr(base.find_last_of('/') + 1);
-    std::string name;
-    for (char c : base) name += absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-' ? c : '-';
-    spec.set_name(name.empty() ? "job" : name.substr(0, 128));
-  }
-  v1::Knobs* k = spec.mutable_knobs();
-  k->set_fusion_threshold_bytes(knobs.fusion_threshold_bytes);
-  k->set_cycle_time_ms(knobs.cycle_time_ms);
-  k->set_cache_capacity(knobs.cache_capacity);
-  k->set_autotune(knobs.autotune);
-  k->set_autotune_warmup_samples(knobs.autotune_warmup_samples);
-  k->set_autotune_steps_per_sample(knobs.autotune_steps_per_sample);
-  k->set_autotune_bayes_opt_max_samples(knobs.autotune_bayes_opt_max_samples);
-  k->set_autotune_gaussian_process_noise(knobs.autotune_gaussian_process_noise);
-  k->set_autotune_log(knobs.autotune_log);
-  k->set_timeline(knobs.timeline);
-  k->set_timeline_mark_cycles(knobs.timeline_mark_cycles);
-  k->set_stall_check_seconds(knobs.stall_check_seconds);
-  k->set_stall_shutdown_seconds(knobs.stall_shutdown_seconds);
-  k->set_backend(static_cast<v1::Backend>(knobs.backend));
-
+  v1::JobSpec spec = ParseJobSpec("submit", args);
   v1::RegisterJobRequest request;
   *request.mutable_spec() = spec;
   v1::RegisterJobResponse response;
@@ -458,6 +283,48 @@ int Watch(const Global& g, v1::JobService::Stub& stub, Args& args) {
   return last == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
 }
 
+int Logs(const Global& g, v1::JobService::Stub& stub, Args& args) {
+  v1::GetLogsRequest request;
+  request.set_job_id(JobArg(args, "logs"));
+  request.set_all_ranks(true);
+  while (!args.Done()) {
+    std::string flag = args.Next();
+    if (flag == "--rank") {
+      const int32_t rank = Number<int32_t>(flag, args.Value(flag));
+      if (rank < 0) Usage(absl::StrCat("--rank ", rank, " is negative"));
+      request.set_all_ranks(false);
+      request.set_rank(rank);
+    } else if (flag == "--follow" || flag == "-f") {
+      request.set_follow(true);
+    } else {
+      Usage(absl::StrCat("logs: unknown option '", flag, "'"));
+    }
+  }
+  // Following lasts as long as the job; reading what is there has the usual deadline.
+  std::unique_ptr<grpc::ClientContext> context =
+      request.follow() ? std::make_unique<grpc::ClientContext>() : Context(g);
+  auto reader = stub.GetLogs(context.get(), request);
+  LogPrinter printer(request.all_ranks(), [](bool to_stderr, std::string_view text) {
+    std::fwrite(text.data(), 1, text.size(), to_stderr ? stderr : stdout);
+  });
+  v1::GetLogsResponse response;
+  while (reader->Read(&response)) {
+    for (const v1::LogChunk& c : response.chunks()) {
+      if (g.json) {
+        std::printf("%s\n", Json(c).c_str());
+      } else {
+        printer.Write(c.rank(), c.stream() == v1::RANK_OUTPUT_STREAM_STDERR, c.data());
+      }
+    }
+    std::fflush(stdout);
+  }
+  printer.Flush();
+  std::fflush(stdout);
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) Fail(status);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   Args args(argc, argv);
   Global g;
@@ -485,11 +352,13 @@ int Main(int argc, char** argv) {
   }
   if (args.Done()) Usage("no command given");
   const std::string command = args.Next();
+  // Before any channel exists: `local` forks its coordinator and workers.
+  if (command == "local") return Local(g, args);
   auto channel = grpc::CreateChannel(g.coordinator, grpc::InsecureChannelCredentials());
   auto stub = v1::JobService::NewStub(channel);
   static const std::map<std::string, int (*)(const Global&, v1::JobService::Stub&, Args&)>
       kCommands = {{"submit", Submit}, {"jobs", Jobs},   {"status", Status},
-                   {"cancel", Cancel}, {"watch", Watch}};
+                   {"cancel", Cancel}, {"watch", Watch}, {"logs", Logs}};
   auto it = kCommands.find(command);
   if (it == kCommands.end()) Usage(absl::StrCat("unknown command '", command, "'"));
   return it->second(g, *stub, args);

@@ -35,8 +35,12 @@ Coordinator::Coordinator(CoordinatorOptions options)
     : clock_(options.clock),
       heartbeat_interval_(options.heartbeat_interval),
       housekeeping_interval_(options.housekeeping_interval),
+      log_linger_(options.log_linger),
       jobs_(std::move(options.store), options.clock),
-      workers_(options.clock, options.lease) {}
+      workers_(options.clock, options.lease),
+      logs_(LogStoreOptions{.clock = options.clock,
+                            .max_bytes_per_rank = options.log_bytes_per_rank,
+                            .max_total_bytes = options.log_bytes_total}) {}
 
 Coordinator::~Coordinator() = default;
 
@@ -121,6 +125,12 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
   for (const RankInfo& r : job->ranks) workers_.Release(r.worker_id);
   rendezvous_.DropScope(RendezvousStore::Scope(job_id, job->epoch),
                         absl::StrCat("job ", job_id, " ended: ", reason));
+  // After the transition: a follower that sees the log end finds the job terminal. Ranks that had
+  // not exited may still have output on its way.
+  const bool all_exited = std::all_of(job->ranks.begin(), job->ranks.end(), [](const RankInfo& r) {
+    return r.state == RankState::kExited;
+  });
+  logs_.End(job_id, all_exited ? absl::ZeroDuration() : log_linger_);
   Schedule();
   return job;
 }
@@ -266,6 +276,46 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
   return absl::OkStatus();
 }
 
+absl::Status Coordinator::AppendOutput(const std::string& worker_id, const std::string& job_id,
+                                       int64_t epoch, int32_t rank, OutputStream stream,
+                                       std::string data) {
+  if (auto runtime = RuntimeFor(worker_id, job_id, epoch, rank); !runtime.ok()) {
+    // After the job's end, the worker that served the rank may still send the rank's last words;
+    // the log store takes them until the job's log ends.
+    absl::StatusOr<Job> job = jobs_.Get(job_id);
+    const bool served = job.ok() && IsTerminal(job->state) && epoch == job->epoch && rank >= 0 &&
+                        rank < static_cast<int32_t>(job->ranks.size()) &&
+                        job->ranks[rank].worker_id == worker_id;
+    if (!served) return runtime.status();
+  }
+  if (static_cast<int64_t>(data.size()) > kMaxOutputMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("output.data of rank ", rank, " of job ", job_id,
+                                                   " is ", data.size(), " bytes; at most ",
+                                                   kMaxOutputMessageBytes, " per message"));
+  }
+  // The job's log may end between the check above and here; the store then refuses the chunk, so a
+  // follower that saw the end has seen every chunk stored.
+  return logs_.Append(job_id, rank, stream, std::move(data));
+}
+
+absl::Status Coordinator::CheckLogQuery(const std::string& job_id, int32_t rank) const {
+  absl::StatusOr<Job> job = jobs_.Get(job_id);
+  if (!job.ok()) return job.status();
+  if (rank != LogStore::kAllRanks && (rank < 0 || rank >= job->spec.np)) {
+    return absl::InvalidArgumentError(absl::StrCat("rank = ", rank, " is out of bounds [0, ",
+                                                   job->spec.np - 1, "] of job ", job_id));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Coordinator::FollowLogs(const std::string& job_id,
+                                                LogStore::Subscriber wake) {
+  if (absl::StatusOr<Job> job = jobs_.Get(job_id); !job.ok()) return job.status();
+  // Every job reaches its terminal state through Finish(), which ends its log (at once, or after
+  // the linger), so a follower is woken at the end.
+  return logs_.Subscribe(job_id, std::move(wake));
+}
+
 absl::Status Coordinator::CheckScope(const std::string& job_id, int64_t epoch) const {
   absl::StatusOr<Job> job = jobs_.Get(job_id);
   if (!job.ok()) return job.status();
@@ -369,6 +419,7 @@ void Coordinator::Housekeeping(absl::Time now) {
     }
   }
   rendezvous_.ExpireWaiters(now);
+  logs_.EndDue();
 }
 
 void Coordinator::Shutdown(const std::string& reason) {

@@ -1,14 +1,15 @@
 // The coordinator's composition root and the glue between its parts: it owns the job registry, the
-// worker registry, the rendezvous store and one negotiator per running job, in dependency order, and
-// implements the operations the services expose. Transport-free: services translate messages and
-// call it; it talks to workers through WorkerChannel.
+// worker registry, the rendezvous store, the jobs' output (logs) and one negotiator per running
+// job, in dependency order, and implements the operations the services expose. Transport-free:
+// services translate messages and call it; it talks to workers through WorkerChannel.
 //
 // Thread-safe. mu_ guards the job runtimes and the worker channels. Channels are called with mu_ held:
 // their methods only queue a message (they never block or call back), and holding mu_ keeps a closing
-// session's channel alive. Watchers and negotiators are called with mu_ released.
+// session's channel alive. Watchers, log followers and negotiators are called with mu_ released.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,6 +23,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/job_registry.h"
+#include "coordinator/log_store.h"
 #include "coordinator/negotiator.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/worker_channel.h"
@@ -36,7 +38,18 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(2);
   // How often Tick() expires leases, checks stalls and expires rendezvous waiters.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);
+  // Output kept per rank (oldest dropped first), and by all jobs together (ended jobs' logs
+  // dropped, oldest first, beyond it).
+  int64_t log_bytes_per_rank = int64_t{4} << 20;
+  int64_t log_bytes_total = int64_t{1} << 30;
+  // How long output of a job's ranks is still accepted after the job ended, unless every rank had
+  // exited: when one rank fails, the others' last words (printed just before) may still be on their
+  // way. Followers of the job's logs end after it.
+  absl::Duration log_linger = absl::Seconds(2);
 };
+
+// Most output bytes one RankOutput message may carry.
+inline constexpr int64_t kMaxOutputMessageBytes = int64_t{1} << 20;
 
 // One rank's request batch, as the session received it.
 struct RequestBatch {
@@ -91,6 +104,25 @@ class Coordinator {
   // FAILED_PRECONDITION when the worker does not serve that rank of that job; ABORTED for a stale epoch.
   absl::Status SubmitRequests(const std::string& worker_id, RequestBatch batch);
   absl::Status UpdateRank(const std::string& worker_id, const RankUpdate& update);
+  // Stores output of a rank's training process. Validated like SubmitRequests (FAILED_PRECONDITION,
+  // ABORTED); INVALID_ARGUMENT for more than kMaxOutputMessageBytes. After the job ended, output
+  // from the worker that served the rank is accepted for CoordinatorOptions::log_linger, then
+  // refused (FAILED_PRECONDITION): a worker forwards a rank's output before reporting it EXITED.
+  absl::Status AppendOutput(const std::string& worker_id, const std::string& job_id, int64_t epoch,
+                            int32_t rank, OutputStream stream, std::string data);
+
+  // Logs: the jobs' output, kept after they end. A reader checks its query once (NOT_FOUND for an
+  // unknown job, INVALID_ARGUMENT for a rank outside [0, np); LogStore::kAllRanks: every rank),
+  // then reads from a cursor; a follower also subscribes to be woken by more output or the end.
+  absl::Status CheckLogQuery(const std::string& job_id, int32_t rank) const;
+  LogRead ReadLogs(const std::string& job_id, int32_t rank, int64_t after, int64_t max_bytes,
+                   int64_t until = std::numeric_limits<int64_t>::max()) const {
+    return logs_.Read(job_id, rank, after, max_bytes, until);
+  }
+  int64_t LogHead(const std::string& job_id) const { return logs_.Head(job_id); }
+  // NOT_FOUND for an unknown job. See LogStore::Subscriber for what `wake` may do.
+  absl::StatusOr<int64_t> FollowLogs(const std::string& job_id, LogStore::Subscriber wake);
+  void UnfollowLogs(const std::string& job_id, int64_t id) { logs_.Unsubscribe(job_id, id); }
 
   // Rendezvous, scoped by job and epoch: NOT_FOUND (job), ABORTED (stale epoch), FAILED_PRECONDITION
   // (job not starting or running).
@@ -102,8 +134,8 @@ class Coordinator {
                       absl::Duration timeout, RendezvousStore::WaitCallback done);
 
   // Flushes due negotiation cycles; every housekeeping interval also expires worker leases, reports
-  // and acts on stalls, and expires rendezvous waits. The server calls it about every millisecond;
-  // tests call it after moving a FakeClock.
+  // and acts on stalls, expires rendezvous waits and ends the logs whose linger is over. The server
+  // calls it about every millisecond; tests call it after moving a FakeClock.
   void Tick();
 
   // The earliest negotiation deadline of any job (InfiniteFuture when none).
@@ -141,9 +173,11 @@ class Coordinator {
   Clock* const clock_;
   const absl::Duration heartbeat_interval_;
   const absl::Duration housekeeping_interval_;
+  const absl::Duration log_linger_;
   JobRegistry jobs_;
   WorkerRegistry workers_;
   RendezvousStore rendezvous_;
+  LogStore logs_;
 
   // Serialises scheduling decisions (read idle workers, assign, start), which span registries.
   absl::Mutex schedule_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -1,6 +1,7 @@
 #include "coordinator/service/job_service.h"
 
 #include <deque>
+#include <limits>
 #include <memory>
 
 #include "absl/synchronization/mutex.h"
@@ -117,6 +118,128 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
   int64_t watch_id_ = 0;
 };
 
+// Streams a job's output: what is stored when the call starts, then, with follow, new output as it
+// arrives, ending once the job's log has ended and everything was written. Nothing is queued here:
+// the reactor keeps a cursor into the coordinator's log store and reads the next batch when the
+// last write completed, so a slow client falls behind (possibly past output the store dropped)
+// instead of growing memory. The store's wake-up may fire on any thread, even after the client went
+// away, so it reaches the reactor only through `State`, which OnDone() closes.
+class LogsReactor : public grpc::ServerWriteReactor<v1::GetLogsResponse> {
+ public:
+  // Data per response: chunks are at most 1 MiB, so a response stays well under gRPC's default
+  // 4 MiB receive limit.
+  static constexpr int64_t kBatchBytes = int64_t{1} << 20;
+
+  LogsReactor(Coordinator& coordinator, const v1::GetLogsRequest& request)
+      : coordinator_(coordinator), job_id_(request.job_id()) {
+    const int32_t rank =
+        request.all_ranks() || request.rank() == -1 ? LogStore::kAllRanks : request.rank();
+    state_ = std::make_shared<State>(coordinator, job_id_, rank, request.follow());
+    state_->Attach(this);
+    if (absl::Status s = coordinator_.CheckLogQuery(job_id_, rank); !s.ok()) {
+      state_->Fail(ToGrpcStatus(s));
+      return;
+    }
+    if (request.follow()) {
+      std::shared_ptr<State> state = state_;
+      absl::StatusOr<int64_t> id = coordinator_.FollowLogs(job_id_, [state] { state->Pump(); });
+      if (!id.ok()) {
+        state_->Fail(ToGrpcStatus(id.status()));
+        return;
+      }
+      follow_id_ = *id;
+    } else {
+      state_->SetUntil(coordinator_.LogHead(job_id_));
+    }
+    state_->Pump();
+  }
+
+  void OnWriteDone(bool ok) override { state_->WriteDone(ok); }
+  void OnCancel() override { state_->Fail(grpc::Status::CANCELLED); }
+  void OnDone() override {
+    if (follow_id_ != 0) coordinator_.UnfollowLogs(job_id_, follow_id_);
+    state_->Close();
+    delete this;
+  }
+
+ private:
+  class State {
+   public:
+    State(Coordinator& coordinator, std::string job_id, int32_t rank, bool follow)
+        : coordinator_(coordinator), job_id_(std::move(job_id)), rank_(rank), follow_(follow) {}
+
+    void Attach(LogsReactor* reactor) {
+      absl::MutexLock lock(&mu_);
+      reactor_ = reactor;
+    }
+    // Without follow, the stream ends at the chunk that was newest when the call started.
+    void SetUntil(int64_t until) {
+      absl::MutexLock lock(&mu_);
+      until_ = until;
+    }
+    // Writes the next batch if none is in flight, finishes when everything is written, or parks
+    // until the store wakes it. Reading takes the store's lock briefly; it never waits.
+    void Pump() {
+      absl::MutexLock lock(&mu_);
+      PumpLocked();
+    }
+    void WriteDone(bool ok) {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {
+        FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+        return;
+      }
+      PumpLocked();
+    }
+    void Fail(const grpc::Status& status) {
+      absl::MutexLock lock(&mu_);
+      FinishLocked(status);
+    }
+    void Close() {
+      absl::MutexLock lock(&mu_);
+      reactor_ = nullptr;
+    }
+
+   private:
+    void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (reactor_ == nullptr || writing_ || finished_) return;
+      LogRead read = coordinator_.ReadLogs(job_id_, rank_, cursor_, kBatchBytes, until_);
+      if (!read.chunks.empty()) {
+        cursor_ = read.cursor;
+        out_.Clear();
+        for (const LogChunk& c : read.chunks) ToProto(c, out_.add_chunks());
+        writing_ = true;
+        reactor_->StartWrite(&out_);
+      } else if (!follow_ || read.end) {
+        FinishLocked(grpc::Status::OK);
+      }
+    }
+    void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (finished_ || reactor_ == nullptr) return;
+      finished_ = true;
+      reactor_->Finish(status);
+    }
+
+    Coordinator& coordinator_;
+    const std::string job_id_;
+    const int32_t rank_;
+    const bool follow_;
+    absl::Mutex mu_;
+    LogsReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;  // null once done
+    int64_t until_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::max();
+    int64_t cursor_ ABSL_GUARDED_BY(mu_) = 0;
+    v1::GetLogsResponse out_ ABSL_GUARDED_BY(mu_);  // the message in flight
+    bool writing_ ABSL_GUARDED_BY(mu_) = false;
+    bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  };
+
+  Coordinator& coordinator_;
+  const std::string job_id_;
+  std::shared_ptr<State> state_;
+  int64_t follow_id_ = 0;
+};
+
 }  // namespace
 
 grpc::ServerUnaryReactor* JobService::RegisterJob(grpc::CallbackServerContext* context,
@@ -163,6 +286,11 @@ grpc::ServerUnaryReactor* JobService::CancelJob(grpc::CallbackServerContext* con
 grpc::ServerWriteReactor<v1::WatchJobResponse>* JobService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
   return new WatchReactor(coordinator_, request->job_id());
+}
+
+grpc::ServerWriteReactor<v1::GetLogsResponse>* JobService::GetLogs(
+    grpc::CallbackServerContext* context, const v1::GetLogsRequest* request) {
+  return new LogsReactor(coordinator_, *request);
 }
 
 }  // namespace ringmaster

@@ -25,6 +25,8 @@ class JobService final : public v1::JobService::CallbackService {
                                       v1::CancelJobResponse* response) override;
   grpc::ServerWriteReactor<v1::WatchJobResponse>* WatchJob(
       grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) override;
+  grpc::ServerWriteReactor<v1::GetLogsResponse>* GetLogs(
+      grpc::CallbackServerContext* context, const v1::GetLogsRequest* request) override;
 
  private:
   Coordinator& coordinator_;

@@ -165,6 +165,28 @@ absl::Status FromProto(const v1::RankUpdate& in, RankUpdate* out) {
   return absl::OkStatus();
 }
 
+absl::Status FromProto(v1::RankOutput::Stream in, OutputStream* out) {
+  switch (in) {
+    case v1::RankOutput::STREAM_STDOUT:
+      *out = OutputStream::kStdout;
+      return absl::OkStatus();
+    case v1::RankOutput::STREAM_STDERR:
+      *out = OutputStream::kStderr;
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("output.stream = ", static_cast<int>(in), " must be STDOUT or STDERR"));
+  }
+}
+
+void ToProto(const LogChunk& in, v1::LogChunk* out) {
+  out->set_rank(in.rank);
+  out->set_stream(in.stream == OutputStream::kStderr ? v1::RANK_OUTPUT_STREAM_STDERR
+                                                     : v1::RANK_OUTPUT_STREAM_STDOUT);
+  out->set_data(in.data);
+  out->set_time_unix_ms(UnixMs(in.time));
+}
+
 void ToProto(const Response& in, v1::Response* out) {
   out->set_type(static_cast<v1::Response::Type>(static_cast<int>(in.type) + 1));
   // Steady state: every tensor has a cache id, and the names are left out altogether.

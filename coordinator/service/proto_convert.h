@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/job.h"
+#include "coordinator/log_store.h"
 #include "coordinator/negotiation_types.h"
 #include "coordinator/worker_registry.h"
 #include "ringmaster/v1/job.pb.h"
@@ -26,6 +27,9 @@ void ToProto(const TensorRequest& in, v1::TensorRequest* out);
 void FromProto(const v1::RequestBatch& in, RequestBatch* out);
 // INVALID_ARGUMENT for a state other than STARTED or EXITED.
 absl::Status FromProto(const v1::RankUpdate& in, RankUpdate* out);
+// INVALID_ARGUMENT for a stream other than STDOUT or STDERR.
+absl::Status FromProto(v1::RankOutput::Stream in, OutputStream* out);
+void ToProto(const LogChunk& in, v1::LogChunk* out);
 
 // The part of a cycle every rank receives alike (no resend_ids, no rank_errors).
 void ToProto(const CycleBroadcast& in, v1::ResponseList* out);

@@ -144,6 +144,22 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
         }
         return absl::OkStatus();
       }
+      case v1::WorkerMessage::kOutput: {
+        // Bad output (not this worker's rank, a stale epoch, too large, the job ended) is dropped;
+        // the session and the rank's job go on.
+        const v1::RankOutput& o = m.output();
+        OutputStream stream;
+        absl::Status s = FromProto(o.stream(), &stream);
+        if (s.ok()) {
+          s = coordinator_.AppendOutput(worker_id_, o.job_id(), o.epoch(), o.rank(), stream,
+                                        o.data());
+        }
+        if (!s.ok()) {
+          spdlog::debug("output of rank {} of job {} from {} dropped: {}", o.rank(), o.job_id(),
+                        worker_id_, s.ToString());
+        }
+        return absl::OkStatus();
+      }
       case v1::WorkerMessage::kOpen:
         return absl::InvalidArgumentError("'open' may only be the first message of a session");
       case v1::WorkerMessage::KIND_NOT_SET:

@@ -591,6 +591,104 @@ TEST_F(CoordinatorTest, StallReportIsAJobEventAndStallShutdownFailsTheJob) {
   EXPECT_EQ(GetWorker(w0).state, WorkerState::kIdle);
 }
 
+// ---- Output (logs) ----
+
+std::vector<std::string> Texts(const LogRead& read) {
+  std::vector<std::string> out;
+  for (const LogChunk& c : read.chunks) out.push_back(absl::StrCat(c.rank, ":", c.data));
+  return out;
+}
+
+TEST_F(CoordinatorTest, OutputIsCheckedLikeBatchesAndKeptAfterTheJobEnds) {
+  const std::string w1 = Connect("host-a", "cpu");
+  const std::string w2 = Connect("host-b", "cpu");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+  const std::string idle = Connect("host-c", "cpu");
+  auto say = [&](const std::string& w, int rank, std::string data, int64_t epoch = 1) {
+    return coordinator_.AppendOutput(w, id, epoch, rank, OutputStream::kStdout, std::move(data));
+  };
+  absl::Status s = say(idle, 0, "forged");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "worker worker-000003 is not assigned rank 0 of job job-000001");
+  EXPECT_EQ(say(w1, 1, "forged").code(), absl::StatusCode::kFailedPrecondition);
+  s = say(w1, 0, "stale", /*epoch=*/2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(s.message(), "epoch 2 of job job-000001 is stale; the job is at epoch 1");
+  s = say(w1, 0, std::string(kMaxOutputMessageBytes + 1, 'x'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "output.data of rank 0 of job job-000001 is 1048577 bytes; at most "
+                         "1048576 per message");
+  ASSERT_TRUE(say(w1, 0, "a").ok());
+  ASSERT_TRUE(say(w2, 1, "b").ok());
+  EXPECT_THAT(Texts(coordinator_.ReadLogs(id, LogStore::kAllRanks, 0, 1 << 20)),
+              ElementsAre("0:a", "1:b"));
+
+  // A follower is woken when the job's log ends: at once when every rank had exited, else after
+  // the linger (2 s), during which the other ranks' last words are still taken.
+  int wakes = 0;
+  absl::StatusOr<int64_t> follow = coordinator_.FollowLogs(id, [&] { ++wakes; });
+  ASSERT_TRUE(follow.ok());
+  ASSERT_TRUE(Update(w2, id, 1, RankState::kExited, 3).ok());
+  EXPECT_EQ(GetJob(id).state, JobState::kFailed);
+  EXPECT_EQ(wakes, 0);
+  ASSERT_TRUE(say(w1, 0, "last words").ok());
+  EXPECT_EQ(wakes, 1);
+  EXPECT_FALSE(coordinator_.ReadLogs(id, LogStore::kAllRanks, 0, 1 << 20).end);
+  // Only from the worker that served the rank, at the job's epoch.
+  EXPECT_EQ(say(idle, 0, "forged").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(say(w2, 0, "forged").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(say(w1, 0, "stale", /*epoch=*/2).code(), absl::StatusCode::kFailedPrecondition);
+
+  RunFor(absl::Milliseconds(1900), {w1, w2}, absl::Milliseconds(100));
+  EXPECT_EQ(wakes, 1);
+  RunFor(absl::Milliseconds(200), {w1, w2}, absl::Milliseconds(100));
+  EXPECT_EQ(wakes, 2);
+  LogRead read = coordinator_.ReadLogs(id, LogStore::kAllRanks, 0, 1 << 20);
+  EXPECT_TRUE(read.end);
+  EXPECT_THAT(Texts(read), ElementsAre("0:a", "1:b", "0:last words"));
+  s = say(w1, 0, "too late");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "job job-000001 has ended; output of rank 0 is not accepted");
+  coordinator_.UnfollowLogs(id, *follow);
+  // The logs stay readable.
+  EXPECT_TRUE(coordinator_.ReadLogs(id, 1, 0, 1 << 20).end);
+  EXPECT_EQ(coordinator_.LogHead(id), 3);
+}
+
+TEST_F(CoordinatorTest, TheLogOfAJobWhoseRanksAllExitedEndsAtOnce) {
+  const std::string w1 = Connect("host-a", "cpu");
+  const std::string id = coordinator_.RegisterJob(Spec(1))->id;
+  ASSERT_TRUE(coordinator_.AppendOutput(w1, id, 1, 0, OutputStream::kStderr, "done\n").ok());
+  ASSERT_TRUE(Update(w1, id, 0, RankState::kExited, 0).ok());
+  EXPECT_EQ(GetJob(id).state, JobState::kSucceeded);
+  LogRead read = coordinator_.ReadLogs(id, LogStore::kAllRanks, 0, 1 << 20);
+  EXPECT_TRUE(read.end);
+  ASSERT_EQ(read.chunks.size(), 1u);
+  EXPECT_EQ(read.chunks[0].stream, OutputStream::kStderr);
+  EXPECT_EQ(coordinator_.AppendOutput(w1, id, 1, 0, OutputStream::kStdout, "x").code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CoordinatorTest, LogQueriesNameTheJobAndTheRankRange) {
+  const std::string id = coordinator_.RegisterJob(Spec(4))->id;
+  EXPECT_TRUE(coordinator_.CheckLogQuery(id, LogStore::kAllRanks).ok());
+  EXPECT_TRUE(coordinator_.CheckLogQuery(id, 3).ok());
+  absl::Status s = coordinator_.CheckLogQuery(id, 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "rank = 4 is out of bounds [0, 3] of job job-000001");
+  EXPECT_EQ(coordinator_.CheckLogQuery(id, -2).code(), absl::StatusCode::kInvalidArgument);
+  s = coordinator_.CheckLogQuery("job-000042", 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "job 'job-000042' not found");
+  EXPECT_EQ(coordinator_.FollowLogs("job-000042", [] {}).status().code(),
+            absl::StatusCode::kNotFound);
+  // A job cancelled while pending has an empty log that has ended.
+  ASSERT_TRUE(coordinator_.CancelJob(id, "").ok());
+  LogRead read = coordinator_.ReadLogs(id, LogStore::kAllRanks, 0, 1 << 20);
+  EXPECT_THAT(read.chunks, IsEmpty());
+  EXPECT_TRUE(read.end);
+}
+
 // ---- Rendezvous ----
 
 TEST_F(CoordinatorTest, RendezvousIsScopedByJobAndEpoch) {

@@ -1,0 +1,194 @@
+// ringmaster-bench: run as every rank of a job (`ringmaster local --np 2 -- ringmaster-bench ...`).
+// Replays a model profile: every step enqueues all gradient tensors in backward order
+// asynchronously, then waits for all — the whole path (client -> daemon -> coordinator negotiation ->
+// fused Gloo allreduce). In the same run, the raw-Gloo baseline allreduces the same bytes as one
+// buffer among the same ranks. Rank 0 prints median step time, bytes per step, bus bandwidth and the
+// ratio; --json prints one JSON object per line.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "bench/profile.h"
+#include "common/flags.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "ringmaster/client.h"
+#include "worker/gloo_backend.h"
+#include "worker/rendezvous_client.h"
+
+ABSL_FLAG(std::string, profile, "bench/profiles/resnet50.json", "model profile JSON");
+ABSL_FLAG(int, steps, 20, "measured steps");
+ABSL_FLAG(int, warmup, 3, "unmeasured steps first");
+ABSL_FLAG(bool, json, false, "one JSON object per line");
+ABSL_FLAG(bool, baseline, true, "also time raw Gloo on one buffer of the same bytes");
+
+namespace ringmaster {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+// The slowest rank's time: the step ends when the last rank ends.
+absl::StatusOr<double> MaxOverRanks(Client& c, double seconds, const std::string& name) {
+  double* v = static_cast<double*>(c.Allocate(sizeof(double)));
+  *v = seconds;
+  auto h = c.AllreduceAsync(name, v, DataType::kFloat64, {1}, ReduceOp::kMax);
+  if (!h.ok()) return h.status();
+  if (absl::Status s = c.Wait(*h); !s.ok()) return s;
+  const double out = *v;
+  c.Free(v);
+  return out;
+}
+
+void Print(const std::string& system, const ModelProfile& p, int np, int tensors, double seconds,
+           double baseline) {
+  const double bytes = static_cast<double>(p.bytes_fp32);
+  const double busbw = 2.0 * (np - 1) / np * bytes / seconds / 1e9;
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("{\"system\":\"%s\",\"profile\":\"%s\",\"np\":%d,\"tensors\":%d,"
+                "\"bytes_per_step\":%lld,\"step_time_s_median\":%.6f,\"busbw_gbs\":%.4f%s}\n",
+                system.c_str(), p.model.c_str(), np, tensors, static_cast<long long>(p.bytes_fp32),
+                seconds, busbw,
+                baseline > 0 ? absl::StrCat(",\"ratio_to_raw_gloo\":", seconds / baseline).c_str()
+                             : "");
+  } else {
+    std::printf("%-22s %-22s np=%d tensors=%-4d bytes/step=%lld  step median=%8.3f ms  "
+                "busbw=%6.3f GB/s%s\n",
+                system.c_str(), p.model.c_str(), np, tensors, static_cast<long long>(p.bytes_fp32),
+                seconds * 1e3, busbw,
+                baseline > 0 ? absl::StrCat("  ratio to raw gloo=", seconds / baseline).c_str() : "");
+  }
+  std::fflush(stdout);
+}
+
+int Main() {
+  absl::StatusOr<ModelProfile> profile = LoadProfile(absl::GetFlag(FLAGS_profile));
+  if (!profile.ok()) {
+    std::fprintf(stderr, "ringmaster-bench: %s\n", profile.status().ToString().c_str());
+    return 2;
+  }
+  auto connected = Client::Connect();
+  if (!connected.ok()) {
+    std::fprintf(stderr, "ringmaster-bench: %s\n", connected.status().ToString().c_str());
+    return 1;
+  }
+  Client& c = **connected;
+  const int np = c.size();
+  // Gradients live in the arena, back to back in backward order, as views into one buffer (as DDP's
+  // gradient_as_bucket_view does), so a fused response is already contiguous: no pack, no unpack.
+  int64_t total = 0;
+  for (const auto& t : profile->tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    total += n;
+  }
+  float* flat_grads = static_cast<float*>(c.Allocate(total * sizeof(float)));
+  if (flat_grads == nullptr) {
+    std::fprintf(stderr, "ringmaster-bench: the worker's arena is too small (--arena-mb)\n");
+    return 1;
+  }
+  std::fill(flat_grads, flat_grads + total, 1.0f);
+  std::vector<float*> grads;
+  std::vector<std::vector<int64_t>> shapes;
+  int64_t at = 0;
+  for (const auto& t : profile->tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    grads.push_back(flat_grads + at);
+    shapes.push_back(t.shape);
+    at += n;
+  }
+  const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
+  std::vector<double> times;
+  for (int step = 0; step < warmup + steps; ++step) {
+    if (absl::Status s = c.Barrier(); !s.ok()) {
+      std::fprintf(stderr, "barrier: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    const absl::Time start = absl::Now();
+    std::vector<Handle> handles;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      auto h = c.AllreduceAsync(profile->tensors[i].name, grads[i], DataType::kFloat32, shapes[i]);
+      if (!h.ok()) {
+        std::fprintf(stderr, "enqueue: %s\n", h.status().ToString().c_str());
+        return 1;
+      }
+      handles.push_back(*h);
+    }
+    for (Handle h : handles) {
+      if (absl::Status s = c.Wait(h); !s.ok()) {
+        std::fprintf(stderr, "allreduce: %s\n", s.ToString().c_str());
+        return 1;
+      }
+    }
+    if (step >= warmup) times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  absl::StatusOr<double> ours = MaxOverRanks(c, Median(times), "bench.max.ours");
+  if (!ours.ok()) return 1;
+
+  double baseline = 0;
+  if (absl::GetFlag(FLAGS_baseline)) {
+    // Raw Gloo among the same ranks, rendezvous through the coordinator's store.
+    const std::string coordinator = Env("RINGMASTER_COORDINATOR");
+    int64_t epoch = 0;
+    absl::SimpleAtoi(Env("RINGMASTER_EPOCH"), &epoch);
+    GlooBackendOptions g;
+    g.rank = c.rank();
+    g.size = np;
+    g.store = std::make_shared<RendezvousClient>(
+        grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()),
+        c.topology().job_id, epoch);
+    g.prefix = "bench-gloo/";
+    absl::StatusOr<std::unique_ptr<Backend>> gloo = CreateGlooBackend(std::move(g));
+    if (!gloo.ok()) {
+      std::fprintf(stderr, "raw gloo: %s\n", gloo.status().ToString().c_str());
+      return 1;
+    }
+    std::vector<float> flat(profile->bytes_fp32 / 4, 1.0f);
+    std::vector<double> raw;
+    for (int step = 0; step < warmup + steps; ++step) {
+      (*gloo)->Barrier().IgnoreError();
+      const absl::Time start = absl::Now();
+      if (absl::Status s = (*gloo)->Allreduce(flat.data(), flat.size(), DataType::kFloat32,
+                                               ReduceOp::kSum);
+          !s.ok()) {
+        std::fprintf(stderr, "raw gloo allreduce: %s\n", s.ToString().c_str());
+        return 1;
+      }
+      if (step >= warmup) raw.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    absl::StatusOr<double> slowest = MaxOverRanks(c, Median(raw), "bench.max.raw");
+    if (!slowest.ok()) return 1;
+    baseline = *slowest;
+  }
+  if (c.rank() == 0) {
+    if (baseline > 0) Print("raw-gloo-one-buffer", *profile, np, 1, baseline, 0);
+    Print("ringmaster", *profile, np, static_cast<int>(grads.size()), *ours, baseline);
+  }
+  c.Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace ringmaster
+
+int main(int argc, char** argv) {
+  ringmaster::KebabFlags flags(argc, argv);
+  absl::ParseCommandLine(flags.argc(), flags.argv());
+  return ringmaster::Main();
+}

@@ -1,0 +1,90 @@
+#include "cli/command.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "google/protobuf/util/json_util.h"
+
+namespace ringmaster::cli {
+
+std::unique_ptr<grpc::ClientContext> Context(const Global& g) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(g.timeout_seconds * 1000)));
+  return context;
+}
+
+void Usage(const std::string& message) {
+  std::fprintf(stderr, "ringmaster: %s\n(run 'ringmaster --help' for usage)\n", message.c_str());
+  std::exit(2);
+}
+
+std::string Describe(const grpc::Status& status) {
+  static const char* const kCodes[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
+  const int code = status.error_code();
+  return absl::StrCat(code >= 0 && code <= 16 ? kCodes[code] : "ERROR", ": ",
+                      status.error_message());
+}
+
+void Fail(const grpc::Status& status) {
+  std::fprintf(stderr, "ringmaster: %s\n", Describe(status).c_str());
+  std::exit(1);
+}
+
+bool Args::Extract(const std::string& flag) {
+  bool found = false;
+  for (size_t i = pos_; i < args_.size() && args_[i] != "--";) {
+    if (args_[i] == flag) {
+      args_.erase(args_.begin() + i);
+      found = true;
+    } else {
+      ++i;
+    }
+  }
+  return found;
+}
+
+std::string Args::Value(const std::string& flag) {
+  if (Done()) Usage(absl::StrCat(flag, " needs a value"));
+  return Next();
+}
+
+std::vector<std::string> Args::Rest() {
+  std::vector<std::string> rest(args_.begin() + pos_, args_.end());
+  pos_ = args_.size();
+  return rest;
+}
+
+std::pair<std::string, std::string> KeyValue(const std::string& flag, const std::string& text) {
+  size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    Usage(absl::StrCat(flag, " '", text, "' is not KEY=VALUE"));
+  }
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+std::string Json(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+}  // namespace ringmaster::cli

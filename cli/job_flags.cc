@@ -1,0 +1,110 @@
+#include "cli/job_flags.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/knobs.h"
+
+namespace ringmaster::cli {
+
+v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag& extra) {
+  v1::JobSpec spec;
+  Knobs knobs;
+  if (absl::Status s = ApplyEnvironment(ProcessEnv(), &knobs); !s.ok()) {
+    Usage(std::string(s.message()));
+  }
+  bool have_np = false;
+  while (!args.Done()) {
+    std::string flag = args.Next();
+    if (flag == "--") break;
+    if (flag == "--np") {
+      spec.set_np(Number<int32_t>(flag, args.Value(flag)));
+      have_np = true;
+    } else if (flag == "--processes-per-host") {
+      spec.set_processes_per_host(Number<int32_t>(flag, args.Value(flag)));
+    } else if (flag == "--name") {
+      spec.set_name(args.Value(flag));
+    } else if (flag == "--env") {
+      auto [k, v] = KeyValue(flag, args.Value(flag));
+      (*spec.mutable_env())[k] = v;
+    } else if (flag == "--label") {
+      auto [k, v] = KeyValue(flag, args.Value(flag));
+      (*spec.mutable_labels())[k] = v;
+    } else if (flag == "--working-dir") {
+      spec.set_working_dir(args.Value(flag));
+    } else if (flag == "--fusion-threshold-mb") {
+      knobs.fusion_threshold_bytes =
+          static_cast<int64_t>(Number<double>(flag, args.Value(flag)) * (1 << 20));
+    } else if (flag == "--fusion-threshold-bytes") {
+      knobs.fusion_threshold_bytes = Number<int64_t>(flag, args.Value(flag));
+    } else if (flag == "--cycle-time-ms") {
+      knobs.cycle_time_ms = Number<double>(flag, args.Value(flag));
+    } else if (flag == "--cache-capacity") {
+      knobs.cache_capacity = Number<int32_t>(flag, args.Value(flag));
+    } else if (flag == "--autotune") {
+      knobs.autotune = true;
+    } else if (flag == "--autotune-log-file") {
+      knobs.autotune_log = args.Value(flag);
+    } else if (flag == "--autotune-warmup-samples") {
+      knobs.autotune_warmup_samples = Number<int32_t>(flag, args.Value(flag));
+    } else if (flag == "--autotune-steps-per-sample") {
+      knobs.autotune_steps_per_sample = Number<int32_t>(flag, args.Value(flag));
+    } else if (flag == "--autotune-bayes-opt-max-samples") {
+      knobs.autotune_bayes_opt_max_samples = Number<int32_t>(flag, args.Value(flag));
+    } else if (flag == "--autotune-gaussian-process-noise") {
+      knobs.autotune_gaussian_process_noise = Number<double>(flag, args.Value(flag));
+    } else if (flag == "--timeline" || flag == "--timeline-filename") {
+      knobs.timeline = args.Value(flag);
+    } else if (flag == "--timeline-mark-cycles") {
+      knobs.timeline_mark_cycles = true;
+    } else if (flag == "--stall-check-seconds") {
+      knobs.stall_check_seconds = Number<double>(flag, args.Value(flag));
+    } else if (flag == "--no-stall-check") {
+      knobs.stall_check_seconds = 0;
+    } else if (flag == "--stall-shutdown-seconds") {
+      knobs.stall_shutdown_seconds = Number<double>(flag, args.Value(flag));
+    } else if (flag == "--backend") {
+      std::string b = args.Value(flag);
+      if (b == "auto") {
+        knobs.backend = Backend::kAuto;
+      } else if (b == "gloo") {
+        knobs.backend = Backend::kGloo;
+      } else if (b == "nccl") {
+        knobs.backend = Backend::kNccl;
+      } else {
+        Usage(absl::StrCat("--backend '", b, "' is not auto, gloo or nccl"));
+      }
+    } else if (!extra || !extra(flag, args)) {
+      Usage(absl::StrCat(command, ": unknown option '", flag, "'"));
+    }
+  }
+  if (!have_np) Usage(absl::StrCat(command, " needs --np N"));
+  for (const std::string& arg : args.Rest()) spec.add_command(arg);
+  if (spec.name().empty()) {
+    std::string base = spec.command().empty() ? "job" : spec.command(0);
+    base = base.substr(base.find_last_of('/') + 1);
+    std::string name;
+    for (char c : base) {
+      name += absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-' ? c : '-';
+    }
+    spec.set_name(name.empty() ? "job" : name.substr(0, 128));
+  }
+  v1::Knobs* k = spec.mutable_knobs();
+  k->set_fusion_threshold_bytes(knobs.fusion_threshold_bytes);
+  k->set_cycle_time_ms(knobs.cycle_time_ms);
+  k->set_cache_capacity(knobs.cache_capacity);
+  k->set_autotune(knobs.autotune);
+  k->set_autotune_warmup_samples(knobs.autotune_warmup_samples);
+  k->set_autotune_steps_per_sample(knobs.autotune_steps_per_sample);
+  k->set_autotune_bayes_opt_max_samples(knobs.autotune_bayes_opt_max_samples);
+  k->set_autotune_gaussian_process_noise(knobs.autotune_gaussian_process_noise);
+  k->set_autotune_log(knobs.autotune_log);
+  k->set_timeline(knobs.timeline);
+  k->set_timeline_mark_cycles(knobs.timeline_mark_cycles);
+  k->set_stall_check_seconds(knobs.stall_check_seconds);
+  k->set_stall_shutdown_seconds(knobs.stall_shutdown_seconds);
+  k->set_backend(static_cast<v1::Backend>(knobs.backend));
+  return spec;
+}
+
+}  // namespace ringmaster::cli

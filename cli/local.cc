@@ -1,0 +1,442 @@
+#include "cli/local.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cli/job_flags.h"
+#include "cli/log_printer.h"
+#include "cli/subprocess.h"
+#include "ringmaster/v1/job.grpc.pb.h"
+
+extern char** environ;
+
+namespace ringmaster::cli {
+namespace {
+
+namespace v1 = ringmaster::v1;
+
+// Set by SIGINT, SIGTERM and SIGHUP: the first signal, and how many arrived (a second one skips the
+// grace period of the shutdown). Lock-free atomics are async-signal-safe.
+std::atomic<int> g_signal{0};
+std::atomic<int> g_signals{0};
+
+void OnSignal(int sig) {
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig);
+  g_signals.fetch_add(1);
+}
+
+bool Interrupted() { return g_signal.load() != 0; }
+
+std::string SignalName(int sig) {
+  switch (sig) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+  }
+  return absl::StrCat("signal ", sig);
+}
+
+std::string StateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  return absl::StartsWith(name, "JOB_STATE_") ? name.substr(10) : name;
+}
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+constexpr char kPortLine[] = "ringmaster-coordinator listening on port ";
+constexpr absl::Duration kCoordinatorStartTimeout = absl::Seconds(10);
+constexpr absl::Duration kStopGrace = absl::Seconds(5);
+constexpr absl::Duration kCallTimeout = absl::Seconds(5);
+
+struct LocalOptions {
+  int32_t np = 0;
+  int32_t per_host = 0;
+  int port = 0;
+  absl::Duration start_timeout = absl::Seconds(60);
+};
+
+// The directory of the running executable, where the coordinator and worker binaries are built too.
+std::string ExecutableDir() {
+  std::error_code error;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? "." : exe.parent_path().string();
+}
+
+// What the job's processes get from the caller's environment: PATH, PYTHONPATH, HOME, LANG, LC_ALL
+// and every HOROVOD_* and RINGMASTER_* variable, except RINGMASTER_COORDINATOR (it would name
+// another coordinator than this run's). --env wins. PYTHONPATH is prefixed with the build tree's
+// python/ (next to bin/) when it exists, so a built `ringmaster` Python package is found.
+void AddCallerEnvironment(const std::string& bin_dir, v1::JobSpec* spec) {
+  auto& env = *spec->mutable_env();
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    const std::string key = entry.substr(0, eq);
+    const bool wanted = key == "PATH" || key == "PYTHONPATH" || key == "HOME" || key == "LANG" ||
+                        key == "LC_ALL" || absl::StartsWith(key, "HOROVOD_") ||
+                        (absl::StartsWith(key, "RINGMASTER_") && key != "RINGMASTER_COORDINATOR");
+    if (wanted && !env.contains(key)) env[key] = entry.substr(eq + 1);
+  }
+  std::error_code error;
+  const std::filesystem::path python =
+      std::filesystem::weakly_canonical(std::filesystem::path(bin_dir) / ".." / "python", error);
+  if (!error && std::filesystem::is_directory(python, error)) {
+    const std::string old = env.contains("PYTHONPATH") ? env.at("PYTHONPATH") : "";
+    env["PYTHONPATH"] = old.empty() ? python.string() : absl::StrCat(python.string(), ":", old);
+  }
+}
+
+// One run: the processes it started, the job, and the thread that watches both.
+class LocalRun {
+ public:
+  LocalRun(const Global& g, LocalOptions options, v1::JobSpec spec, std::string bin_dir)
+      : g_(g), options_(options), spec_(std::move(spec)), bin_dir_(std::move(bin_dir)) {}
+  ~LocalRun() { Stop(); }
+
+  int Run() {
+    if (absl::Status s = StartCoordinator(); !s.ok()) return Error(s);
+    if (absl::Status s = StartWorkers(); !s.ok()) return Error(s);
+    // No gRPC channel before the children are forked: they exec at once, but gRPC's threads
+    // should not be running at a fork.
+    stub_ = v1::JobService::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials()));
+    if (absl::Status s = RegisterJob(); !s.ok()) return Error(s);
+
+    std::thread monitor([this] { Monitor(); });
+    const grpc::Status followed = FollowLogs();
+    monitor_done_.Notify();
+    monitor.join();
+
+    absl::StatusOr<v1::Job> job = GetJob();
+    Stop();
+    if (g_.json && job.ok()) std::printf("%s\n", Json(*job).c_str());
+    std::fflush(stdout);
+    if (job.ok() && job->state() == v1::JOB_STATE_SUCCEEDED) return 0;
+    if (job.ok() && IsTerminal(job->state())) {
+      std::fprintf(stderr, "ringmaster local: job %s: %s\n", StateName(job->state()).c_str(),
+                   job->reason().c_str());
+      const int sig = g_signal.load();
+      return sig != 0 ? 128 + sig : 1;
+    }
+    // The job did not end (the coordinator is gone, or the stream was cut): say why we stopped.
+    std::string why = stop_reason_;
+    if (why.empty()) why = followed.ok() ? "the log stream ended early" : Describe(followed);
+    if (!job.ok()) absl::StrAppend(&why, " (", job.status().ToString(), ")");
+    std::fprintf(stderr, "ringmaster local: %s\n", why.c_str());
+    const int sig = g_signal.load();
+    return sig != 0 ? 128 + sig : 1;
+  }
+
+ private:
+  int Error(const absl::Status& s) {
+    Stop();
+    std::fprintf(stderr, "ringmaster local: %s\n", std::string(s.message()).c_str());
+    const int sig = g_signal.load();
+    return sig != 0 ? 128 + sig : 1;
+  }
+
+  absl::Status StartCoordinator() {
+    std::vector<std::string> argv = {absl::StrCat(bin_dir_, "/ringmaster-coordinator"), "--listen",
+                                     absl::StrCat("127.0.0.1:", options_.port)};
+    // Its warnings (a job failed, ...) would repeat what we print; HOROVOD_LOG_LEVEL still rules.
+    if (std::getenv("HOROVOD_LOG_LEVEL") == nullptr) {
+      argv.insert(argv.end(), {"--log-level", "error"});
+    }
+    absl::StatusOr<std::unique_ptr<Subprocess>> c =
+        Subprocess::Start(argv, Subprocess::Stdout::kPipe);
+    if (!c.ok()) return c.status();
+    coordinator_ = *std::move(c);
+    const absl::Time deadline = absl::Now() + kCoordinatorStartTimeout;
+    while (true) {
+      absl::StatusOr<std::string> line = coordinator_->ReadLine(deadline, Interrupted);
+      if (!line.ok()) {
+        if (Interrupted()) {
+          return absl::CancelledError(absl::StrCat("interrupted by ", SignalName(g_signal)));
+        }
+        if (absl::IsUnavailable(line.status())) {
+          // Give it a moment to be reaped, so the message can say how it exited.
+          const absl::Time reap = absl::Now() + absl::Seconds(1);
+          while (!coordinator_->exited() && absl::Now() < reap) {
+            absl::SleepFor(absl::Milliseconds(5));
+          }
+          if (std::optional<int> status = coordinator_->Poll()) {
+            return absl::UnavailableError(absl::StrCat("ringmaster-coordinator ",
+                                                       Subprocess::DescribeWaitStatus(*status),
+                                                       " before listening"));
+          }
+        }
+        return absl::UnavailableError(absl::StrCat(
+            "ringmaster-coordinator did not report its port within ",
+            absl::FormatDuration(kCoordinatorStartTimeout), ": ", line.status().message()));
+      }
+      if (absl::StartsWith(*line, kPortLine) &&
+          absl::SimpleAtoi(line->substr(sizeof(kPortLine) - 1), &port_) && port_ > 0) {
+        return absl::OkStatus();
+      }
+    }
+  }
+
+  absl::Status StartWorkers() {
+    const std::string worker = absl::StrCat(bin_dir_, "/ringmaster-worker");
+    for (int i = 0; i < options_.np; ++i) {
+      if (Interrupted()) {
+        return absl::CancelledError(absl::StrCat("interrupted by ", SignalName(g_signal)));
+      }
+      const std::string host = absl::StrCat("local-", i / options_.per_host);
+      sockets_.push_back(absl::StrCat("/tmp/ringmaster-", getpid(), "-", i, ".sock"));
+      // The worker's own stdout goes to our stderr: our stdout carries only the job's output.
+      absl::StatusOr<std::unique_ptr<Subprocess>> w = Subprocess::Start(
+          {worker, "--coordinator", absl::StrCat("127.0.0.1:", port_), "--device", "cpu",
+           "--host-name", host, "--socket", sockets_.back()},
+          Subprocess::Stdout::kToStderr, absl::StrCat("ringmaster-worker ", i, " on ", host));
+      if (!w.ok()) return w.status();
+      workers_.push_back(*std::move(w));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RegisterJob() {
+    v1::RegisterJobRequest request;
+    *request.mutable_spec() = spec_;
+    v1::RegisterJobResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(g_.timeout_seconds)));
+    context.set_wait_for_ready(true);  // the coordinator listens already; ride out a slow connect
+    grpc::Status s = stub_->RegisterJob(&context, request, &response);
+    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), Describe(s));
+    job_id_ = response.job().id();
+    return absl::OkStatus();
+  }
+
+  // Prints the job's output until the job has ended and all of it was delivered, or the monitor
+  // cuts the stream.
+  grpc::Status FollowLogs() {
+    v1::GetLogsRequest request;
+    request.set_job_id(job_id_);
+    request.set_all_ranks(true);
+    request.set_follow(true);
+    // No deadline: the stream lasts as long as the job.
+    auto reader = stub_->GetLogs(follow_context_.get(), request);
+    LogPrinter printer(true, [](bool to_stderr, std::string_view text) {
+      std::fwrite(text.data(), 1, text.size(), to_stderr ? stderr : stdout);
+    });
+    v1::GetLogsResponse response;
+    while (reader->Read(&response)) {
+      for (const v1::LogChunk& c : response.chunks()) {
+        if (g_.json) {
+          std::printf("%s\n", Json(c).c_str());
+        } else {
+          printer.Write(c.rank(), c.stream() == v1::RANK_OUTPUT_STREAM_STDERR, c.data());
+        }
+      }
+      std::fflush(stdout);
+    }
+    printer.Flush();
+    std::fflush(stdout);
+    return reader->Finish();
+  }
+
+  // Runs beside FollowLogs(). Ends the job when ringmaster is interrupted, when a child dies, or
+  // when the workers do not all connect in time; cuts the log stream if the job does not end
+  // within kCallTimeout after that (or at once when the coordinator itself is gone).
+  void Monitor() {
+    const absl::Time start_deadline = absl::Now() + options_.start_timeout;
+    absl::Time next_check = absl::Now();
+    absl::Time cut_at = absl::InfiniteFuture();
+    bool started = false;
+    while (!monitor_done_.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+      const absl::Time now = absl::Now();
+      if (stop_reason_.empty()) {
+        if (const int sig = g_signal.load(); sig != 0) {
+          stop_reason_ = absl::StrCat("interrupted by ", SignalName(sig));
+        }
+        for (auto& w : workers_) {
+          if (std::optional<int> status = w->Poll(); status && stop_reason_.empty()) {
+            stop_reason_ = absl::StrCat(w->name(), " (pid ", w->pid(), ") ",
+                                        Subprocess::DescribeWaitStatus(*status));
+          }
+        }
+        if (std::optional<int> status = coordinator_->Poll(); status && stop_reason_.empty()) {
+          stop_reason_ = absl::StrCat("ringmaster-coordinator (pid ", coordinator_->pid(), ") ",
+                                      Subprocess::DescribeWaitStatus(*status));
+        }
+        if (!started && stop_reason_.empty() && now >= next_check) {
+          next_check = now + absl::Milliseconds(500);
+          absl::StatusOr<v1::Job> job = GetJob();
+          if (job.ok() && job->state() != v1::JOB_STATE_PENDING) {
+            started = true;
+          } else if (now >= start_deadline) {
+            stop_reason_ = absl::StrCat("the ", options_.np, " workers did not all connect within ",
+                                        absl::FormatDuration(options_.start_timeout));
+          }
+        }
+        if (!stop_reason_.empty()) {
+          if (coordinator_->exited()) {
+            cut_at = now;
+          } else {
+            CancelJob(stop_reason_);
+            cut_at = absl::Now() + kCallTimeout;
+          }
+        }
+      }
+      if (absl::Now() >= cut_at) {
+        follow_context_->TryCancel();
+        cut_at = absl::InfiniteFuture();
+      }
+    }
+  }
+
+  void CancelJob(const std::string& reason) {
+    v1::CancelJobRequest request;
+    request.set_job_id(job_id_);
+    request.set_reason(reason);
+    v1::CancelJobResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+    // FAILED_PRECONDITION when the job ended meanwhile: nothing to do.
+    (void)stub_->CancelJob(&context, request, &response);
+  }
+
+  absl::StatusOr<v1::Job> GetJob() {
+    v1::GetJobRequest request;
+    request.set_job_id(job_id_);
+    v1::GetJobResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+    grpc::Status s = stub_->GetJob(&context, request, &response);
+    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), Describe(s));
+    return response.job();
+  }
+
+  // Stops the workers, then the coordinator (SIGTERM, SIGKILL after kStopGrace each, sooner after
+  // a second Ctrl-C), and removes the workers' sockets. Idempotent. REQUIRES: the monitor thread
+  // is not running.
+  void Stop() {
+    if (stopped_) return;
+    stopped_ = true;
+    // Close our connection first: while an idle channel of ours stays open, the coordinator's
+    // graceful stop waits out its whole grace period (observed; a client that does not poll its
+    // channel does not answer the server's shutdown handshake).
+    follow_context_.reset();
+    stub_.reset();
+    auto hurry = [] { return g_signals.load() > 1; };
+    std::vector<Subprocess*> workers;
+    for (auto& w : workers_) workers.push_back(w.get());
+    std::vector<std::string> killed = StopAll(workers, kStopGrace, hurry);
+    if (coordinator_ != nullptr) {
+      for (std::string& name : StopAll({coordinator_.get()}, kStopGrace, hurry)) {
+        killed.push_back(std::move(name));
+      }
+    }
+    for (const std::string& name : killed) {
+      std::fprintf(stderr, "ringmaster local: %s did not stop on SIGTERM; killed it\n",
+                   name.c_str());
+    }
+    for (const std::string& path : sockets_) unlink(path.c_str());
+  }
+
+  const Global& g_;
+  const LocalOptions options_;
+  const v1::JobSpec spec_;
+  const std::string bin_dir_;
+  std::unique_ptr<Subprocess> coordinator_;
+  std::vector<std::unique_ptr<Subprocess>> workers_;
+  std::vector<std::string> sockets_;
+  int port_ = 0;
+  std::unique_ptr<v1::JobService::Stub> stub_;  // its channel is our only connection
+  std::string job_id_;
+  // The log stream's; the monitor thread cancels the stream through it.
+  std::unique_ptr<grpc::ClientContext> follow_context_ = std::make_unique<grpc::ClientContext>();
+  absl::Notification monitor_done_;
+  // Written by the monitor thread, read by Run() after joining it.
+  std::string stop_reason_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+int Local(const Global& g, Args& args) {
+  LocalOptions options;
+  v1::JobSpec spec = ParseJobSpec("local", args, [&](const std::string& flag, Args& a) {
+    if (flag == "--coordinator-port") {
+      options.port = Number<int>(flag, a.Value(flag));
+      if (options.port < 0 || options.port > 65535) {
+        Usage(absl::StrCat("--coordinator-port ", options.port, " is out of bounds [0, 65535]"));
+      }
+      return true;
+    }
+    if (flag == "--start-timeout-seconds") {
+      const double s = Number<double>(flag, a.Value(flag));
+      if (!(s > 0)) Usage("--start-timeout-seconds must be positive");
+      options.start_timeout = absl::Milliseconds(s * 1000);
+      return true;
+    }
+    return false;
+  });
+  if (spec.command().empty()) {
+    Usage("local needs a command: ringmaster local --np N -- CMD ARGS...");
+  }
+  // Checked here, before any process starts (the coordinator checks the rest of the spec).
+  if (spec.np() < 1 || spec.np() > 4096) {
+    Usage(absl::StrCat("--np ", spec.np(), " is out of bounds [1, 4096]"));
+  }
+  if (spec.processes_per_host() == 0) spec.set_processes_per_host(spec.np());  // one host
+  if (spec.processes_per_host() < 1 || spec.processes_per_host() > spec.np()) {
+    Usage(absl::StrCat("--processes-per-host ", spec.processes_per_host(), " is out of bounds [1, ",
+                       spec.np(), "]"));
+  }
+  options.np = spec.np();
+  options.per_host = spec.processes_per_host();
+  if (spec.working_dir().empty()) {
+    std::error_code error;
+    spec.set_working_dir(std::filesystem::current_path(error).string());
+  }
+  const std::string bin_dir = ExecutableDir();
+  AddCallerEnvironment(bin_dir, &spec);
+  for (const char* binary : {"ringmaster-coordinator", "ringmaster-worker"}) {
+    const std::string path = absl::StrCat(bin_dir, "/", binary);
+    if (access(path.c_str(), X_OK) != 0) {
+      std::fprintf(stderr, "ringmaster local: %s not found next to ringmaster (in %s)\n", binary,
+                   bin_dir.c_str());
+      return 1;
+    }
+  }
+
+  // Until the run is over, these signals stop it in order instead of killing ringmaster outright.
+  // Without SA_RESTART, so a blocking call returns and the flag is seen.
+  struct sigaction on_signal = {};
+  on_signal.sa_handler = OnSignal;
+  sigemptyset(&on_signal.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &on_signal, nullptr);
+  // Output to a closed pipe (`ringmaster local ... | head`) must not kill us before we stop the
+  // children; the children get SIGPIPE's default back.
+  signal(SIGPIPE, SIG_IGN);
+
+  LocalRun run(g, options, std::move(spec), bin_dir);
+  return run.Run();
+}
+
+}  // namespace ringmaster::cli

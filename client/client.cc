@@ -1,0 +1,357 @@
+#include "ringmaster/client.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/framing.h"
+#include "common/shared_memory.h"
+#include "ringmaster/v1/local.pb.h"
+
+namespace ringmaster {
+namespace {
+
+absl::StatusOr<int> Dial(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is too long"));
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    absl::Status s = absl::UnavailableError(
+        absl::StrCat("cannot connect to the worker at ", path, ": ", std::strerror(errno)));
+    close(fd);
+    return s;
+  }
+  return fd;
+}
+
+class ClientImpl : public Client {
+ public:
+  ClientImpl(int fd, v1::LocalWelcome welcome, std::unique_ptr<SharedMemory> arena)
+      : fd_(fd),
+        arena_(std::move(arena)),
+        allocator_(0, static_cast<size_t>(welcome.client_bytes())) {
+    topology_.job_id = welcome.job_id();
+    topology_.rank = welcome.rank();
+    topology_.size = welcome.size();
+    topology_.local_rank = welcome.local_rank();
+    topology_.local_size = welcome.local_size();
+    topology_.cross_rank = welcome.cross_rank();
+    topology_.cross_size = welcome.cross_size();
+    topology_.host = welcome.host();
+    reader_ = std::thread([this] { ReadLoop(); });
+  }
+
+  ~ClientImpl() override { Shutdown(); }
+
+  const Topology& topology() const override { return topology_; }
+
+  void* Allocate(size_t bytes) override {
+    absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
+    return offset.ok() ? arena_->data() + *offset : nullptr;
+  }
+
+  void Free(void* data) override {
+    if (data == nullptr) return;
+    allocator_.Free(static_cast<uint8_t*>(data) - arena_->data()).IgnoreError();
+  }
+
+  absl::StatusOr<Handle> AllreduceAsync(const std::string& name, void* data, DataType dtype,
+                                        absl::Span<const int64_t> shape, ReduceOp op,
+                                        double prescale, double postscale) override {
+    v1::TensorRequest r = Request(name, v1::REQUEST_TYPE_ALLREDUCE, dtype, shape);
+    r.set_reduce_op(static_cast<v1::ReduceOp>(op));
+    r.set_prescale_factor(prescale);
+    r.set_postscale_factor(postscale);
+    return Submit(std::move(r), data, /*copy_out=*/true);
+  }
+
+  absl::StatusOr<Handle> BroadcastAsync(const std::string& name, void* data, DataType dtype,
+                                        absl::Span<const int64_t> shape, int root) override {
+    v1::TensorRequest r = Request(name, v1::REQUEST_TYPE_BROADCAST, dtype, shape);
+    r.set_root_rank(root);
+    return Submit(std::move(r), data, /*copy_out=*/true);
+  }
+
+  absl::StatusOr<Handle> AllgatherAsync(const std::string& name, const void* data, DataType dtype,
+                                        absl::Span<const int64_t> shape) override {
+    return Submit(Request(name, v1::REQUEST_TYPE_ALLGATHER, dtype, shape), const_cast<void*>(data),
+                  /*copy_out=*/false);
+  }
+
+  bool Poll(Handle handle) override {
+    absl::MutexLock lock(&mu_);
+    auto it = ops_.find(handle);
+    return it == ops_.end() || it->second.done;
+  }
+
+  absl::Status Wait(Handle handle, absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    auto it = ops_.find(handle);
+    if (it == ops_.end()) {
+      return absl::NotFoundError(absl::StrCat("no operation in flight with handle ", handle));
+    }
+    Op* op = &it->second;
+    auto done = [op]() { return op->done; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+      return absl::DeadlineExceededError(absl::StrCat("operation '", op->name, "' did not complete within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    absl::Status status = op->status;
+    if (op->allgather && status.ok()) {
+      gathered_[handle] = std::move(op->gathered);
+    }
+    last_joined_rank_ = op->last_joined_rank;
+    ops_.erase(it);
+    return status;
+  }
+
+  absl::StatusOr<AllgatherOutput> TakeAllgather(Handle handle) override {
+    absl::MutexLock lock(&mu_);
+    auto it = gathered_.find(handle);
+    if (it == gathered_.end()) {
+      return absl::NotFoundError(absl::StrCat("no completed allgather with handle ", handle));
+    }
+    AllgatherOutput out = std::move(it->second);
+    gathered_.erase(it);
+    return out;
+  }
+
+  absl::StatusOr<int> Join() override {
+    v1::TensorRequest r;
+    r.set_name(absl::StrCat("join.", ++joins_));
+    r.set_type(v1::REQUEST_TYPE_JOIN);
+    absl::StatusOr<Handle> h = Submit(std::move(r), nullptr, false);
+    if (!h.ok()) return h.status();
+    if (absl::Status s = Wait(*h, absl::InfiniteDuration()); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    return last_joined_rank_;
+  }
+
+  absl::Status Barrier() override {
+    v1::TensorRequest r;
+    r.set_name(absl::StrCat("barrier.", ++barriers_));
+    r.set_type(v1::REQUEST_TYPE_BARRIER);
+    absl::StatusOr<Handle> h = Submit(std::move(r), nullptr, false);
+    if (!h.ok()) return h.status();
+    return Wait(*h, absl::InfiniteDuration());
+  }
+
+  void Shutdown() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) {
+        if (!reader_.joinable()) return;
+      }
+      closed_ = true;
+    }
+    shutdown(fd_, SHUT_RDWR);
+    if (reader_.joinable()) reader_.join();
+    close(fd_);
+    FailAll(absl::CancelledError("the client shut down"));
+  }
+
+ private:
+  struct Op {
+    std::string name;
+    bool done = false;
+    absl::Status status;
+    void* user = nullptr;    // where the caller's tensor is
+    size_t offset = 0;       // where it is in the arena
+    size_t bytes = 0;
+    bool staged = false;     // copied into the arena: copy back and free on completion
+    bool copy_out = false;
+    bool allgather = false;
+    int64_t elem = 0;
+    AllgatherOutput gathered;
+    int last_joined_rank = -1;
+  };
+
+  static v1::TensorRequest Request(const std::string& name, v1::RequestType type, DataType dtype,
+                                   absl::Span<const int64_t> shape) {
+    v1::TensorRequest r;
+    r.set_name(name);
+    r.set_type(type);
+    r.set_dtype(static_cast<v1::DataType>(dtype));
+    for (int64_t d : shape) r.add_shape(d);
+    r.set_device(-1);
+    return r;
+  }
+
+  absl::StatusOr<Handle> Submit(v1::TensorRequest request, void* data, bool copy_out) {
+    const int64_t elem = DataTypeSize(static_cast<DataType>(request.dtype()));
+    int64_t count = 1;
+    for (int64_t d : request.shape()) count *= d;
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(0, count * elem));
+    Op op;
+    op.name = request.name();
+    op.user = data;
+    op.bytes = bytes;
+    op.copy_out = copy_out;
+    op.elem = elem;
+    op.allgather = request.type() == v1::REQUEST_TYPE_ALLGATHER;
+    const auto* base = arena_->data();
+    const auto* p = static_cast<const uint8_t*>(data);
+    if (data != nullptr && p >= base && p + bytes <= base + allocator_.end()) {
+      op.offset = static_cast<size_t>(p - base);  // already in the arena: zero copy
+    } else if (data != nullptr) {
+      absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
+      if (!offset.ok()) return offset.status();
+      op.offset = *offset;
+      op.staged = true;
+      std::memcpy(arena_->data() + op.offset, data, bytes);
+    }
+    v1::LocalRequest m;
+    v1::LocalEnqueue* e = m.mutable_enqueue();
+    *e->mutable_request() = std::move(request);
+    e->set_offset(static_cast<int64_t>(op.offset));
+    Handle handle;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) {
+        if (op.staged) allocator_.Free(op.offset).IgnoreError();
+        return absl::UnavailableError("the connection to the worker is closed");
+      }
+      handle = next_handle_++;
+      e->set_handle(handle);
+      ops_[handle] = std::move(op);
+    }
+    absl::MutexLock write_lock(&write_mu_);
+    if (absl::Status s = WriteFrame(fd_, m); !s.ok()) {
+      absl::MutexLock lock(&mu_);
+      ops_.erase(handle);
+      return absl::UnavailableError(absl::StrCat("cannot reach the worker: ", s.message()));
+    }
+    return handle;
+  }
+
+  void ReadLoop() {
+    v1::LocalReply reply;
+    absl::Status status;
+    while ((status = ReadFrame(fd_, &reply)).ok()) {
+      if (reply.kind_case() != v1::LocalReply::kCompletion) continue;
+      Complete(reply.completion());
+    }
+    FailAll(absl::UnavailableError(
+        absl::StrCat("the worker daemon closed the connection (", status.message(), ")")));
+  }
+
+  void Complete(const v1::LocalCompletion& c) {
+    absl::MutexLock lock(&mu_);
+    auto it = ops_.find(c.handle());
+    if (it == ops_.end()) return;
+    Op& op = it->second;
+    op.status = absl::Status(static_cast<absl::StatusCode>(c.code()), c.message());
+    if (op.status.ok() && op.allgather) {
+      op.gathered.shape.assign(c.output_shape().begin(), c.output_shape().end());
+      int64_t n = op.elem;
+      for (int64_t d : op.gathered.shape) n *= d;
+      const uint8_t* src = arena_->data() + c.output_offset();
+      op.gathered.data.assign(src, src + n);
+      // Give the daemon its output memory back.
+      v1::LocalRequest release;
+      release.mutable_release()->set_offset(c.output_offset());
+      absl::MutexLock write_lock(&write_mu_);
+      WriteFrame(fd_, release).IgnoreError();
+    }
+    if (op.staged) {
+      if (op.status.ok() && op.copy_out) std::memcpy(op.user, arena_->data() + op.offset, op.bytes);
+      allocator_.Free(op.offset).IgnoreError();
+      op.staged = false;
+    }
+    op.last_joined_rank = c.last_joined_rank();
+    op.done = true;
+  }
+
+  void FailAll(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    for (auto& [handle, op] : ops_) {
+      if (op.done) continue;
+      op.status = status;
+      op.done = true;
+      // A staged buffer stays allocated: the daemon may still write it.
+    }
+  }
+
+  const int fd_;
+  std::unique_ptr<SharedMemory> arena_;
+  ArenaAllocator allocator_;
+  Topology topology_;
+  std::thread reader_;
+  std::atomic<int64_t> joins_{0};
+  std::atomic<int64_t> barriers_{0};
+
+  absl::Mutex write_mu_;
+  absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
+  Handle next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<Handle, Op> ops_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Handle, AllgatherOutput> gathered_ ABSL_GUARDED_BY(mu_);
+  int last_joined_rank_ ABSL_GUARDED_BY(mu_) = -1;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path,
+                                                        absl::Duration timeout) {
+  if (socket_path.empty()) {
+    const char* env = std::getenv("RINGMASTER_SOCKET");
+    if (env == nullptr || *env == '\0') {
+      return absl::FailedPreconditionError(
+          "RINGMASTER_SOCKET is not set: run under `ringmaster local` or a ringmaster worker, or "
+          "pass the worker's socket path");
+    }
+    socket_path = env;
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status last;
+  while (true) {
+    absl::StatusOr<int> fd = Dial(socket_path);
+    if (fd.ok()) {
+      v1::LocalRequest hello;
+      hello.mutable_hello()->set_pid(getpid());
+      v1::LocalReply reply;
+      last = WriteFrame(*fd, hello);
+      if (last.ok()) last = ReadFrame(*fd, &reply);
+      if (last.ok() && reply.kind_case() == v1::LocalReply::kWelcome) {
+        absl::StatusOr<int> arena_fd = ReceiveFd(*fd);
+        absl::StatusOr<std::unique_ptr<SharedMemory>> arena =
+            arena_fd.ok() ? SharedMemory::Map(*arena_fd, reply.welcome().arena_name())
+                          : absl::StatusOr<std::unique_ptr<SharedMemory>>(arena_fd.status());
+        if (!arena.ok()) {
+          close(*fd);
+          return arena.status();
+        }
+        return std::unique_ptr<Client>(new ClientImpl(*fd, reply.welcome(), *std::move(arena)));
+      }
+      if (last.ok()) {
+        last = absl::Status(static_cast<absl::StatusCode>(reply.completion().code()),
+                            reply.completion().message());
+      }
+      close(*fd);
+    } else {
+      last = fd.status();
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no job from the worker at ", socket_path, " within ",
+                       absl::FormatDuration(timeout), ": ", last.message()));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,92 @@
+// Ringmaster's C++ client: what a training process links to talk to its rank's worker daemon.
+//
+//   auto client = ringmaster::Client::Connect();           // uses $RINGMASTER_SOCKET
+//   float* grad = static_cast<float*>((*client)->Allocate(n * sizeof(float)));  // zero-copy
+//   auto h = (*client)->AllreduceAsync("grad", grad, ringmaster::DataType::kFloat32, {n});
+//   absl::Status s = (*client)->Wait(*h);                  // grad now holds the average
+//
+// Enqueueing never blocks; many operations may be in flight; each completes with the coordinator's
+// or the backend's error message when it fails. Tensors placed in the shared arena (Allocate) are
+// reduced in place with no copy; others are staged through the arena (one copy in, one out).
+//
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/tensor.h"
+
+namespace ringmaster {
+
+using Handle = uint64_t;
+
+struct Topology {
+  std::string job_id;
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+  std::string host;
+};
+
+struct AllgatherOutput {
+  std::vector<int64_t> shape;  // first dimension summed over ranks
+  std::vector<uint8_t> data;
+};
+
+class Client {
+ public:
+  // Connects to the daemon at `socket_path` ("" = $RINGMASTER_SOCKET), retrying while the daemon has
+  // no job yet, until `timeout`.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(std::string socket_path = "",
+                                                         absl::Duration timeout = absl::Seconds(60));
+  virtual ~Client() = default;
+
+  virtual const Topology& topology() const = 0;
+  int rank() const { return topology().rank; }
+  int size() const { return topology().size; }
+
+  // Memory in the shared arena (64-byte aligned), or nullptr when it is full. Free() returns it.
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Free(void* data) = 0;
+
+  // `data` holds the input and receives the result; it must stay valid until the operation
+  // completes. `op` kAverage divides the sum by size() (integers: truncating).
+  virtual absl::StatusOr<Handle> AllreduceAsync(const std::string& name, void* data,
+                                                DataType dtype, absl::Span<const int64_t> shape,
+                                                ReduceOp op = ReduceOp::kAverage,
+                                                double prescale = 1.0, double postscale = 1.0) = 0;
+  virtual absl::StatusOr<Handle> BroadcastAsync(const std::string& name, void* data,
+                                                DataType dtype, absl::Span<const int64_t> shape,
+                                                int root) = 0;
+  // The first dimension may differ per rank; the output comes from TakeAllgather().
+  virtual absl::StatusOr<Handle> AllgatherAsync(const std::string& name, const void* data,
+                                                DataType dtype,
+                                                absl::Span<const int64_t> shape) = 0;
+
+  // true once the operation completed (successfully or not).
+  virtual bool Poll(Handle handle) = 0;
+  // Waits for the operation; its error otherwise. DEADLINE_EXCEEDED after `timeout` (the operation
+  // stays in flight). NOT_FOUND for an unknown or already-waited handle.
+  virtual absl::Status Wait(Handle handle, absl::Duration timeout = absl::InfiniteDuration()) = 0;
+  // The result of a completed allgather (after Wait() returned OK).
+  virtual absl::StatusOr<AllgatherOutput> TakeAllgather(Handle handle) = 0;
+
+  // Blocks until every rank has joined; returns the last rank that joined. While joined, this rank
+  // contributes zeros to other ranks' allreduces.
+  virtual absl::StatusOr<int> Join() = 0;
+  virtual absl::Status Barrier() = 0;
+
+  // Closes the connection; operations still in flight fail with CANCELLED.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace ringmaster

@@ -1,0 +1,110 @@
+#include "common/framing.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/message_lite.h"
+
+namespace ringmaster {
+namespace {
+
+absl::Status WriteAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = send(fd, data, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return absl::UnavailableError(absl::StrCat("write: ", std::strerror(errno)));
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+// false at a clean end of stream before any byte.
+absl::Status ReadAll(int fd, char* data, size_t n, bool* eof) {
+  size_t got = 0;
+  *eof = false;
+  while (got < n) {
+    ssize_t r = read(fd, data + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return absl::UnavailableError(absl::StrCat("read: ", std::strerror(errno)));
+    if (r == 0) {
+      *eof = got == 0;
+      return absl::UnavailableError("connection closed");
+    }
+    got += static_cast<size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteFrame(int fd, const google::protobuf::MessageLite& message) {
+  std::string buffer(4, '\0');
+  const size_t n = message.ByteSizeLong();
+  for (int i = 0; i < 4; ++i) buffer[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  message.AppendToString(&buffer);
+  return WriteAll(fd, buffer.data(), buffer.size());
+}
+
+absl::Status ReadFrame(int fd, google::protobuf::MessageLite* message) {
+  unsigned char header[4];
+  bool eof;
+  if (absl::Status s = ReadAll(fd, reinterpret_cast<char*>(header), 4, &eof); !s.ok()) return s;
+  const uint32_t n = header[0] | header[1] << 8 | header[2] << 16 | uint32_t{header[3]} << 24;
+  if (n > kMaxFrameBytes) {
+    return absl::DataLossError(absl::StrCat("frame of ", n, " bytes exceeds the 64 MiB limit"));
+  }
+  std::string body(n, '\0');
+  if (absl::Status s = ReadAll(fd, body.data(), n, &eof); !s.ok()) return s;
+  if (!message->ParseFromString(body)) return absl::DataLossError("malformed frame");
+  return absl::OkStatus();
+}
+
+absl::Status SendFd(int socket, int fd) {
+  char byte = 'F';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+  while (sendmsg(socket, &msg, MSG_NOSIGNAL) < 0) {
+    if (errno != EINTR) return absl::UnavailableError(absl::StrCat("sendmsg: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ReceiveFd(int socket) {
+  char byte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  while ((n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+  }
+  if (n <= 0) return absl::UnavailableError("connection closed before the arena descriptor arrived");
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  if (cmsg == nullptr || cmsg->cmsg_type != SCM_RIGHTS) {
+    return absl::DataLossError("expected the arena descriptor");
+  }
+  int fd;
+  std::memcpy(&fd, CMSG_DATA(cmsg), sizeof(int));
+  return fd;
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,183 @@
+#include "coordinator/log_store.h"
+
+#include <algorithm>
+#include <queue>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ringmaster {
+
+LogStore::LogStore(LogStoreOptions options)
+    : clock_(options.clock),
+      max_bytes_per_rank_(std::max<int64_t>(options.max_bytes_per_rank, kChunkOverheadBytes + 1)),
+      max_total_bytes_(options.max_total_bytes) {}
+
+LogStore::JobLog& LogStore::LogLocked(const std::string& job_id) { return jobs_[job_id]; }
+
+std::vector<std::shared_ptr<LogStore::Subscriber>> LogStore::SubscribersOf(const JobLog& log) {
+  std::vector<std::shared_ptr<Subscriber>> out;
+  out.reserve(log.subscribers.size());
+  for (const auto& [id, s] : log.subscribers) out.push_back(s);
+  return out;
+}
+
+absl::Status LogStore::Append(const std::string& job_id, int32_t rank, OutputStream stream,
+                              std::string data) {
+  if (data.empty()) return absl::OkStatus();
+  std::vector<std::shared_ptr<Subscriber>> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    JobLog& log = LogLocked(job_id);
+    if (log.ended) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " has ended; output of rank ", rank, " is not accepted"));
+    }
+    // A chunk larger than the whole bound keeps its tail: the last bytes are the ones that matter.
+    const int64_t room = max_bytes_per_rank_ - kChunkOverheadBytes;
+    if (static_cast<int64_t>(data.size()) > room) data.erase(0, data.size() - room);
+    RankLog& r = log.ranks[rank];
+    const int64_t cost = static_cast<int64_t>(data.size()) + kChunkOverheadBytes;
+    r.chunks.push_back(LogChunk{++log.head, rank, stream, std::move(data), clock_->Now()});
+    r.bytes += cost;
+    total_bytes_ += cost;
+    while (r.bytes > max_bytes_per_rank_) {
+      const int64_t dropped =
+          static_cast<int64_t>(r.chunks.front().data.size()) + kChunkOverheadBytes;
+      r.bytes -= dropped;
+      total_bytes_ -= dropped;
+      r.chunks.pop_front();
+    }
+    EvictLocked();
+    notify = SubscribersOf(log);
+  }
+  for (const auto& s : notify) (*s)();
+  return absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<LogStore::Subscriber>> LogStore::EndLocked(const std::string& job_id,
+                                                                       JobLog& log) {
+  if (log.ended) return {};
+  log.ended = true;
+  lingering_.erase(job_id);
+  ended_order_.push_back(job_id);
+  EvictLocked();
+  return SubscribersOf(log);
+}
+
+void LogStore::End(const std::string& job_id, absl::Duration linger) {
+  std::vector<std::shared_ptr<Subscriber>> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    JobLog& log = LogLocked(job_id);
+    if (linger <= absl::ZeroDuration()) {
+      notify = EndLocked(job_id, log);
+    } else if (!log.ended) {
+      log.end_at = std::min(log.end_at, clock_->Now() + linger);
+      lingering_.insert(job_id);
+    }
+  }
+  for (const auto& s : notify) (*s)();
+}
+
+void LogStore::EndDue() {
+  std::vector<std::shared_ptr<Subscriber>> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    std::vector<std::string> due;
+    for (const std::string& id : lingering_) {
+      if (jobs_[id].end_at <= now) due.push_back(id);
+    }
+    for (const std::string& id : due) {
+      for (auto& s : EndLocked(id, jobs_[id])) notify.push_back(std::move(s));
+    }
+  }
+  for (const auto& s : notify) (*s)();
+}
+
+void LogStore::EvictLocked() {
+  while (total_bytes_ > max_total_bytes_ && !ended_order_.empty()) {
+    auto it = jobs_.find(ended_order_.front());
+    ended_order_.pop_front();
+    if (it == jobs_.end()) continue;
+    // Keep the emptied log (ended, with its head) so readers and followers still see its end.
+    for (auto& [rank, r] : it->second.ranks) total_bytes_ -= r.bytes;
+    it->second.ranks.clear();
+  }
+}
+
+LogRead LogStore::Read(const std::string& job_id, int32_t rank, int64_t after, int64_t max_bytes,
+                       int64_t until) const {
+  LogRead out;
+  out.cursor = after;
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return out;
+  const JobLog& log = job->second;
+
+  // Merge the ranks' chunks by seq: each rank's deque is sorted, so start each at its first chunk
+  // after the cursor and repeatedly take the smallest.
+  struct Head {
+    int64_t seq;
+    const std::deque<LogChunk>* chunks;
+    size_t index;
+    bool operator>(const Head& o) const { return seq > o.seq; }
+  };
+  std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
+  auto add = [&](const RankLog& r) {
+    auto it = std::upper_bound(r.chunks.begin(), r.chunks.end(), after,
+                               [](int64_t seq, const LogChunk& c) { return seq < c.seq; });
+    if (it != r.chunks.end()) {
+      heads.push(Head{it->seq, &r.chunks, static_cast<size_t>(it - r.chunks.begin())});
+    }
+  };
+  if (rank == kAllRanks) {
+    for (const auto& [r, rank_log] : log.ranks) add(rank_log);
+  } else if (auto it = log.ranks.find(rank); it != log.ranks.end()) {
+    add(it->second);
+  }
+
+  int64_t bytes = 0;
+  while (!heads.empty()) {
+    Head h = heads.top();
+    const LogChunk& c = (*h.chunks)[h.index];
+    if (c.seq > until) break;
+    if (!out.chunks.empty() && bytes + static_cast<int64_t>(c.data.size()) > max_bytes) break;
+    heads.pop();
+    bytes += static_cast<int64_t>(c.data.size());
+    out.chunks.push_back(c);
+    out.cursor = c.seq;
+    if (++h.index < h.chunks->size()) {
+      h.seq = (*h.chunks)[h.index].seq;
+      heads.push(h);
+    }
+  }
+  out.end = log.ended && heads.empty();
+  return out;
+}
+
+int64_t LogStore::Head(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? 0 : it->second.head;
+}
+
+int64_t LogStore::Subscribe(const std::string& job_id, Subscriber subscriber) {
+  absl::MutexLock lock(&mu_);
+  const int64_t id = next_subscriber_++;
+  LogLocked(job_id).subscribers[id] = std::make_shared<Subscriber>(std::move(subscriber));
+  return id;
+}
+
+void LogStore::Unsubscribe(const std::string& job_id, int64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = jobs_.find(job_id); it != jobs_.end()) it->second.subscribers.erase(id);
+}
+
+int64_t LogStore::total_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return total_bytes_;
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,215 @@
+// The log store: bounds, cursors, rank filters and followers, with a FakeClock: no threads, no
+// sleeps.
+#include "coordinator/log_store.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ringmaster {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr int64_t kAll = LogStore::kAllRanks;
+constexpr int64_t kBig = int64_t{1} << 30;
+
+// "rank:data" of each chunk, for readable expectations.
+std::vector<std::string> Texts(const LogRead& read) {
+  std::vector<std::string> out;
+  for (const LogChunk& c : read.chunks) out.push_back(std::to_string(c.rank) + ":" + c.data);
+  return out;
+}
+
+class LogStoreTest : public ::testing::Test {
+ protected:
+  LogStore Store(int64_t per_rank = int64_t{4} << 20, int64_t total = kBig) {
+    return LogStore(LogStoreOptions{
+        .clock = &clock_, .max_bytes_per_rank = per_rank, .max_total_bytes = total});
+  }
+  FakeClock clock_;
+};
+
+TEST_F(LogStoreTest, ReadsEveryRanksChunksInArrivalOrderWithStreamAndTime) {
+  LogStore store = Store();
+  ASSERT_TRUE(store.Append("j", 1, OutputStream::kStdout, "b1\n").ok());
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(store.Append("j", 0, OutputStream::kStderr, "a1\n").ok());
+  ASSERT_TRUE(store.Append("j", 1, OutputStream::kStdout, "b2\n").ok());
+  ASSERT_TRUE(store.Append("other", 0, OutputStream::kStdout, "x\n").ok());
+
+  LogRead all = store.Read("j", kAll, 0, kBig);
+  EXPECT_THAT(Texts(all), ElementsAre("1:b1\n", "0:a1\n", "1:b2\n"));
+  EXPECT_EQ(all.chunks[0].seq, 1);
+  EXPECT_EQ(all.chunks[2].seq, 3);
+  EXPECT_EQ(all.cursor, 3);
+  EXPECT_FALSE(all.end);
+  EXPECT_EQ(all.chunks[1].stream, OutputStream::kStderr);
+  EXPECT_EQ(all.chunks[0].time, absl::FromUnixSeconds(1'700'000'000));
+  EXPECT_EQ(all.chunks[1].time, absl::FromUnixSeconds(1'700'000'001));
+
+  EXPECT_THAT(Texts(store.Read("j", 1, 0, kBig)), ElementsAre("1:b1\n", "1:b2\n"));
+  EXPECT_THAT(Texts(store.Read("j", 5, 0, kBig)), IsEmpty());
+  EXPECT_THAT(Texts(store.Read("unknown", kAll, 0, kBig)), IsEmpty());
+  EXPECT_EQ(store.Head("j"), 3);
+  EXPECT_EQ(store.Head("unknown"), 0);
+}
+
+TEST_F(LogStoreTest, ACursorResumesAfterTheLastChunkRead) {
+  LogStore store = Store();
+  for (const char* s : {"one", "two", "three"}) {
+    ASSERT_TRUE(store.Append("j", 0, OutputStream::kStdout, s).ok());
+  }
+  // Batches stop before exceeding max_bytes, but always hold at least one chunk.
+  LogRead first = store.Read("j", kAll, 0, 6);
+  EXPECT_THAT(Texts(first), ElementsAre("0:one", "0:two"));
+  LogRead second = store.Read("j", kAll, first.cursor, 1);
+  EXPECT_THAT(Texts(second), ElementsAre("0:three"));
+  EXPECT_EQ(second.cursor, 3);
+  LogRead none = store.Read("j", kAll, second.cursor, kBig);
+  EXPECT_THAT(Texts(none), IsEmpty());
+  EXPECT_EQ(none.cursor, 3);  // unchanged
+  // `until` stops at a seq: what a non-following reader saw when it started.
+  EXPECT_THAT(Texts(store.Read("j", kAll, 0, kBig, 2)), ElementsAre("0:one", "0:two"));
+}
+
+TEST_F(LogStoreTest, EachRankKeepsOnlyItsLastBytesDroppingOldestChunks) {
+  // Room for two 36-byte chunks (36 + 64 overhead each) per rank.
+  LogStore store = Store(200);
+  const std::string a(36, 'a'), b(36, 'b'), c(36, 'c');
+  ASSERT_TRUE(store.Append("j", 0, OutputStream::kStdout, a).ok());
+  ASSERT_TRUE(store.Append("j", 1, OutputStream::kStdout, "r1").ok());
+  ASSERT_TRUE(store.Append("j", 0, OutputStream::kStdout, b).ok());
+  ASSERT_TRUE(store.Append("j", 0, OutputStream::kStdout, c).ok());
+  LogRead read = store.Read("j", kAll, 0, kBig);
+  EXPECT_THAT(Texts(read), ElementsAre("1:r1", "0:" + b, "0:" + c));  // rank 1 keeps its chunk
+  EXPECT_EQ(read.chunks[0].seq, 2);
+  EXPECT_EQ(store.total_bytes(), 2 + 64 + 2 * (36 + 64));
+  // A reader whose cursor pointed into the dropped output skips it.
+  EXPECT_THAT(Texts(store.Read("j", 0, 1, kBig)), ElementsAre("0:" + b, "0:" + c));
+
+  // A chunk larger than the whole bound keeps its tail.
+  ASSERT_TRUE(store.Append("j", 2, OutputStream::kStdout, std::string(200, 'x') + "TAIL").ok());
+  LogRead big = store.Read("j", 2, 0, kBig);
+  ASSERT_EQ(big.chunks.size(), 1u);
+  EXPECT_EQ(big.chunks[0].data, std::string(200 - 64 - 4, 'x') + "TAIL");
+}
+
+TEST_F(LogStoreTest, LogsOfEndedJobsAreDroppedOldestFirstBeyondTheTotalBound) {
+  LogStore store = Store(int64_t{4} << 20, 3 * (100 + 64));
+  const std::string data(100, 'd');
+  ASSERT_TRUE(store.Append("old", 0, OutputStream::kStdout, data).ok());
+  ASSERT_TRUE(store.Append("older-running", 0, OutputStream::kStdout, data).ok());
+  ASSERT_TRUE(store.Append("new", 0, OutputStream::kStdout, data).ok());
+  store.End("old");
+  store.End("new");
+  EXPECT_EQ(store.total_bytes(), 3 * (100 + 64));
+  // A fourth chunk exceeds the bound: the job that ended first loses its log; running jobs never
+  // do.
+  ASSERT_TRUE(store.Append("older-running", 0, OutputStream::kStdout, data).ok());
+  EXPECT_THAT(Texts(store.Read("old", kAll, 0, kBig)), IsEmpty());
+  EXPECT_TRUE(store.Read("old", kAll, 0, kBig).end);  // a follower still sees its end
+  EXPECT_EQ(store.Read("new", kAll, 0, kBig).chunks.size(), 1u);
+  EXPECT_EQ(store.Read("older-running", kAll, 0, kBig).chunks.size(), 2u);
+  EXPECT_EQ(store.total_bytes(), 3 * (100 + 64));
+}
+
+TEST_F(LogStoreTest, FollowersAreWokenByOutputAndTheEndWhichComesAfterEverythingIsRead) {
+  LogStore store = Store();
+  int wakes = 0;
+  const int64_t id = store.Subscribe("j", [&] { ++wakes; });
+  ASSERT_TRUE(store.Append("j", 0, OutputStream::kStdout, "x").ok());
+  ASSERT_TRUE(store.Append("other", 0, OutputStream::kStdout, "y").ok());
+  EXPECT_EQ(wakes, 1);
+
+  LogRead read = store.Read("j", kAll, 0, kBig);
+  EXPECT_FALSE(read.end);  // the job has not ended
+  ASSERT_TRUE(store.Append("j", 1, OutputStream::kStderr, "z").ok());
+  store.End("j");
+  EXPECT_EQ(wakes, 3);
+  store.End("j");  // idempotent: no new wake
+  EXPECT_EQ(wakes, 3);
+
+  // The end is reported only once nothing is left after the cursor.
+  LogRead rest = store.Read("j", kAll, 0, 1);
+  EXPECT_THAT(Texts(rest), ElementsAre("0:x"));
+  EXPECT_FALSE(rest.end);
+  rest = store.Read("j", kAll, rest.cursor, kBig);
+  EXPECT_THAT(Texts(rest), ElementsAre("1:z"));
+  EXPECT_TRUE(rest.end);
+  // A follower of one rank is done once that rank's output is read.
+  EXPECT_TRUE(store.Read("j", 0, 1, kBig).end);
+
+  // No output is accepted after the end.
+  absl::Status late = store.Append("j", 0, OutputStream::kStdout, "late");
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(late.message(), "job j has ended; output of rank 0 is not accepted");
+  EXPECT_EQ(store.Head("j"), 2);
+
+  store.Unsubscribe("j", id);
+  ASSERT_TRUE(store.Append("k", 0, OutputStream::kStdout, "x").ok());
+  EXPECT_EQ(wakes, 3);
+}
+
+TEST_F(LogStoreTest, ALingeringLogTakesLastWordsUntilItsTimeComes) {
+  LogStore store = Store();
+  int wakes = 0;
+  store.Subscribe("j", [&] { ++wakes; });
+  store.End("j", absl::Seconds(2));
+  clock_.Advance(absl::Seconds(1));
+  store.EndDue();
+  ASSERT_TRUE(store.Append("j", 1, OutputStream::kStderr, "Traceback").ok());
+  EXPECT_EQ(wakes, 1);  // the output; the log has not ended
+  EXPECT_FALSE(store.Read("j", kAll, 0, kBig).end);
+  store.End("j", absl::Seconds(5));  // a longer linger does not postpone the end
+  clock_.Advance(absl::Seconds(1));
+  store.EndDue();
+  EXPECT_EQ(wakes, 2);
+  LogRead read = store.Read("j", kAll, 0, kBig);
+  EXPECT_THAT(Texts(read), ElementsAre("1:Traceback"));
+  EXPECT_TRUE(read.end);
+  EXPECT_EQ(store.Append("j", 1, OutputStream::kStderr, "late").code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // Ending at once cuts a linger short.
+  store.End("k", absl::Seconds(2));
+  store.End("k");
+  EXPECT_TRUE(store.Read("k", kAll, 0, kBig).end);
+}
+
+TEST_F(LogStoreTest, AJobThatEndsWithoutOutputReadsEmptyAndEnded) {
+  LogStore store = Store();
+  LogRead before = store.Read("j", kAll, 0, kBig);
+  EXPECT_FALSE(before.end);
+  store.End("j");
+  LogRead after = store.Read("j", kAll, 0, kBig);
+  EXPECT_THAT(Texts(after), IsEmpty());
+  EXPECT_TRUE(after.end);
+  EXPECT_TRUE(store.Append("j", 0, OutputStream::kStdout, "").ok());  // empty output: nothing to do
+}
+
+TEST_F(LogStoreTest, ASubscriberMayReadFromItsCallback) {
+  LogStore store = Store();
+  std::vector<std::string> seen;
+  int64_t cursor = 0;
+  bool ended = false;
+  store.Subscribe("j", [&] {
+    LogRead r = store.Read("j", kAll, cursor, kBig);
+    cursor = r.cursor;
+    for (const LogChunk& c : r.chunks) seen.push_back(c.data);
+    ended = r.end;
+  });
+  ASSERT_TRUE(store.Append("j", 0, OutputStream::kStdout, "a").ok());
+  ASSERT_TRUE(store.Append("j", 1, OutputStream::kStdout, "b").ok());
+  store.End("j");
+  EXPECT_THAT(seen, ElementsAre("a", "b"));
+  EXPECT_TRUE(ended);
+}
+
+}  // namespace
+}  // namespace ringmaster

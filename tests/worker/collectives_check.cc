@@ -1,0 +1,308 @@
+// Run as every rank of a job (`ringmaster local --np N -- collectives_check`): each collective × data
+// type on pseudo-random data against a reference computed exactly from every rank's inputs (each rank
+// can regenerate the others' data from the seeds), enqueued asynchronously in a rank-dependent order;
+// then the errors a user relies on (mismatch, duplicate name), join and barrier. Prints one line per
+// failure and "collectives_check: rank R: N checks passed"; exits 0 only if all pass.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/half.h"
+#include "ringmaster/client.h"
+
+namespace {
+
+using ringmaster::Client;
+using ringmaster::DataType;
+using ringmaster::Handle;
+using ringmaster::ReduceOp;
+
+int g_failures = 0;
+int g_checks = 0;
+int g_rank = 0;
+
+void Check(bool ok, const std::string& what) {
+  ++g_checks;
+  if (!ok) {
+    ++g_failures;
+    std::printf("FAIL rank %d: %s\n", g_rank, what.c_str());
+  }
+}
+
+const std::vector<DataType> kTypes = {DataType::kUint8,   DataType::kInt8,     DataType::kInt32,
+                                      DataType::kInt64,   DataType::kFloat16,  DataType::kBfloat16,
+                                      DataType::kFloat32, DataType::kFloat64};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
+                                    ReduceOp::kMax, ReduceOp::kProduct};
+const std::vector<std::vector<int64_t>> kShapes = {{7}, {3, 5}, {2, 3, 4}};
+
+// Value i of rank r's tensor `seed`: small numbers every type holds exactly (sums and products of
+// up to 4 of them too).
+double Value(int rank, uint64_t seed, int64_t i, DataType t, ReduceOp op) {
+  std::mt19937_64 rng(seed * 7919 + rank * 104729 + i);
+  const bool is_unsigned = t == DataType::kUint8;
+  const int lo = is_unsigned ? 0 : -3, hi = 3;
+  double v = lo + static_cast<int>(rng() % (hi - lo + 1));
+  const bool is_float = t == DataType::kFloat16 || t == DataType::kBfloat16 ||
+                        t == DataType::kFloat32 || t == DataType::kFloat64;
+  if (is_float && op != ReduceOp::kProduct) v += 0.25 * static_cast<int>(rng() % 4);
+  if (op == ReduceOp::kProduct && v == 0) v = 1;
+  return v;
+}
+
+void Store(void* p, int64_t i, DataType t, double v) {
+  switch (t) {
+    case DataType::kUint8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DataType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case DataType::kFloat16: static_cast<uint16_t*>(p)[i] = ringmaster::FloatToHalf(v); break;
+    case DataType::kBfloat16: static_cast<uint16_t*>(p)[i] = ringmaster::FloatToBfloat16(v); break;
+    case DataType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DataType::kFloat64: static_cast<double*>(p)[i] = v; break;
+    default: break;
+  }
+}
+
+double Load(const void* p, int64_t i, DataType t) {
+  switch (t) {
+    case DataType::kUint8: return static_cast<const uint8_t*>(p)[i];
+    case DataType::kInt8: return static_cast<const int8_t*>(p)[i];
+    case DataType::kInt32: return static_cast<const int32_t*>(p)[i];
+    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DataType::kFloat16: return ringmaster::HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kBfloat16: return ringmaster::Bfloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kFloat32: return static_cast<const float*>(p)[i];
+    case DataType::kFloat64: return static_cast<const double*>(p)[i];
+    default: return 0;
+  }
+}
+
+bool IsInt(DataType t) {
+  return t == DataType::kUint8 || t == DataType::kInt8 || t == DataType::kInt32 ||
+         t == DataType::kInt64;
+}
+
+double Reduce(ReduceOp op, DataType t, int size, const std::function<double(int)>& value) {
+  double acc = value(0);
+  for (int r = 1; r < size; ++r) {
+    const double v = value(r);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage: acc += v; break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kProduct: acc *= v; break;
+      default: break;
+    }
+  }
+  if (op == ReduceOp::kAverage) acc = IsInt(t) ? std::trunc(acc / size) : acc / size;
+  return acc;
+}
+
+struct Pending {
+  Handle handle;
+  std::string name;
+  std::function<void()> verify;
+};
+
+}  // namespace
+
+int main() {
+  auto connected = Client::Connect();
+  if (!connected.ok()) {
+    std::printf("FAIL connect: %s\n", connected.status().ToString().c_str());
+    return 1;
+  }
+  Client& c = **connected;
+  const int rank = c.rank(), size = c.size();
+  g_rank = rank;
+  std::vector<Pending> pending;
+  std::vector<std::function<void()>> enqueues;
+  std::vector<std::vector<uint8_t>> heap;  // tensors outside the arena (staged by the client)
+
+  uint64_t seed = 0;
+  for (DataType t : kTypes) {
+    const int64_t elem = ringmaster::DataTypeSize(t);
+    for (ReduceOp op : kOps) {
+      for (size_t s = 0; s < kShapes.size(); ++s) {
+        const std::vector<int64_t> shape = kShapes[s];
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        const uint64_t id = ++seed;
+        const bool in_arena = id % 2 == 0;
+        void* data;
+        if (in_arena) {
+          data = c.Allocate(n * elem);
+        } else {
+          heap.emplace_back(n * elem);
+          data = heap.back().data();
+        }
+        for (int64_t i = 0; i < n; ++i) Store(data, i, t, Value(rank, id, i, t, op));
+        const std::string name = absl::StrCat("allreduce.", id);
+        enqueues.push_back([&, data, t, op, shape, n, id, name] {
+          auto h = c.AllreduceAsync(name, data, t, shape, op);
+          if (!h.ok()) return Check(false, absl::StrCat(name, " enqueue: ", h.status().ToString()));
+          pending.push_back({*h, name, [=] {
+            for (int64_t i = 0; i < n; ++i) {
+              const double want =
+                  Reduce(op, t, size, [&](int r) { return Value(r, id, i, t, op); });
+              const double got = Load(data, i, t);
+              if (got != want) {
+                return Check(false, absl::StrCat(name, " dtype ", static_cast<int>(t), " op ",
+                                                 static_cast<int>(op), " [", i, "] = ", got,
+                                                 ", want ", want));
+              }
+            }
+            Check(true, name);
+          }});
+        });
+      }
+    }
+    // Broadcast from every root.
+    for (int root = 0; root < size; ++root) {
+      const uint64_t id = ++seed;
+      const int64_t n = 11;
+      void* data = c.Allocate(n * elem);
+      for (int64_t i = 0; i < n; ++i) Store(data, i, t, Value(rank, id, i, t, ReduceOp::kSum));
+      const std::string name = absl::StrCat("broadcast.", id);
+      enqueues.push_back([&, data, t, n, id, root, name] {
+        auto h = c.BroadcastAsync(name, data, t, {n}, root);
+        if (!h.ok()) return Check(false, absl::StrCat(name, " enqueue: ", h.status().ToString()));
+        pending.push_back({*h, name, [=] {
+          for (int64_t i = 0; i < n; ++i) {
+            const double want = Value(root, id, i, t, ReduceOp::kSum);
+            if (Load(data, i, t) != want) {
+              return Check(false, absl::StrCat(name, " from root ", root, " [", i, "]"));
+            }
+          }
+          Check(true, name);
+        }});
+      });
+    }
+    // Allgather: rank r contributes r+1 rows of 3 (rank 1 none when size > 2).
+    {
+      const uint64_t id = ++seed;
+      auto rows_of = [size](int r) -> int64_t { return size > 2 && r == 1 ? 0 : r + 1; };
+      const int64_t rows = rows_of(rank);
+      heap.emplace_back(std::max<int64_t>(1, rows * 3 * elem));
+      void* data = heap.back().data();
+      for (int64_t i = 0; i < rows * 3; ++i) Store(data, i, t, Value(rank, id, i, t, ReduceOp::kSum));
+      const std::string name = absl::StrCat("allgather.", id);
+      enqueues.push_back([&, data, t, id, rows, name, rows_of] {
+        auto h = c.AllgatherAsync(name, data, t, {rows, 3});
+        if (!h.ok()) return Check(false, absl::StrCat(name, " enqueue: ", h.status().ToString()));
+        const Handle handle = *h;
+        pending.push_back({handle, name, [=, &c] {
+          auto out = c.TakeAllgather(handle);
+          if (!out.ok()) return Check(false, absl::StrCat(name, ": ", out.status().ToString()));
+          int64_t total = 0;
+          for (int r = 0; r < size; ++r) total += rows_of(r);
+          if (out->shape != std::vector<int64_t>{total, 3}) {
+            return Check(false, absl::StrCat(name, " shape [", out->shape.empty() ? -1 : out->shape[0], ", ...]"));
+          }
+          int64_t at = 0;
+          for (int r = 0; r < size; ++r) {
+            for (int64_t i = 0; i < rows_of(r) * 3; ++i, ++at) {
+              if (Load(out->data.data(), at, t) != Value(r, id, i, t, ReduceOp::kSum)) {
+                return Check(false, absl::StrCat(name, " row from rank ", r));
+              }
+            }
+          }
+          Check(true, name);
+        }});
+      });
+    }
+  }
+  // Pre- and postscale on float32: (2 * x summed) * 0.25.
+  {
+    const uint64_t id = ++seed;
+    const int64_t n = 9;
+    float* data = static_cast<float*>(c.Allocate(n * 4));
+    for (int64_t i = 0; i < n; ++i) data[i] = Value(rank, id, i, DataType::kFloat32, ReduceOp::kSum);
+    enqueues.push_back([&, data, id] {
+      auto h = c.AllreduceAsync("scaled", data, DataType::kFloat32, {n}, ReduceOp::kSum, 2.0, 0.25);
+      if (!h.ok()) return Check(false, "scaled enqueue");
+      pending.push_back({*h, "scaled", [=] {
+        for (int64_t i = 0; i < n; ++i) {
+          double want = 0;
+          for (int r = 0; r < size; ++r) want += 2.0 * Value(r, id, i, DataType::kFloat32, ReduceOp::kSum);
+          if (data[i] != static_cast<float>(want * 0.25)) return Check(false, "scaled");
+        }
+        Check(true, "scaled");
+      }});
+    });
+  }
+
+  // Each rank enqueues in its own order: rank r rotates the list by r * 7 (and odd ranks reverse).
+  std::rotate(enqueues.begin(), enqueues.begin() + (rank * 7) % enqueues.size(), enqueues.end());
+  if (rank % 2 == 1) std::reverse(enqueues.begin(), enqueues.end());
+  for (auto& e : enqueues) e();
+  for (Pending& p : pending) {
+    absl::Status s = c.Wait(p.handle, absl::Seconds(60));
+    if (!s.ok()) {
+      Check(false, absl::StrCat(p.name, ": ", s.ToString()));
+      continue;
+    }
+    p.verify();
+  }
+
+  // A mismatch fails exactly that op, on every rank, with the coordinator's message; an op in flight
+  // beside it completes.
+  {
+    float* bad = static_cast<float*>(c.Allocate(64 * 4));
+    float* good = static_cast<float*>(c.Allocate(4 * 4));
+    for (int i = 0; i < 4; ++i) good[i] = 1;
+    const int64_t cols = rank == 0 ? 3 : 4;
+    auto hb = c.AllreduceAsync("mismatch", bad, DataType::kFloat32, {2, cols}, ReduceOp::kSum);
+    auto hg = c.AllreduceAsync("beside", good, DataType::kFloat32, {4}, ReduceOp::kSum);
+    absl::Status sb = hb.ok() ? c.Wait(*hb, absl::Seconds(30)) : hb.status();
+    absl::Status sg = hg.ok() ? c.Wait(*hg, absl::Seconds(30)) : hg.status();
+    const std::string m = std::string(sb.message());
+    const bool named =
+        m.rfind("Mismatched allreduce tensor shapes for tensor 'mismatch': rank ", 0) == 0 &&
+        m.find("sent [2, 3]") != std::string::npos && m.find("sent [2, 4]") != std::string::npos;
+    Check(sb.code() == absl::StatusCode::kFailedPrecondition && named,
+          absl::StrCat("mismatch error: ", sb.ToString()));
+    Check(sg.ok() && good[0] == size, absl::StrCat("op beside the mismatch: ", sg.ToString()));
+  }
+  // A name already in flight is refused at once, naming the rank and host.
+  {
+    float* a = static_cast<float*>(c.Allocate(16));
+    auto h1 = c.AllreduceAsync("dup", a, DataType::kFloat32, {4});
+    auto h2 = c.AllreduceAsync("dup", a, DataType::kFloat32, {4});
+    absl::Status s2 = h2.ok() ? c.Wait(*h2, absl::Seconds(30)) : h2.status();
+    Check(s2.code() == absl::StatusCode::kInvalidArgument &&
+              s2.message() == absl::StrCat("Tensor 'dup' is already in flight on rank ", rank, " (",
+                                           c.topology().host,
+                                           "): wait for it to complete before submitting it "
+                                           "again, or use a different name."),
+          absl::StrCat("duplicate name: ", s2.ToString()));
+    Check(h1.ok() && c.Wait(*h1, absl::Seconds(30)).ok(), "first of the duplicate names");
+  }
+  Check(c.Barrier().ok(), "barrier");
+  // Join: every rank but the last joins at once; the last allreduces alone (the joined ranks
+  // contribute zeros), then joins. Everyone learns the last rank to join.
+  if (rank != size - 1) {
+    auto last = c.Join();
+    Check(last.ok() && *last == size - 1, absl::StrCat("join: ", last.ok() ? absl::StrCat(*last) : last.status().ToString()));
+  } else {
+    float* ones = static_cast<float*>(c.Allocate(8 * 4));
+    for (int i = 0; i < 8; ++i) ones[i] = 1;
+    auto h = c.AllreduceAsync("while_others_joined", ones, DataType::kFloat32, {8}, ReduceOp::kSum);
+    absl::Status s = h.ok() ? c.Wait(*h, absl::Seconds(30)) : h.status();
+    Check(s.ok() && ones[0] == 1 && ones[7] == 1, absl::StrCat("allreduce with joined ranks: ", s.ToString()));
+    auto last = c.Join();
+    Check(last.ok() && *last == size - 1, "join (last)");
+  }
+  std::printf("collectives_check: rank %d: %d checks passed, %d failed\n", rank,
+              g_checks - g_failures, g_failures);
+  c.Shutdown();
+  return g_failures == 0 ? 0 : 1;
+}

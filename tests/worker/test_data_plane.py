@@ -1,0 +1,160 @@
+"""The CPU data plane end to end, with real processes on loopback: a coordinator, worker daemons on
+two simulated hosts, and training programs (tests/worker/*.cc) that use the C++ client.
+
+Run by ctest (label `multiprocess`) as: /usr/bin/python3 -m pytest tests/worker/test_data_plane.py
+with RINGMASTER_BIN_DIR pointing at build/bin. Every wait has a deadline; the fixtures kill whatever
+they started.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+BIN = os.environ.get(
+    "RINGMASTER_BIN_DIR",
+    os.path.join(os.path.dirname(__file__), "..", "..", "build", "bin"))
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Cluster:
+    """A coordinator and `workers` daemons; worker i is on host h{i // per_host}."""
+
+    def __init__(self, tmp_path, workers, per_host):
+        self.tmp = tmp_path
+        self.procs = []
+        log = open(tmp_path / "coordinator.log", "w")
+        self.coordinator = subprocess.Popen(
+            [f"{BIN}/ringmaster-coordinator", "--listen", "127.0.0.1:0", "--log-level", "info"],
+            stdout=subprocess.PIPE, stderr=log, text=True)
+        line = self.coordinator.stdout.readline()
+        m = re.match(r"ringmaster-coordinator listening on port (\d+)", line)
+        assert m, f"coordinator did not start: {line!r}"
+        self.address = f"127.0.0.1:{m.group(1)}"
+        self.workers = []
+        for i in range(workers):
+            self.workers.append(self.start_worker(f"h{i // per_host}", i))
+        wait_for(lambda: self.connected_workers() >= workers, 10, "workers to connect")
+
+    def start_worker(self, host, index):
+        log = open(self.tmp / f"worker{index}.log", "w")
+        return subprocess.Popen(
+            [f"{BIN}/ringmaster-worker", "--coordinator", self.address, "--host-name", host,
+             "--socket", str(self.tmp / f"w{index}.sock"), "--arena-mb", "64", "--log-level", "info"],
+            stdout=log, stderr=subprocess.STDOUT)
+
+    def connected_workers(self):
+        with open(self.tmp / "coordinator.log") as f:
+            return f.read().count(" connected")
+
+    def cli(self, *args, check=True):
+        r = subprocess.run([f"{BIN}/ringmaster", "--coordinator", self.address, *args],
+                           capture_output=True, text=True, timeout=30)
+        if check:
+            assert r.returncode == 0, r.stderr
+        return r
+
+    def submit(self, np, *command, extra=()):
+        out = self.cli("--json", "submit", "--np", str(np), *extra, "--", *command).stdout
+        return json.loads(out)["id"]
+
+    def job(self, job_id):
+        return json.loads(self.cli("--json", "status", job_id).stdout)
+
+    def wait_state(self, job_id, states, timeout):
+        return wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout,
+                        f"{job_id} to reach {states}")
+
+    def logs(self, job_id):
+        return self.cli("logs", job_id).stdout
+
+    def close(self):
+        for p in self.workers + [self.coordinator]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.workers + [self.coordinator]:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def pids_of(name):
+    r = subprocess.run(["pgrep", "-f", name], capture_output=True, text=True)
+    return [int(p) for p in r.stdout.split()]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path, workers=4, per_host=2)
+    yield c
+    c.close()
+    assert not pids_of(f"{BIN}/train_loop"), "a training process outlived the test"
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+@pytest.mark.parametrize("fusion", ["default", "off"])
+def test_every_collective_and_dtype_matches_the_exact_reference(cluster, np_, fusion):
+    extra = ["--processes-per-host", "2"] + (["--fusion-threshold-bytes", "0"] if fusion == "off" else [])
+    job = cluster.submit(np_, f"{BIN}/collectives_check", extra=extra)
+    done = cluster.wait_state(job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
+    logs = cluster.logs(job)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", logs + done.get("reason", "")
+    for rank in range(np_):
+        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
+                         logs, re.M), logs
+    assert "FAIL" not in logs
+
+
+def test_killing_a_training_process_fails_the_job_naming_rank_and_host(cluster):
+    job = cluster.submit(4, f"{BIN}/train_loop", extra=["--processes-per-host", "2"])
+    wait_for(lambda: cluster.logs(job).count("ready") == 4 and "step 10" in cluster.logs(job), 30,
+             "training to run")
+    pid = int(re.search(r"^\[2\] rank 2 pid (\d+) ready$", cluster.logs(job), re.M).group(1))
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 10)
+    assert time.monotonic() - killed_at < 10
+    assert re.fullmatch(r"rank 2 on host h1 \(worker-\d+\) exited with status 137: "
+                        r"killed by signal 9 \(Killed\)", failed["reason"]), failed["reason"]
+    wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10, "the other ranks to be stopped")
+    # The daemons are free again and run the next job.
+    nxt = cluster.submit(4, f"{BIN}/hello_allreduce")
+    assert cluster.wait_state(nxt, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 30)["state"] == \
+        "JOB_STATE_SUCCEEDED", cluster.logs(nxt)
+
+
+def test_killing_a_worker_daemon_fails_the_job_naming_rank_and_host(cluster):
+    job = cluster.submit(4, f"{BIN}/train_loop", extra=["--processes-per-host", "2"])
+    wait_for(lambda: "step 10" in cluster.logs(job), 30, "training to run")
+    victim = cluster.workers[3]  # host h1
+    killed_at = time.monotonic()
+    victim.kill()
+    victim.wait()
+    failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 10)
+    assert time.monotonic() - killed_at < 10
+    assert re.search(r"serving rank \d on host h1 ", failed["reason"]), failed["reason"]
+    wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10,
+             "every training process (the dead daemon's too) to be gone")
+    nxt = cluster.submit(3, f"{BIN}/hello_allreduce")
+    assert cluster.wait_state(nxt, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 30)["state"] == \
+        "JOB_STATE_SUCCEEDED", cluster.logs(nxt)
+
+
+def test_a_rank_exiting_non_zero_fails_the_job_with_its_status(cluster):
+    job = cluster.submit(2, "sh", "-c", 'test "$HOROVOD_RANK" = 1 && exit 3; sleep 30')
+    failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 10)
+    assert re.fullmatch(r"rank 1 on host h\d \(worker-\d+\) exited with status 3", failed["reason"])

@@ -1,0 +1,151 @@
+#include "worker/coordinator_session.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "spdlog/spdlog.h"
+
+namespace ringmaster {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+}  // namespace
+
+CoordinatorSession::CoordinatorSession(std::shared_ptr<grpc::Channel> channel,
+                                       v1::RegisterWorkerRequest registration, Listener* listener)
+    : stub_(v1::WorkerService::NewStub(std::move(channel))),
+      registration_(std::move(registration)),
+      listener_(listener) {}
+
+CoordinatorSession::~CoordinatorSession() { Stop(); }
+
+void CoordinatorSession::Start() {
+  thread_ = std::thread([this] { Run(); });
+  heartbeat_ = std::thread([this] {
+    while (!stopping_) {
+      absl::Duration interval;
+      {
+        absl::MutexLock lock(&mu_);
+        interval = heartbeat_interval_;
+      }
+      // Sleep in short steps so Stop() is prompt.
+      for (absl::Duration slept; slept < interval && !stopping_; slept += absl::Milliseconds(50)) {
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+      v1::WorkerMessage m;
+      m.mutable_heartbeat();
+      Send(m).IgnoreError();
+    }
+  });
+}
+
+void CoordinatorSession::Stop() {
+  if (stopping_.exchange(true)) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (context_ != nullptr) context_->TryCancel();
+  }
+  if (thread_.joinable()) thread_.join();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+std::string CoordinatorSession::worker_id() const {
+  absl::MutexLock lock(&mu_);
+  return worker_id_;
+}
+
+bool CoordinatorSession::connected() const {
+  absl::MutexLock lock(&mu_);
+  return stream_ != nullptr;
+}
+
+absl::Status CoordinatorSession::Send(const v1::WorkerMessage& message) {
+  absl::MutexLock lock(&mu_);
+  if (stream_ == nullptr) return absl::UnavailableError("not connected to the coordinator");
+  absl::MutexLock write_lock(&write_mu_);
+  if (!stream_->Write(message)) return absl::UnavailableError("session stream closed");
+  return absl::OkStatus();
+}
+
+grpc::Status CoordinatorSession::RunSession() {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream;
+  bool opened = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return grpc::Status::CANCELLED;
+    context_ = &context;
+    stream = stub_->Session(&context);
+    v1::WorkerMessage open;
+    open.mutable_open()->set_worker_id(worker_id_);
+    opened = stream->Write(open);
+    if (opened) stream_ = stream.get();
+  }
+  v1::CoordinatorMessage m;
+  while (opened && stream->Read(&m)) {
+    if (m.kind_case() == v1::CoordinatorMessage::kAccepted && m.accepted().heartbeat_interval_ms() > 0) {
+      absl::MutexLock lock(&mu_);
+      heartbeat_interval_ = absl::Milliseconds(m.accepted().heartbeat_interval_ms());
+    }
+    listener_->OnMessage(m);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stream_ = nullptr;
+  }
+  grpc::Status status = stream->Finish();
+  absl::MutexLock lock(&mu_);
+  context_ = nullptr;
+  return status;
+}
+
+void CoordinatorSession::Run() {
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (!stopping_) {
+    if (worker_id().empty()) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      v1::RegisterWorkerResponse response;
+      grpc::Status s = stub_->RegisterWorker(&context, registration_, &response);
+      if (!s.ok()) {
+        spdlog::warn("registering with the coordinator failed: {}; retrying in {}",
+                     s.error_message(), absl::FormatDuration(backoff));
+        if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+          // A bad --host-name or --device will not get better by retrying.
+          listener_->OnSessionLost(FromGrpc(s), true);
+          return;
+        }
+        absl::SleepFor(backoff);
+        backoff = std::min(backoff * 2, absl::Seconds(5));
+        continue;
+      }
+      absl::MutexLock lock(&mu_);
+      worker_id_ = response.worker_id();
+      heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
+      spdlog::info("registered as {}", worker_id_);
+    }
+    const absl::Time started = absl::Now();
+    grpc::Status status = RunSession();
+    if (stopping_) return;
+    const bool reregister = status.error_code() == grpc::StatusCode::NOT_FOUND ||
+                            status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+    if (reregister) {
+      absl::MutexLock lock(&mu_);
+      worker_id_.clear();
+    }
+    spdlog::warn("session with the coordinator ended: {} {}", static_cast<int>(status.error_code()),
+                 status.error_message());
+    listener_->OnSessionLost(FromGrpc(status), reregister);
+    if (absl::Now() - started > absl::Seconds(10)) backoff = absl::Milliseconds(100);
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+}
+
+}  // namespace ringmaster

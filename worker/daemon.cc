@@ -1,0 +1,373 @@
+#include "worker/daemon.h"
+
+#include <unistd.h>
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "spdlog/spdlog.h"
+#include "worker/gloo_backend.h"
+#include "worker/rendezvous_client.h"
+
+extern char** environ;
+
+namespace ringmaster {
+namespace {
+
+constexpr size_t kMaxOutputChunk = 1 << 20;
+
+std::string DefaultHostName() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+}  // namespace
+
+Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
+
+Daemon::~Daemon() {
+  Shutdown();
+  if (session_) session_->Stop();
+  if (local_) local_->Stop();
+  std::vector<std::thread> finishers;
+  {
+    absl::MutexLock lock(&mu_);
+    finishers.swap(finishers_);
+  }
+  for (auto& t : finishers) t.join();
+}
+
+absl::Status Daemon::Start() {
+  if (options_.device != "cpu") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device ", options_.device,
+        ": this build serves CPU slots only (the NCCL data plane is not available yet)"));
+  }
+  DaemonOptions& o = const_cast<DaemonOptions&>(options_);
+  if (o.host_name.empty()) o.host_name = DefaultHostName();
+  if (o.socket_path.empty()) o.socket_path = absl::StrCat("/tmp/ringmaster-worker-", getpid(), ".sock");
+  absl::StatusOr<std::unique_ptr<LocalServer>> local = LocalServer::Start(o.socket_path, this);
+  if (!local.ok()) return local.status();
+  local_ = *std::move(local);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  channel_ = grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
+  v1::RegisterWorkerRequest registration;
+  registration.set_host(options_.host_name);
+  registration.set_device(options_.device);
+  session_ = std::make_unique<CoordinatorSession>(channel_, registration, this);
+  session_->Start();
+  spdlog::info("worker on {} ({}) serving {}", options_.host_name, options_.device,
+               options_.socket_path);
+  return absl::OkStatus();
+}
+
+void Daemon::Run() {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&shutdown_));
+  }
+  if (std::shared_ptr<Job> job = CurrentJob()) {
+    StopJob(job->assignment.job().id(), absl::UnavailableError("the worker is shutting down"));
+  }
+  // Wait (bounded by the stop grace) for the job's rank to be cleaned up.
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return job_ == nullptr; };
+  mu_.AwaitWithTimeout(absl::Condition(&idle), options_.stop_grace + absl::Seconds(2));
+}
+
+void Daemon::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+}
+
+std::shared_ptr<Daemon::Job> Daemon::CurrentJob() {
+  absl::MutexLock lock(&mu_);
+  return job_;
+}
+
+void Daemon::OnMessage(const v1::CoordinatorMessage& m) {
+  switch (m.kind_case()) {
+    case v1::CoordinatorMessage::kAssignment:
+      StartJob(m.assignment());
+      break;
+    case v1::CoordinatorMessage::kResponses: {
+      std::shared_ptr<Job> job = CurrentJob();
+      if (job != nullptr && job->assignment.job().id() == m.responses().job_id()) {
+        job->engine->OnResponses(m.responses());
+      }
+      break;
+    }
+    case v1::CoordinatorMessage::kStopJob:
+      StopJob(m.stop_job().job_id(), absl::AbortedError(absl::StrCat(
+                                          "job ", m.stop_job().job_id(), " stopped: ",
+                                          m.stop_job().reason())));
+      break;
+    case v1::CoordinatorMessage::kShutdown:
+      spdlog::warn("coordinator asked the worker to shut down: {}", m.shutdown().reason());
+      Shutdown();
+      break;
+    default:
+      break;
+  }
+}
+
+void Daemon::OnSessionLost(const absl::Status& status, bool reregistered) {
+  if (status.code() == absl::StatusCode::kInvalidArgument && reregistered) {
+    // Registration itself was refused (a bad --host-name or --device): retrying cannot help.
+    spdlog::error("the coordinator refused this worker: {}", status.ToString());
+    Shutdown();
+    return;
+  }
+  // A new worker id means the coordinator has given up on the old one and failed its job.
+  if (reregistered) {
+    if (std::shared_ptr<Job> job = CurrentJob()) {
+      StopJob(job->assignment.job().id(),
+              absl::UnavailableError(absl::StrCat("lost the coordinator: ", status.message())));
+    }
+  }
+}
+
+void Daemon::StartJob(const v1::JobAssignment& assignment) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    if (job_ != nullptr) {
+      if (job_->assignment.job().id() != assignment.job().id() ||
+          job_->assignment.epoch() != assignment.epoch()) {
+        spdlog::error("assignment of {} ignored: still serving {}", assignment.job().id(),
+                      job_->assignment.job().id());
+      }
+      return;  // a re-sent assignment after a reconnect
+    }
+    job = std::make_shared<Job>();
+    job->assignment = assignment;
+    job_ = job;
+  }
+  const v1::Job& spec = assignment.job();
+  const int rank = assignment.rank();
+  spdlog::info("job {} rank {} of {}: starting", spec.id(), rank, spec.spec().np());
+  const std::string arena_name =
+      absl::StrCat("ringmaster-", spec.id(), "-", assignment.epoch(), "-rank-", rank);
+  absl::StatusOr<std::unique_ptr<SharedMemory>> arena =
+      SharedMemory::Create(arena_name, options_.arena_bytes);
+  if (!arena.ok()) {
+    SendRankUpdate(*job, v1::RANK_STATE_EXITED, 1,
+                   absl::StrCat("worker could not create its arena: ", arena.status().message()));
+    FinishJob(job);
+    return;
+  }
+  job->arena = *std::move(arena);
+  const size_t client_bytes = options_.arena_bytes / 4 * 3;
+  job->outputs = std::make_unique<ArenaAllocator>(client_bytes, options_.arena_bytes);
+
+  EngineOptions e;
+  e.job_id = spec.id();
+  e.epoch = assignment.epoch();
+  e.rank = rank;
+  e.size = spec.spec().np();
+  e.host = options_.host_name;
+  e.arena = job->arena->data();
+  e.arena_bytes = job->arena->size();
+  e.outputs = job->outputs.get();
+  e.cycle_time = absl::Microseconds(static_cast<int64_t>(spec.spec().knobs().cycle_time_ms() * 1000));
+  auto channel = channel_;
+  const std::string iface = options_.iface;
+  const absl::Duration timeout = options_.collective_timeout;
+  e.make_backend = [channel, spec, assignment, iface, timeout]() {
+    GlooBackendOptions g;
+    g.rank = assignment.rank();
+    g.size = spec.spec().np();
+    g.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch());
+    g.prefix = "gloo/";
+    g.iface = iface;
+    g.timeout = timeout;
+    return CreateGlooBackend(std::move(g));
+  };
+  CoordinatorSession* session = session_.get();
+  e.send = [session](const v1::WorkerMessage& m) {
+    if (absl::Status s = session->Send(m); !s.ok()) {
+      spdlog::warn("request batch not sent: {}", s.ToString());
+    }
+  };
+  job->engine = std::make_unique<Engine>(std::move(e));
+  job->engine->Start();
+
+  if (spec.spec().command().empty()) {
+    spdlog::info("job {} rank {}: waiting for a training process on {}", spec.id(), rank,
+                 options_.socket_path);
+    return;  // STARTED when the process attaches
+  }
+  if (absl::Status s = LaunchChild(job); !s.ok()) {
+    SendRankUpdate(*job, v1::RANK_STATE_EXITED, 127, std::string(s.message()));
+    FinishJob(job);
+  }
+}
+
+absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
+  const v1::Job& spec = job->assignment.job();
+  const int rank = job->assignment.rank();
+  const v1::RankInfo& me = spec.ranks(rank);
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv(*e);
+    size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : spec.spec().env()) env[k] = v;
+  const std::map<std::string, std::string> topology = {
+      {"RANK", absl::StrCat(rank)},
+      {"SIZE", absl::StrCat(spec.spec().np())},
+      {"LOCAL_RANK", absl::StrCat(me.local_rank())},
+      {"LOCAL_SIZE", absl::StrCat(me.local_size())},
+      {"CROSS_RANK", absl::StrCat(me.cross_rank())},
+      {"CROSS_SIZE", absl::StrCat(me.cross_size())},
+      {"HOSTNAME", me.host()},
+  };
+  for (const auto& [k, v] : topology) {
+    env["RINGMASTER_" + k] = v;
+    env["HOROVOD_" + k] = v;
+  }
+  env["RINGMASTER_SOCKET"] = options_.socket_path;
+  env["RINGMASTER_COORDINATOR"] = options_.coordinator;
+  env["RINGMASTER_JOB_ID"] = spec.id();
+  env["RINGMASTER_EPOCH"] = absl::StrCat(job->assignment.epoch());
+  std::vector<std::string> argv(spec.spec().command().begin(), spec.spec().command().end());
+  CoordinatorSession* session = session_.get();
+  const v1::JobAssignment assignment = job->assignment;
+  auto output = [session, assignment](int stream, std::string data) {
+    for (size_t at = 0; at < data.size(); at += kMaxOutputChunk) {
+      v1::WorkerMessage m;
+      v1::RankOutput* o = m.mutable_output();
+      o->set_job_id(assignment.job().id());
+      o->set_epoch(assignment.epoch());
+      o->set_rank(assignment.rank());
+      o->set_stream(stream == 1 ? v1::RankOutput::STREAM_STDOUT : v1::RankOutput::STREAM_STDERR);
+      o->set_data(data.substr(at, kMaxOutputChunk));
+      session->Send(m).IgnoreError();
+    }
+  };
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+      ChildProcess::Start(argv, env, spec.spec().working_dir(), output);
+  if (!child.ok()) return child.status();
+  job->child = *std::move(child);
+  job->started = true;
+  SendRankUpdate(*job, v1::RANK_STATE_STARTED, 0, "");
+  job->waiter = std::thread([this, job] {
+    ChildExit exit = job->child->Wait();
+    spdlog::info("job {} rank {}: process exited with {} {}", job->assignment.job().id(),
+                 job->assignment.rank(), exit.exit_code, exit.message);
+    if (!job->stopped) SendRankUpdate(*job, v1::RANK_STATE_EXITED, exit.exit_code, exit.message);
+    FinishJob(job);
+  });
+  return absl::OkStatus();
+}
+
+void Daemon::SendRankUpdate(const Job& job, v1::RankState state, int exit_code,
+                            const std::string& text) {
+  v1::WorkerMessage m;
+  v1::RankUpdate* u = m.mutable_rank_update();
+  u->set_job_id(job.assignment.job().id());
+  u->set_epoch(job.assignment.epoch());
+  u->set_rank(job.assignment.rank());
+  u->set_state(state);
+  u->set_exit_code(exit_code);
+  u->set_message(text.substr(0, 4096));
+  if (absl::Status s = session_->Send(m); !s.ok()) {
+    spdlog::warn("rank update not delivered: {}", s.ToString());
+  }
+}
+
+void Daemon::StopJob(const std::string& job_id, const absl::Status& reason) {
+  std::shared_ptr<Job> job = CurrentJob();
+  if (job == nullptr || job->assignment.job().id() != job_id || job->stopped.exchange(true)) return;
+  spdlog::info("stopping job {}: {}", job_id, reason.ToString());
+  // Pending operations fail at once with the reason; the process gets SIGTERM, then SIGKILL.
+  job->engine->Abort(reason);
+  if (job->child != nullptr) {
+    std::thread([job, grace = options_.stop_grace] { job->child->Terminate(grace); }).detach();
+  } else {
+    FinishJob(job);
+  }
+}
+
+void Daemon::FinishJob(std::shared_ptr<Job> job) {
+  // Cleanup joins the engine and the waiter, so it runs on a thread of its own.
+  absl::MutexLock lock(&mu_);
+  finishers_.emplace_back([this, job] {
+    job->engine->Stop();
+    if (job->waiter.joinable() && job->waiter.get_id() != std::this_thread::get_id()) {
+      job->waiter.join();
+    }
+    local_->DisconnectAll();
+    const std::string id = job->assignment.job().id();
+    job->arena.reset();  // the memory goes once the training process has unmapped it too
+    absl::MutexLock lock(&mu_);
+    if (job_ == job) job_ = nullptr;
+    spdlog::info("job {}: rank cleaned up; idle", id);
+  });
+}
+
+absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHello& hello) {
+  std::shared_ptr<Job> job = CurrentJob();
+  if (job == nullptr || job->stopped) {
+    return absl::UnavailableError("no job is assigned to this worker yet");
+  }
+  const v1::Job& spec = job->assignment.job();
+  const v1::RankInfo& me = spec.ranks(job->assignment.rank());
+  v1::LocalWelcome w;
+  w.set_job_id(spec.id());
+  w.set_epoch(job->assignment.epoch());
+  w.set_rank(me.rank());
+  w.set_size(spec.spec().np());
+  w.set_local_rank(me.local_rank());
+  w.set_local_size(me.local_size());
+  w.set_cross_rank(me.cross_rank());
+  w.set_cross_size(me.cross_size());
+  w.set_host(me.host());
+  w.set_arena_name(job->arena->name());
+  w.set_arena_bytes(static_cast<int64_t>(job->arena->size()));
+  w.set_client_bytes(static_cast<int64_t>(options_.arena_bytes / 4 * 3));
+  if (!job->started.exchange(true)) SendRankUpdate(*job, v1::RANK_STATE_STARTED, 0, "");
+  return Welcome{std::move(w), job->arena->fd()};
+}
+
+void Daemon::OnEnqueue(const v1::LocalEnqueue& enqueue,
+                       std::function<void(const v1::LocalCompletion&)> reply) {
+  std::shared_ptr<Job> job = CurrentJob();
+  if (job == nullptr) {
+    v1::LocalCompletion c;
+    c.set_handle(enqueue.handle());
+    c.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+    c.set_message("no job is assigned to this worker");
+    reply(c);
+    return;
+  }
+  const uint64_t handle = enqueue.handle();
+  job->engine->Enqueue(enqueue, [reply, handle](const v1::LocalCompletion& c) {
+    v1::LocalCompletion out = c;
+    out.set_handle(handle);
+    reply(out);
+  });
+}
+
+void Daemon::OnRelease(const v1::LocalRelease& release) {
+  if (std::shared_ptr<Job> job = CurrentJob()) {
+    job->outputs->Free(static_cast<size_t>(release.offset())).IgnoreError();
+  }
+}
+
+void Daemon::OnDisconnect() {
+  std::shared_ptr<Job> job = CurrentJob();
+  // An attached process (no command of ours) that goes away ends its rank.
+  if (job == nullptr || job->child != nullptr || !job->started || job->stopped.exchange(true)) return;
+  SendRankUpdate(*job, v1::RANK_STATE_EXITED, 0, "");
+  job->engine->Abort(absl::CancelledError("the training process disconnected"));
+  FinishJob(job);
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,93 @@
+// The worker daemon: one per GPU or CPU slot, long-lived, serving one job at a time. It keeps its
+// coordinator session, and for each assigned rank creates the shared arena and the engine, launches
+// the job's command (or serves a process that attaches to its socket), forwards the process's output,
+// reports its exit, and cleans everything up when the job ends.
+//
+// Thread-safe: mu_ guards the current job; coordinator messages arrive on the session thread,
+// training-process requests on local-server threads, the rank's exit on a waiter thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/shared_memory.h"
+#include "grpcpp/channel.h"
+#include "worker/child_process.h"
+#include "worker/coordinator_session.h"
+#include "worker/engine.h"
+#include "worker/local_server.h"
+
+namespace ringmaster {
+
+struct DaemonOptions {
+  std::string coordinator;  // host:port
+  std::string device = "cpu";
+  std::string host_name;  // default: gethostname()
+  std::string socket_path;  // default: /tmp/ringmaster-worker-<pid>.sock
+  std::string iface;  // network interface for Gloo; "" = the host's address
+  size_t arena_bytes = size_t{1} << 30;
+  absl::Duration stop_grace = absl::Seconds(5);
+  absl::Duration collective_timeout = absl::Seconds(30);
+};
+
+class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler {
+ public:
+  explicit Daemon(DaemonOptions options);
+  ~Daemon() override;
+
+  // Opens the local socket and starts the coordinator session.
+  absl::Status Start();
+  // Blocks until Shutdown() or a coordinator `shutdown`; then stops the job and everything else.
+  void Run();
+  void Shutdown();
+
+  // CoordinatorSession::Listener
+  void OnMessage(const v1::CoordinatorMessage& message) override;
+  void OnSessionLost(const absl::Status& status, bool reregistered) override;
+
+  // LocalServer::Handler
+  absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello) override;
+  void OnEnqueue(const v1::LocalEnqueue& enqueue,
+                 std::function<void(const v1::LocalCompletion&)> reply) override;
+  void OnRelease(const v1::LocalRelease& release) override;
+  void OnDisconnect() override;
+
+ private:
+  struct Job {
+    v1::JobAssignment assignment;
+    std::unique_ptr<SharedMemory> arena;
+    std::unique_ptr<ArenaAllocator> outputs;
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<ChildProcess> child;
+    std::thread waiter;
+    std::atomic<bool> started{false};
+    std::atomic<bool> stopped{false};
+  };
+
+  void StartJob(const v1::JobAssignment& assignment);
+  absl::Status LaunchChild(const std::shared_ptr<Job>& job);
+  // Stops the job's rank (abort pending ops, terminate the process) because of `reason`.
+  void StopJob(const std::string& job_id, const absl::Status& reason);
+  // Releases the job's resources once its rank is done. Runs on a thread of its own.
+  void FinishJob(std::shared_ptr<Job> job);
+  void SendRankUpdate(const Job& job, v1::RankState state, int exit_code, const std::string& text);
+  std::shared_ptr<Job> CurrentJob();
+
+  const DaemonOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<CoordinatorSession> session_;
+  std::unique_ptr<LocalServer> local_;
+
+  absl::Mutex mu_;
+  std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> finishers_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace ringmaster

@@ -1,0 +1,422 @@
+#include "worker/engine.h"
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/half.h"
+#include "common/tensor.h"
+#include "spdlog/spdlog.h"
+
+namespace ringmaster {
+namespace {
+
+int64_t ByteSize(const v1::TensorRequest& r) {
+  int64_t n = DataTypeSize(static_cast<DataType>(r.dtype()));
+  for (int64_t d : r.shape()) n *= d;
+  return n;
+}
+
+v1::LocalCompletion StatusCompletion(const absl::Status& status) {
+  v1::LocalCompletion c;
+  c.set_code(static_cast<int>(status.code()));
+  c.set_message(std::string(status.message()));
+  return c;
+}
+
+template <typename T>
+void ScaleInts(T* p, int64_t n, double factor, int divisor) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (divisor > 1 && factor == 1.0) {
+      p[i] = static_cast<T>(p[i] / divisor);
+    } else {
+      p[i] = static_cast<T>(std::llround(static_cast<double>(p[i]) * factor / divisor));
+    }
+  }
+}
+
+template <typename T>
+void ScaleFloats(T* p, int64_t n, double factor) {
+  const T f = static_cast<T>(factor);  // in the tensor's own type, so the loop vectorises
+  for (int64_t i = 0; i < n; ++i) p[i] *= f;
+}
+
+// Multiplies `n` elements by factor / divisor. Integers are divided exactly (truncating toward zero,
+// as C++ and PyTorch's integer division of a sum do) when only averaging, rounded otherwise.
+void Scale(void* data, int64_t n, DataType dtype, double factor, int divisor) {
+  if (factor == 1.0 && divisor == 1) return;
+  switch (dtype) {
+    case DataType::kUint8: ScaleInts(static_cast<uint8_t*>(data), n, factor, divisor); break;
+    case DataType::kInt8: ScaleInts(static_cast<int8_t*>(data), n, factor, divisor); break;
+    case DataType::kInt32: ScaleInts(static_cast<int32_t*>(data), n, factor, divisor); break;
+    case DataType::kInt64: ScaleInts(static_cast<int64_t*>(data), n, factor, divisor); break;
+    case DataType::kFloat32:
+      ScaleFloats(static_cast<float*>(data), n, factor / divisor);
+      break;
+    case DataType::kFloat64:
+      ScaleFloats(static_cast<double*>(data), n, factor / divisor);
+      break;
+    case DataType::kFloat16: {
+      auto* p = static_cast<uint16_t*>(data);
+      const float f = static_cast<float>(factor / divisor);
+      for (int64_t i = 0; i < n; ++i) p[i] = FloatToHalf(HalfToFloat(p[i]) * f);
+      break;
+    }
+    case DataType::kBfloat16: {
+      auto* p = static_cast<uint16_t*>(data);
+      const float f = static_cast<float>(factor / divisor);
+      for (int64_t i = 0; i < n; ++i) p[i] = FloatToBfloat16(Bfloat16ToFloat(p[i]) * f);
+      break;
+    }
+    case DataType::kUnspecified: break;
+  }
+}
+
+}  // namespace
+
+Engine::Engine(EngineOptions options) : options_(std::move(options)) {}
+
+Engine::~Engine() { Stop(); }
+
+void Engine::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+std::string Engine::RankName() const {
+  return absl::StrCat("rank ", options_.rank, " (", options_.host, ")");
+}
+
+void Engine::Enqueue(const v1::LocalEnqueue& enqueue, Done done) {
+  const v1::TensorRequest& r = enqueue.request();
+  auto reject = [&](absl::Status status) { done(StatusCompletion(status)); };
+  if (r.name().empty()) return reject(absl::InvalidArgumentError("tensor name is empty"));
+  const bool has_data = r.type() == v1::REQUEST_TYPE_ALLREDUCE ||
+                        r.type() == v1::REQUEST_TYPE_ALLGATHER ||
+                        r.type() == v1::REQUEST_TYPE_BROADCAST;
+  if (has_data) {
+    const int64_t bytes = ByteSize(r);
+    if (enqueue.offset() < 0 || bytes < 0 ||
+        static_cast<uint64_t>(enqueue.offset()) + static_cast<uint64_t>(bytes) >
+            options_.arena_bytes) {
+      return reject(absl::InvalidArgumentError(
+          absl::StrCat("tensor '", r.name(), "': ", bytes, " bytes at arena offset ",
+                       enqueue.offset(), " lie outside the ", options_.arena_bytes,
+                       "-byte arena")));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (!aborted_.ok()) return reject(aborted_);
+  auto [it, inserted] = ops_.try_emplace(r.name());
+  if (!inserted) {
+    return reject(absl::InvalidArgumentError(
+        absl::StrCat("Tensor '", r.name(), "' is already in flight on ", RankName(),
+                     ": wait for it to complete before submitting it again, or use a different "
+                     "name.")));
+  }
+  it->second = std::make_unique<Op>(Op{enqueue, std::move(done)});
+  if (r.type() == v1::REQUEST_TYPE_JOIN) joined_ = true;
+  if (unsent_.empty()) first_unsent_ = absl::Now();
+  unsent_.push_back(r);
+}
+
+void Engine::OnResponses(v1::ResponseList list) {
+  absl::MutexLock lock(&mu_);
+  responses_.push_back(std::move(list));
+}
+
+void Engine::Abort(const absl::Status& status) {
+  absl::flat_hash_map<std::string, std::unique_ptr<Op>> ops;
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_.ok()) aborted_ = status;
+    ops.swap(ops_);
+    unsent_.clear();
+    responses_.clear();
+  }
+  for (auto& [name, op] : ops) op->done(StatusCompletion(status));
+}
+
+void Engine::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  Abort(absl::CancelledError(absl::StrCat("job ", options_.job_id, " stopped on ", RankName())));
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::Loop() {
+  if (options_.make_backend) {
+    absl::StatusOr<std::unique_ptr<Backend>> backend = options_.make_backend();
+    if (backend.ok()) {
+      backend_ = *std::move(backend);
+    } else {
+      backend_status_ = backend.status();
+      spdlog::error("job {} {}: communicator: {}", options_.job_id, RankName(),
+                    backend_status_.ToString());
+      Abort(absl::UnavailableError(absl::StrCat("communicator setup failed on ", RankName(), ": ",
+                                                backend_status_.message())));
+    }
+  }
+  while (true) {
+    std::vector<v1::TensorRequest> batch;
+    std::deque<v1::ResponseList> lists;
+    {
+      absl::MutexLock lock(&mu_);
+      // Wake for responses at once; for new requests, once the cycle since the first has passed
+      // (and when the first arrives, to set that deadline).
+      const bool had_unsent = !unsent_.empty();
+      auto ready = [this, had_unsent]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !responses_.empty() || (!had_unsent && !unsent_.empty()) ||
+               (!unsent_.empty() && absl::Now() >= first_unsent_ + options_.cycle_time);
+      };
+      const absl::Time deadline =
+          unsent_.empty() ? absl::Now() + absl::Milliseconds(50) : first_unsent_ + options_.cycle_time;
+      mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+      if (stopping_) return;
+      if (!unsent_.empty() && absl::Now() >= first_unsent_ + options_.cycle_time) {
+        batch.swap(unsent_);
+        first_unsent_ = absl::InfiniteFuture();
+      }
+      lists.swap(responses_);
+    }
+    if (!batch.empty()) SendBatch(batch);
+    for (v1::ResponseList& list : lists) Process(list);
+  }
+}
+
+void Engine::SendBatch(const std::vector<v1::TensorRequest>& requests) {
+  v1::WorkerMessage m;
+  v1::RequestBatch* b = m.mutable_requests();
+  b->set_job_id(options_.job_id);
+  b->set_epoch(options_.epoch);
+  b->set_rank(options_.rank);
+  for (const v1::TensorRequest& r : requests) {
+    if (uint32_t id = cache_.Find(r); id != 0) {
+      b->add_cached_ids(id);
+    } else {
+      *b->add_requests() = r;
+    }
+  }
+  options_.send(m);
+}
+
+std::vector<Engine::Op*> Engine::Take(const std::vector<std::string>& names) {
+  std::vector<Op*> out;
+  absl::MutexLock lock(&mu_);
+  for (const std::string& name : names) {
+    auto it = ops_.find(name);
+    out.push_back(it == ops_.end() ? nullptr : it->second.release());
+    if (it != ops_.end()) ops_.erase(it);
+  }
+  return out;
+}
+
+void Engine::Complete(Op* op, const absl::Status& status, v1::LocalCompletion completion) {
+  if (op == nullptr) return;
+  if (!status.ok()) completion = StatusCompletion(status);
+  completion.set_handle(op->enqueue.handle());
+  op->done(completion);
+  delete op;
+}
+
+void Engine::Process(v1::ResponseList& list) {
+  for (uint32_t id : list.evicted_ids()) cache_.Evict(id);
+  {
+    absl::MutexLock lock(&mu_);
+    for (const v1::CacheAssignment& a : list.cache_assignments()) {
+      if (auto it = ops_.find(a.name()); it != ops_.end()) {
+        cache_.Assign(a.name(), a.id(), it->second->enqueue.request());
+      }
+    }
+  }
+  if (list.resend_ids_size() > 0) {
+    v1::WorkerMessage m;
+    v1::RequestBatch* b = m.mutable_requests();
+    b->set_job_id(options_.job_id);
+    b->set_epoch(options_.epoch);
+    b->set_rank(options_.rank);
+    for (uint32_t id : list.resend_ids()) {
+      if (std::optional<v1::TensorRequest> r = cache_.TakeForResend(id)) *b->add_requests() = *r;
+    }
+    options_.send(m);
+  }
+  for (const v1::Response& e : list.rank_errors()) {
+    std::vector<std::string> names(e.names().begin(), e.names().end());
+    for (Op* op : Take(names)) {
+      Complete(op, absl::FailedPreconditionError(e.error_message()));
+    }
+  }
+  for (const v1::Response& r : list.responses()) {
+    const int n = std::max(r.names_size(), r.cache_ids_size());
+    std::vector<std::string> names(n);
+    for (int i = 0; i < n; ++i) {
+      if (i < r.names_size() && !r.names(i).empty()) {
+        names[i] = r.names(i);
+      } else if (i < r.cache_ids_size()) {
+        if (const std::string* name = cache_.NameOf(r.cache_ids(i))) names[i] = *name;
+      }
+    }
+    Execute(r, names);
+  }
+}
+
+void Engine::Execute(const v1::Response& r, const std::vector<std::string>& names) {
+  if (r.type() == v1::Response::TYPE_JOIN) {
+    {
+      absl::MutexLock lock(&mu_);
+      joined_ = false;
+    }
+    std::vector<std::string> join_names;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [name, op] : ops_) {
+        if (op->enqueue.request().type() == v1::REQUEST_TYPE_JOIN) join_names.push_back(name);
+      }
+    }
+    for (Op* op : Take(join_names)) {
+      v1::LocalCompletion c;
+      c.set_last_joined_rank(r.last_joined_rank());
+      Complete(op, absl::OkStatus(), c);
+    }
+    return;
+  }
+  std::vector<Op*> ops = Take(names);
+  if (r.type() == v1::Response::TYPE_ERROR) {
+    for (Op* op : ops) Complete(op, absl::FailedPreconditionError(r.error_message()));
+    return;
+  }
+  absl::Status status;
+  std::vector<v1::LocalCompletion> completions(ops.size());
+  if (backend_ == nullptr) {
+    status = absl::UnavailableError(absl::StrCat("no communicator on ", RankName(), ": ",
+                                                 backend_status_.message()));
+  } else if (r.type() == v1::Response::TYPE_ALLREDUCE) {
+    status = ExecuteAllreduce(r, ops);
+  } else if (r.type() == v1::Response::TYPE_ALLGATHER) {
+    status = ExecuteAllgather(r, ops, &completions);
+  } else if (r.type() == v1::Response::TYPE_BROADCAST) {
+    const int64_t bytes =
+        r.tensor_sizes_size() > 0
+            ? r.tensor_sizes(0) * DataTypeSize(static_cast<DataType>(r.dtype()))
+            : 0;
+    uint8_t* data;
+    if (ops[0] != nullptr) {
+      data = options_.arena + ops[0]->enqueue.offset();
+    } else {  // joined: take part with scratch memory
+      fusion_buffer_.resize(std::max<size_t>(fusion_buffer_.size(), bytes));
+      data = fusion_buffer_.data();
+    }
+    status = backend_->Broadcast(data, bytes, r.root_rank());
+  } else if (r.type() == v1::Response::TYPE_BARRIER) {
+    status = backend_->Barrier();
+  } else {
+    status = absl::InternalError(absl::StrCat("unknown response type ", r.type()));
+  }
+  for (size_t i = 0; i < ops.size(); ++i) Complete(ops[i], status, completions[i]);
+  if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) {
+    // The communicator is unusable after a failed collective: fail everything else too.
+    Abort(status);
+  }
+}
+
+absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<Op*>& ops) {
+  const auto dtype = static_cast<DataType>(r.dtype());
+  const int64_t elem = DataTypeSize(dtype);
+  std::vector<int64_t> counts(ops.size());
+  int64_t total = 0;
+  bool contiguous = true;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    counts[i] = i < static_cast<size_t>(r.tensor_sizes_size()) ? r.tensor_sizes(i) : 0;
+    total += counts[i];
+    if (ops[i] == nullptr) {
+      contiguous = false;
+    } else if (i > 0 && ops[i - 1] != nullptr &&
+               ops[i - 1]->enqueue.offset() + counts[i - 1] * elem != ops[i]->enqueue.offset()) {
+      contiguous = false;
+    }
+  }
+  uint8_t* buffer;
+  if (contiguous && !ops.empty()) {
+    buffer = options_.arena + ops[0]->enqueue.offset();  // already one buffer: no pack, no unpack
+  } else {
+    fusion_buffer_.resize(std::max<size_t>(fusion_buffer_.size(), total * elem));
+    buffer = fusion_buffer_.data();
+    int64_t at = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const size_t bytes = counts[i] * elem;
+      if (ops[i] != nullptr) {
+        std::memcpy(buffer + at, options_.arena + ops[i]->enqueue.offset(), bytes);
+      } else {
+        std::memset(buffer + at, 0, bytes);  // a joined rank contributes zeros
+      }
+      at += bytes;
+    }
+  }
+  auto op = static_cast<ReduceOp>(r.reduce_op());
+  const bool average = op == ReduceOp::kAverage || op == ReduceOp::kUnspecified;
+  const double prescale = r.prescale_factor() == 0 ? 1.0 : r.prescale_factor();
+  const double postscale = r.postscale_factor() == 0 ? 1.0 : r.postscale_factor();
+  Scale(buffer, total, dtype, prescale, 1);
+  absl::Status status = backend_->Allreduce(buffer, total, dtype, average ? ReduceOp::kSum : op);
+  if (!status.ok()) return status;
+  Scale(buffer, total, dtype, postscale, average ? options_.size : 1);
+  if (buffer == fusion_buffer_.data()) {
+    int64_t at = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const size_t bytes = counts[i] * elem;
+      if (ops[i] != nullptr) std::memcpy(options_.arena + ops[i]->enqueue.offset(), buffer + at, bytes);
+      at += bytes;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::ExecuteAllgather(const v1::Response& r, const std::vector<Op*>& ops,
+                                      std::vector<v1::LocalCompletion>* out) {
+  const int64_t elem = DataTypeSize(static_cast<DataType>(r.dtype()));
+  const int size = options_.size;
+  for (size_t t = 0; t < ops.size(); ++t) {
+    // Row size from this rank's own shape; a joined rank (no op) contributes zero rows and keeps
+    // nothing, so its row size does not matter.
+    int64_t row = elem;
+    std::vector<int64_t> shape;
+    if (ops[t] != nullptr) {
+      const auto& s = ops[t]->enqueue.request().shape();
+      shape.assign(s.begin(), s.end());
+      for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+    }
+    std::vector<int64_t> bytes(size);
+    int64_t rows = 0;
+    for (int k = 0; k < size; ++k) {
+      const int64_t first = r.tensor_sizes(static_cast<int>(t) * size + k);
+      bytes[k] = first * row;
+      rows += first;
+    }
+    int64_t total = rows * row;
+    uint8_t* output;
+    absl::StatusOr<size_t> offset = absl::UnavailableError("");
+    if (ops[t] != nullptr) {
+      offset = options_.outputs->Allocate(total);
+      if (!offset.ok()) return offset.status();
+      output = options_.arena + *offset;
+    } else {
+      fusion_buffer_.resize(std::max<size_t>(fusion_buffer_.size(), total));
+      output = fusion_buffer_.data();
+    }
+    const uint8_t* input = ops[t] != nullptr ? options_.arena + ops[t]->enqueue.offset() : output;
+    absl::Status status = backend_->Allgatherv(input, output, bytes);
+    if (!status.ok()) {
+      if (offset.ok()) options_.outputs->Free(*offset).IgnoreError();
+      return status;
+    }
+    if (ops[t] != nullptr) {
+      (*out)[t].set_output_offset(static_cast<int64_t>(*offset));
+      (*out)[t].add_output_shape(rows);
+      for (size_t d = 1; d < shape.size(); ++d) (*out)[t].add_output_shape(shape[d]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,106 @@
+// The engine of one rank of one job: collects the training process's enqueued collectives, sends them
+// to the coordinator in one batch per cycle (by response-cache id once cached), and executes the
+// coordinator's responses in the order given — pack into the fusion buffer (skipped when the tensors
+// are already contiguous in the arena), prescale, collective, postscale/average, unpack — then
+// completes each operation. Errors reach exactly the operations concerned.
+//
+// Thread-safe: Enqueue/OnResponses/Abort may be called from any thread; one engine thread owns the
+// backend and executes collectives with mu_ released.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/shared_memory.h"
+#include "ringmaster/v1/local.pb.h"
+#include "ringmaster/v1/worker.pb.h"
+#include "worker/backend.h"
+#include "worker/worker_cache.h"
+
+namespace ringmaster {
+
+struct EngineOptions {
+  std::string job_id;
+  int64_t epoch = 0;
+  int rank = 0;
+  int size = 1;
+  std::string host;
+  uint8_t* arena = nullptr;  // borrowed; outlives the engine
+  size_t arena_bytes = 0;
+  ArenaAllocator* outputs = nullptr;  // borrowed: where allgather outputs are allocated
+  absl::Duration cycle_time = absl::Milliseconds(1);
+  // Creates the communicator (rendezvous included); called once, on the engine thread.
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>()> make_backend;
+  // Sends a message to the coordinator on the worker's session. Must not block for long.
+  std::function<void(const v1::WorkerMessage&)> send;
+};
+
+class Engine {
+ public:
+  using Done = std::function<void(const v1::LocalCompletion&)>;
+
+  explicit Engine(EngineOptions options);
+  ~Engine();  // Stop()s
+
+  void Start();
+
+  // Queues one collective; `done` is called exactly once (from the engine thread, or from the caller
+  // for an immediate rejection).
+  void Enqueue(const v1::LocalEnqueue& enqueue, Done done);
+
+  // A response list from the coordinator for this job.
+  void OnResponses(v1::ResponseList list);
+
+  // Fails every pending and future operation with `status` (job stopped, peer lost).
+  void Abort(const absl::Status& status);
+
+  // Aborts (with CANCELLED) what is pending and joins the engine thread.
+  void Stop();
+
+ private:
+  struct Op {
+    v1::LocalEnqueue enqueue;
+    Done done;
+  };
+
+  void Loop();
+  void SendBatch(const std::vector<v1::TensorRequest>& requests);
+  void Process(v1::ResponseList& list);
+  void Execute(const v1::Response& response, const std::vector<std::string>& names);
+  absl::Status ExecuteAllreduce(const v1::Response& r, const std::vector<Op*>& ops);
+  absl::Status ExecuteAllgather(const v1::Response& r, const std::vector<Op*>& ops,
+                                std::vector<v1::LocalCompletion>* out);
+  // Removes the named ops from the table (nullptr for names this rank does not have, e.g. joined).
+  std::vector<Op*> Take(const std::vector<std::string>& names) ABSL_LOCKS_EXCLUDED(mu_);
+  void Complete(Op* op, const absl::Status& status, v1::LocalCompletion completion = {});
+  std::string RankName() const;
+
+  const EngineOptions options_;
+  std::unique_ptr<Backend> backend_;  // engine thread only
+  absl::Status backend_status_;       // engine thread only
+  std::vector<uint8_t> fusion_buffer_;  // engine thread only
+  WorkerCache cache_;  // engine thread only
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::TensorRequest> unsent_ ABSL_GUARDED_BY(mu_);  // copies: ops may be aborted
+  absl::Time first_unsent_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::deque<v1::ResponseList> responses_ ABSL_GUARDED_BY(mu_);
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace ringmaster

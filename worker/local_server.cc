@@ -1,0 +1,147 @@
+#include "worker/local_server.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/framing.h"
+#include "spdlog/spdlog.h"
+
+namespace ringmaster {
+
+class LocalConnection {
+ public:
+  explicit LocalConnection(int fd) : fd_(fd) {}
+  ~LocalConnection() { close(fd_); }
+  int fd() const { return fd_; }
+
+  void Send(const v1::LocalReply& reply, int pass_fd = -1) {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    if (!WriteFrame(fd_, reply).ok() || (pass_fd >= 0 && !SendFd(fd_, pass_fd).ok())) closed_ = true;
+  }
+  void Shutdown() {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    shutdown(fd_, SHUT_RDWR);
+  }
+
+ private:
+  const int fd_;
+  absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& path,
+                                                                Handler* handler) {
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--socket '", path, "' must be 1..", sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  unlink(path.c_str());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 64) != 0) {
+    absl::Status s = absl::UnavailableError(
+        absl::StrCat("cannot listen on ", path, ": ", std::strerror(errno)));
+    close(fd);
+    return s;
+  }
+  auto server = std::unique_ptr<LocalServer>(new LocalServer(path, fd, handler));
+  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+LocalServer::LocalServer(std::string path, int listen_fd, Handler* handler)
+    : path_(std::move(path)), listen_fd_(listen_fd), handler_(handler) {}
+
+LocalServer::~LocalServer() { Stop(); }
+
+void LocalServer::AcceptLoop() {
+  while (!stopping_) {
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (!stopping_) spdlog::error("accept on {}: {}", path_, std::strerror(errno));
+      return;
+    }
+    auto connection = std::make_shared<LocalConnection>(fd);
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    connections_.push_back(connection);
+    readers_.emplace_back([this, connection] { Serve(connection); });
+  }
+}
+
+void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
+  std::weak_ptr<LocalConnection> weak = connection;
+  v1::LocalRequest request;
+  while (ReadFrame(connection->fd(), &request).ok()) {
+    switch (request.kind_case()) {
+      case v1::LocalRequest::kHello: {
+        v1::LocalReply reply;
+        absl::StatusOr<Handler::Welcome> welcome = handler_->OnHello(request.hello());
+        if (welcome.ok()) {
+          *reply.mutable_welcome() = welcome->message;
+          connection->Send(reply, welcome->arena_fd);
+        } else {
+          reply.mutable_completion()->set_code(static_cast<int>(welcome.status().code()));
+          reply.mutable_completion()->set_message(std::string(welcome.status().message()));
+          connection->Send(reply);
+        }
+        break;
+      }
+      case v1::LocalRequest::kEnqueue:
+        handler_->OnEnqueue(request.enqueue(), [weak](const v1::LocalCompletion& c) {
+          if (auto conn = weak.lock()) {
+            v1::LocalReply reply;
+            *reply.mutable_completion() = c;
+            conn->Send(reply);
+          }
+        });
+        break;
+      case v1::LocalRequest::kRelease:
+        handler_->OnRelease(request.release());
+        break;
+      case v1::LocalRequest::KIND_NOT_SET:
+        break;
+    }
+  }
+  handler_->OnDisconnect();
+  absl::MutexLock lock(&mu_);
+  for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+    if (*it == connection) {
+      connections_.erase(it);
+      break;
+    }
+  }
+}
+
+void LocalServer::DisconnectAll() {
+  absl::MutexLock lock(&mu_);
+  for (auto& c : connections_) c->Shutdown();
+}
+
+void LocalServer::Stop() {
+  if (stopping_.exchange(true)) return;
+  shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  close(listen_fd_);
+  std::vector<std::thread> readers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& c : connections_) c->Shutdown();
+    readers.swap(readers_);
+  }
+  for (auto& t : readers) t.join();
+  unlink(path_.c_str());
+}
+
+}  // namespace ringmaster

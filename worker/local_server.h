@@ -1,0 +1,68 @@
+// The daemon's local API: a Unix domain socket where training processes say hello, enqueue
+// collectives (never blocking) and receive completions as they happen. One thread accepts; one thread
+// per connection reads; completions are written from whichever thread completes, under the
+// connection's write lock.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ringmaster/v1/local.pb.h"
+
+namespace ringmaster {
+
+class LocalConnection;
+
+class LocalServer {
+ public:
+  class Handler {
+   public:
+    virtual ~Handler() = default;
+    struct Welcome {
+      v1::LocalWelcome message;
+      int arena_fd = -1;  // passed to the process with the welcome (SCM_RIGHTS); still owned by the handler
+    };
+    // The welcome for a new training process, or an error to send it (e.g. no job yet).
+    virtual absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello) = 0;
+    // `reply` may be called from any thread, once per enqueue, even after the connection closed.
+    virtual void OnEnqueue(const v1::LocalEnqueue& enqueue,
+                           std::function<void(const v1::LocalCompletion&)> reply) = 0;
+    virtual void OnRelease(const v1::LocalRelease& release) = 0;
+    virtual void OnDisconnect() = 0;
+  };
+
+  // Listens on `path` (an existing socket file there is replaced). `handler` is borrowed.
+  static absl::StatusOr<std::unique_ptr<LocalServer>> Start(const std::string& path,
+                                                            Handler* handler);
+  ~LocalServer();  // Stop()s
+
+  // Closes the listener and every connection, joins the threads, removes the socket file.
+  void Stop();
+  // Closes every connection (the job ended); keeps listening.
+  void DisconnectAll();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  LocalServer(std::string path, int listen_fd, Handler* handler);
+  void AcceptLoop();
+  void Serve(std::shared_ptr<LocalConnection> connection);
+
+  const std::string path_;
+  const int listen_fd_;
+  Handler* const handler_;
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<LocalConnection>> connections_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> readers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ringmaster

@@ -1,0 +1,86 @@
+// ringmaster-worker: the per-GPU (or per-CPU-slot) daemon. Registers with the coordinator, serves one
+// job rank at a time, and stays up between jobs. Stops on SIGTERM or SIGINT (its rank's process, if
+// any, gets SIGTERM and then SIGKILL after the grace period).
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "worker/daemon.h"
+
+ABSL_FLAG(std::string, coordinator, "", "coordinator address host:port (env RINGMASTER_COORDINATOR)");
+ABSL_FLAG(std::string, device, "cpu", "the slot this daemon serves: cpu or cuda:N");
+ABSL_FLAG(std::string, host_name, "", "host name reported to the coordinator (default: hostname)");
+ABSL_FLAG(std::string, socket, "", "Unix socket of the local API (default /tmp/ringmaster-worker-PID.sock)");
+ABSL_FLAG(std::string, iface, "", "network interface for Gloo (env HOROVOD_GLOO_IFACE); default 127.0.0.1");
+ABSL_FLAG(int64_t, arena_mb, 1024, "shared-memory arena per job, MiB");
+ABSL_FLAG(double, collective_timeout_seconds, 30, "bound on the rendezvous and every collective");
+ABSL_FLAG(std::string, log_level, "warning", "trace, debug, info, warning, error, fatal, off");
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "ringmaster-worker --coordinator ADDR:PORT --device cpu|cuda:N [--host-name NAME] "
+      "[--socket PATH] [--iface IFACE]");
+  ringmaster::KebabFlags flags(argc, argv);
+  absl::ParseCommandLine(flags.argc(), flags.argv());
+  std::string level = absl::GetFlag(FLAGS_log_level);
+  if (level == "warning" && !Env("HOROVOD_LOG_LEVEL").empty()) level = Env("HOROVOD_LOG_LEVEL");
+  if (absl::Status s = ringmaster::InitLogging(level); !s.ok()) {
+    std::fprintf(stderr, "ringmaster-worker: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  ringmaster::DaemonOptions options;
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (options.coordinator.empty()) options.coordinator = Env("RINGMASTER_COORDINATOR");
+  if (options.coordinator.empty()) {
+    std::fprintf(stderr, "ringmaster-worker: --coordinator (or RINGMASTER_COORDINATOR) is required\n");
+    return 2;
+  }
+  options.device = absl::GetFlag(FLAGS_device);
+  options.host_name = absl::GetFlag(FLAGS_host_name);
+  options.socket_path = absl::GetFlag(FLAGS_socket);
+  options.iface = absl::GetFlag(FLAGS_iface);
+  if (options.iface.empty()) options.iface = Env("HOROVOD_GLOO_IFACE");
+  const int64_t arena_mb = absl::GetFlag(FLAGS_arena_mb);
+  if (arena_mb < 16 || arena_mb > (int64_t{1} << 20)) {
+    std::fprintf(stderr, "ringmaster-worker: --arena-mb %lld is out of bounds [16, 1048576]\n",
+                 static_cast<long long>(arena_mb));
+    return 2;
+  }
+  options.arena_bytes = static_cast<size_t>(arena_mb) << 20;
+  options.collective_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_seconds) * 1000);
+
+  ringmaster::Daemon daemon(std::move(options));
+  if (absl::Status s = daemon.Start(); !s.ok()) {
+    std::fprintf(stderr, "ringmaster-worker: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  std::thread watcher([&daemon] {
+    while (!g_stop) absl::SleepFor(absl::Milliseconds(50));
+    daemon.Shutdown();
+  });
+  daemon.Run();
+  g_stop = 1;
+  watcher.join();
+  return 0;
+}
