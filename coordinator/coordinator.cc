@@ -37,7 +37,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
       housekeeping_interval_(options.housekeeping_interval),
       log_linger_(options.log_linger),
       jobs_(std::move(options.store), options.clock),
-      workers_(options.clock, options.lease),
+      workers_(options.clock, options.lease, options.reconnect_grace),
       logs_(LogStoreOptions{.clock = options.clock,
                             .max_bytes_per_rank = options.log_bytes_per_rank,
                             .max_total_bytes = options.log_bytes_total}) {}
@@ -175,9 +175,14 @@ void Coordinator::CloseSession(const std::string& worker_id, WorkerChannel* chan
     if (it == channels_.end() || it->second != channel) return;
     channels_.erase(it);
   }
-  // The lease decides whether the worker is lost; it may reconnect before then.
+  // It may reconnect: an idle worker until its lease runs out, a busy one within the reconnect grace.
   workers_.SetConnected(worker_id, false).IgnoreError();
   spdlog::info("worker {} disconnected", worker_id);
+  if (absl::StatusOr<Worker> w = workers_.Get(worker_id); w.ok() && !w->job_id.empty()) {
+    jobs_.AddEvent(w->job_id, absl::StrCat("worker ", worker_id, " serving rank ", w->rank,
+                                           " on host ", w->host, " disconnected"))
+        .IgnoreError();
+  }
 }
 
 absl::Status Coordinator::Heartbeat(const std::string& worker_id) {
@@ -263,6 +268,17 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
   if (update.exit_code != 0) {
     std::string reason = absl::StrCat(Placement(rank), " exited with status ", update.exit_code);
     if (!update.message.empty()) absl::StrAppend(&reason, ": ", update.message);
+    // A rank that fails because a peer's daemon died (its collective lost the peer) is a symptom:
+    // name the worker whose session broke first.
+    for (const RankInfo& other : job->ranks) {
+      if (other.worker_id == worker_id) continue;
+      absl::StatusOr<Worker> w = workers_.Get(other.worker_id);
+      if (w.ok() && !w->connected) {
+        reason = absl::StrCat("worker ", other.worker_id, " serving rank ", other.rank, " on host ",
+                              other.host, " disconnected (its session broke); then ", reason);
+        break;
+      }
+    }
     return Finish(update.job_id, JobState::kFailed, std::move(reason), worker_id).status();
   }
   const bool all_done = std::all_of(job->ranks.begin(), job->ranks.end(), [](const RankInfo& r) {
@@ -386,7 +402,7 @@ absl::Time Coordinator::NextDeadline() const {
 
 void Coordinator::Housekeeping(absl::Time now) {
   for (const Worker& w : workers_.ExpireLeases()) {
-    const std::string lost = absl::StrCat("no heartbeat for ", absl::FormatDuration(lease()));
+    const std::string& lost = w.lost_reason;
     spdlog::warn("worker {} on {} lost: {}", w.id, w.host, lost);
     {
       absl::MutexLock lock(&mu_);

@@ -36,6 +36,9 @@ struct CoordinatorOptions {
   std::unique_ptr<JobStore> store = JobStore::InMemory();
   absl::Duration lease = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(2);
+  // A busy worker whose session broke (a daemon killed, a host gone) is lost after this long unless
+  // it reconnects; its job fails then, well before the lease would run out.
+  absl::Duration reconnect_grace = absl::Seconds(2);
   // How often Tick() expires leases, checks stalls and expires rendezvous waiters.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);
   // Output kept per rank (oldest dropped first), and by all jobs together (ended jobs' logs

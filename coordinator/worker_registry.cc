@@ -38,7 +38,8 @@ absl::Status ValidateWorkerPlacement(const std::string& host, const std::string&
   return absl::OkStatus();
 }
 
-WorkerRegistry::WorkerRegistry(Clock* clock, absl::Duration lease) : clock_(clock), lease_(lease) {}
+WorkerRegistry::WorkerRegistry(Clock* clock, absl::Duration lease, absl::Duration reconnect_grace)
+    : clock_(clock), lease_(lease), reconnect_grace_(reconnect_grace) {}
 
 absl::StatusOr<Worker> WorkerRegistry::Register(std::string host, std::string device,
                                                 std::map<std::string, std::string> labels) {
@@ -88,8 +89,14 @@ absl::Status WorkerRegistry::SetConnected(const std::string& id, bool connected)
   if (it == workers_.end()) {
     return absl::NotFoundError(absl::StrCat("worker_id '", id, "' is not registered"));
   }
-  it->second.connected = connected;
-  if (connected) it->second.last_heartbeat = clock_->Now();
+  Worker& w = it->second;
+  if (connected) {
+    w.last_heartbeat = clock_->Now();
+    w.disconnected_since = absl::InfiniteFuture();
+  } else if (w.connected) {
+    w.disconnected_since = clock_->Now();
+  }
+  w.connected = connected;
   return absl::OkStatus();
 }
 
@@ -142,7 +149,16 @@ std::vector<Worker> WorkerRegistry::ExpireLeases() {
   const absl::Time now = clock_->Now();
   std::vector<Worker> lost;
   for (auto& [id, w] : workers_) {
-    if (w.state == WorkerState::kLost || now - w.last_heartbeat < lease_) continue;
+    if (w.state == WorkerState::kLost) continue;
+    if (now - w.last_heartbeat >= lease_) {
+      w.lost_reason = absl::StrCat("no heartbeat for ", absl::FormatDuration(lease_));
+    } else if (w.state == WorkerState::kBusy && !w.connected &&
+               now - w.disconnected_since >= reconnect_grace_) {
+      w.lost_reason = absl::StrCat("its session broke and it did not reconnect within ",
+                                   absl::FormatDuration(reconnect_grace_));
+    } else {
+      continue;
+    }
     lost.push_back(w);
     w.state = WorkerState::kLost;
     w.connected = false;

@@ -31,6 +31,8 @@ struct Worker {
   absl::Time last_heartbeat;
   std::string job_id;  // when busy
   int32_t rank = -1;
+  absl::Time disconnected_since = absl::InfiniteFuture();  // while not connected
+  std::string lost_reason;  // set by ExpireLeases()
 };
 
 absl::string_view WorkerStateName(WorkerState state);  // "IDLE", "BUSY", "LOST"
@@ -41,7 +43,10 @@ absl::Status ValidateWorkerPlacement(const std::string& host, const std::string&
 class WorkerRegistry {
  public:
   // `clock` is borrowed and must outlive the registry.
-  WorkerRegistry(Clock* clock, absl::Duration lease);
+  // A busy worker whose session broke is lost once `reconnect_grace` passes without a new session
+  // (it cannot be serving its rank meanwhile); an idle one only when its lease runs out.
+  WorkerRegistry(Clock* clock, absl::Duration lease,
+                 absl::Duration reconnect_grace = absl::Seconds(2));
 
   absl::Duration lease() const { return lease_; }
 
@@ -64,8 +69,9 @@ class WorkerRegistry {
   // Returns a busy worker to idle (no-op for a lost or unknown one).
   void Release(const std::string& id);
 
-  // Marks every worker whose last heartbeat is older than the lease as lost and returns them (as they
-  // were, with the job they served).
+  // Marks as lost every worker whose last heartbeat is older than the lease, and every busy worker
+  // disconnected for longer than the reconnect grace; returns them as they were (with the job they
+  // served) and `lost_reason` saying which.
   std::vector<Worker> ExpireLeases();
 
  private:
@@ -73,6 +79,7 @@ class WorkerRegistry {
 
   Clock* const clock_;
   const absl::Duration lease_;
+  const absl::Duration reconnect_grace_;
   mutable absl::Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);  // ordered by id
