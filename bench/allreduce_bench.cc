@@ -29,6 +29,9 @@ ABSL_FLAG(int, steps, 20, "measured steps");
 ABSL_FLAG(int, warmup, 3, "unmeasured steps first");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
 ABSL_FLAG(bool, baseline, true, "also time raw Gloo on one buffer of the same bytes");
+ABSL_FLAG(int, latency_iterations, 0,
+          "instead of the profile: allreduce one float32 this many times, one at a time, and report "
+          "p50/p99 latency");
 
 namespace ringmaster {
 namespace {
@@ -76,7 +79,45 @@ void Print(const std::string& system, const ModelProfile& p, int np, int tensors
   std::fflush(stdout);
 }
 
+int Latency(Client& c, int iterations) {
+  float* x = static_cast<float*>(c.Allocate(sizeof(float)));
+  std::vector<double> times;
+  for (int i = 0; i < iterations + 10; ++i) {
+    *x = 1;
+    const absl::Time start = absl::Now();
+    auto h = c.AllreduceAsync("latency", x, DataType::kFloat32, {1}, ReduceOp::kSum);
+    absl::Status s = h.ok() ? c.Wait(*h) : h.status();
+    if (!s.ok()) {
+      std::fprintf(stderr, "allreduce: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    if (i >= 10) times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  std::sort(times.begin(), times.end());
+  const double p50 = times[times.size() / 2], p99 = times[times.size() * 99 / 100];
+  if (c.rank() == 0) {
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("{\"system\":\"ringmaster\",\"bench\":\"latency\",\"np\":%d,\"bytes\":4,"
+                  "\"iterations\":%d,\"p50_ms\":%.4f,\"p99_ms\":%.4f}\n",
+                  c.size(), iterations, p50 * 1e3, p99 * 1e3);
+    } else {
+      std::printf("ringmaster 4-byte allreduce np=%d iterations=%d  p50=%.3f ms  p99=%.3f ms\n",
+                  c.size(), iterations, p50 * 1e3, p99 * 1e3);
+    }
+  }
+  c.Shutdown();
+  return 0;
+}
+
 int Main() {
+  if (const int n = absl::GetFlag(FLAGS_latency_iterations); n > 0) {
+    auto connected = Client::Connect();
+    if (!connected.ok()) {
+      std::fprintf(stderr, "ringmaster-bench: %s\n", connected.status().ToString().c_str());
+      return 1;
+    }
+    return Latency(**connected, n);
+  }
   absl::StatusOr<ModelProfile> profile = LoadProfile(absl::GetFlag(FLAGS_profile));
   if (!profile.ok()) {
     std::fprintf(stderr, "ringmaster-bench: %s\n", profile.status().ToString().c_str());

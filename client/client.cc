@@ -78,6 +78,31 @@ class ClientImpl : public Client {
     return Submit(std::move(r), data, /*copy_out=*/true);
   }
 
+  absl::StatusOr<std::vector<Handle>> GroupedAllreduceAsync(
+      const std::vector<std::string>& names, const std::vector<void*>& data, DataType dtype,
+      const std::vector<std::vector<int64_t>>& shapes, ReduceOp op, double prescale,
+      double postscale) override {
+    if (names.empty() || names.size() != data.size() || names.size() != shapes.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouped allreduce needs as many names, tensors and shapes (got ",
+                       names.size(), ", ", data.size(), ", ", shapes.size(), ")"));
+    }
+    const int32_t group = static_cast<int32_t>(++groups_);
+    std::vector<Handle> handles;
+    for (size_t i = 0; i < names.size(); ++i) {
+      v1::TensorRequest r = Request(names[i], v1::REQUEST_TYPE_ALLREDUCE, dtype, shapes[i]);
+      r.set_reduce_op(static_cast<v1::ReduceOp>(op));
+      r.set_prescale_factor(prescale);
+      r.set_postscale_factor(postscale);
+      r.set_group_id(group);
+      r.set_group_size(static_cast<int32_t>(names.size()));
+      absl::StatusOr<Handle> h = Submit(std::move(r), data[i], /*copy_out=*/true);
+      if (!h.ok()) return h.status();
+      handles.push_back(*h);
+    }
+    return handles;
+  }
+
   absl::StatusOr<Handle> BroadcastAsync(const std::string& name, void* data, DataType dtype,
                                         absl::Span<const int64_t> shape, int root) override {
     v1::TensorRequest r = Request(name, v1::REQUEST_TYPE_BROADCAST, dtype, shape);
@@ -293,6 +318,7 @@ class ClientImpl : public Client {
   std::thread reader_;
   std::atomic<int64_t> joins_{0};
   std::atomic<int64_t> barriers_{0};
+  std::atomic<int64_t> groups_{0};
 
   absl::Mutex write_mu_;
   absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(write_mu_);

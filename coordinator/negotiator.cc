@@ -374,15 +374,25 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
     if (!grouped && fusion_threshold_bytes_ > 0 && head.error.empty() &&
         Fusable(head.request.type)) {
       int64_t bytes = ByteSize(head);
+      // Horovod's look-ahead: pass over tensors that cannot join (another type, a group) only while
+      // the fused and passed-over bytes together fit the threshold, and stop at the first tensor
+      // that would overflow it. Tensors enqueued back to back in memory thus fuse into one
+      // contiguous run, which the worker reduces in place.
+      int64_t skipped = 0;
       for (size_t j = i + 1; j < units.size() && bytes < fusion_threshold_bytes_; ++j) {
-        if (taken[j] || units[j].join || units[j].tensors.size() != 1) continue;
-        const Pending& candidate = *units[j].tensors.front();
-        if (candidate.request.group_id > 0 || !Compatible(head, candidate)) continue;
-        const int64_t candidate_bytes = ByteSize(candidate);
-        if (bytes + candidate_bytes > fusion_threshold_bytes_) continue;
-        bytes += candidate_bytes;
-        batch.push_back(units[j].tensors.front());
-        taken[j] = 1;
+        if (taken[j]) continue;
+        const bool single = !units[j].join && units[j].tensors.size() == 1;
+        const Pending* candidate = single ? units[j].tensors.front() : nullptr;
+        const int64_t candidate_bytes = candidate != nullptr ? ByteSize(*candidate) : 0;
+        if (candidate != nullptr && candidate->request.group_id == 0 &&
+            Compatible(head, *candidate) && bytes + candidate_bytes <= fusion_threshold_bytes_) {
+          bytes += candidate_bytes;
+          batch.push_back(units[j].tensors.front());
+          taken[j] = 1;
+          continue;
+        }
+        skipped += candidate_bytes;
+        if (bytes + skipped > fusion_threshold_bytes_) break;
       }
     }
     out.responses.push_back(MakeResponse(batch));

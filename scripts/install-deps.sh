@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs, from Debian 12's packages, whatever Ringmaster's build, tests and demo need and the machine
 # lacks. Idempotent: a machine that has everything makes no apt call at all.
+#   install-deps.sh            build, tests, demo
+#   install-deps.sh --bench    also PyTorch (python3-torch), for the torch.distributed yardstick
 set -euo pipefail
 
 packages=(
@@ -12,6 +14,9 @@ packages=(
   python3 python3-grpc-tools python3-grpcio python3-protobuf python3-pytest
   iproute2 procps
 )
+if [[ ${1:-} == --bench ]]; then
+  packages+=(python3-torch)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -10,6 +10,13 @@
 namespace ringmaster {
 namespace {
 
+// Sleeps up to `d`, returning early once `stopping` is set.
+void SleepUnless(const std::atomic<bool>& stopping, absl::Duration d) {
+  for (absl::Duration slept; slept < d && !stopping; slept += absl::Milliseconds(20)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
@@ -34,10 +41,7 @@ void CoordinatorSession::Start() {
         absl::MutexLock lock(&mu_);
         interval = heartbeat_interval_;
       }
-      // Sleep in short steps so Stop() is prompt.
-      for (absl::Duration slept; slept < interval && !stopping_; slept += absl::Milliseconds(50)) {
-        absl::SleepFor(absl::Milliseconds(50));
-      }
+      SleepUnless(stopping_, interval);
       v1::WorkerMessage m;
       m.mutable_heartbeat();
       Send(m).IgnoreError();
@@ -121,7 +125,7 @@ void CoordinatorSession::Run() {
           listener_->OnSessionLost(FromGrpc(s), true);
           return;
         }
-        absl::SleepFor(backoff);
+        SleepUnless(stopping_, backoff);
         backoff = std::min(backoff * 2, absl::Seconds(5));
         continue;
       }
@@ -143,7 +147,7 @@ void CoordinatorSession::Run() {
                  status.error_message());
     listener_->OnSessionLost(FromGrpc(status), reregister);
     if (absl::Now() - started > absl::Seconds(10)) backoff = absl::Milliseconds(100);
-    absl::SleepFor(backoff);
+    SleepUnless(stopping_, backoff);
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }
 }

@@ -178,12 +178,12 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   auto channel = channel_;
   const std::string iface = options_.iface;
   const absl::Duration timeout = options_.collective_timeout;
-  e.make_backend = [channel, spec, assignment, iface, timeout]() {
+  e.make_backend = [channel, spec, assignment, iface, timeout](int index) {
     GlooBackendOptions g;
     g.rank = assignment.rank();
     g.size = spec.spec().np();
     g.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch());
-    g.prefix = "gloo/";
+    g.prefix = absl::StrCat("gloo/", index, "/");
     g.iface = iface;
     g.timeout = timeout;
     return CreateGlooBackend(std::move(g));

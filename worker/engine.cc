@@ -114,7 +114,6 @@ void Engine::Enqueue(const v1::LocalEnqueue& enqueue, Done done) {
   }
   it->second = std::make_unique<Op>(Op{enqueue, std::move(done)});
   if (r.type() == v1::REQUEST_TYPE_JOIN) joined_ = true;
-  if (unsent_.empty()) first_unsent_ = absl::Now();
   unsent_.push_back(r);
 }
 
@@ -146,16 +145,20 @@ void Engine::Stop() {
 }
 
 void Engine::Loop() {
-  if (options_.make_backend) {
-    absl::StatusOr<std::unique_ptr<Backend>> backend = options_.make_backend();
+  for (int i = 0; options_.make_backend && i < std::max(1, options_.communicators); ++i) {
+    absl::StatusOr<std::unique_ptr<Backend>> backend = options_.make_backend(i);
     if (backend.ok()) {
-      backend_ = *std::move(backend);
+      backends_.push_back(*std::move(backend));
+      backend_ = backends_.front().get();
     } else {
+      backends_.clear();
+      backend_ = nullptr;
       backend_status_ = backend.status();
       spdlog::error("job {} {}: communicator: {}", options_.job_id, RankName(),
                     backend_status_.ToString());
       Abort(absl::UnavailableError(absl::StrCat("communicator setup failed on ", RankName(), ": ",
                                                 backend_status_.message())));
+      break;
     }
   }
   while (true) {
@@ -163,20 +166,23 @@ void Engine::Loop() {
     std::deque<v1::ResponseList> lists;
     {
       absl::MutexLock lock(&mu_);
-      // Wake for responses at once; for new requests, once the cycle since the first has passed
-      // (and when the first arrives, to set that deadline).
+      // Wake for responses at once. Requests go out at most once per cycle: at once when the last
+      // batch left a cycle ago or more, else when that cycle ends (so tensors enqueued meanwhile
+      // travel, and can be fused, together).
       const bool had_unsent = !unsent_.empty();
-      auto ready = [this, had_unsent]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !responses_.empty() || (!had_unsent && !unsent_.empty()) ||
-               (!unsent_.empty() && absl::Now() >= first_unsent_ + options_.cycle_time);
+      auto due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !unsent_.empty() && absl::Now() >= last_sent_ + options_.cycle_time;
+      };
+      auto ready = [this, had_unsent, &due]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !responses_.empty() || (!had_unsent && !unsent_.empty()) || due();
       };
       const absl::Time deadline =
-          unsent_.empty() ? absl::Now() + absl::Milliseconds(50) : first_unsent_ + options_.cycle_time;
+          unsent_.empty() ? absl::Now() + absl::Milliseconds(50) : last_sent_ + options_.cycle_time;
       mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
       if (stopping_) return;
-      if (!unsent_.empty() && absl::Now() >= first_unsent_ + options_.cycle_time) {
+      if (due()) {
         batch.swap(unsent_);
-        first_unsent_ = absl::InfiniteFuture();
+        last_sent_ = absl::Now();
       }
       lists.swap(responses_);
     }
@@ -357,10 +363,26 @@ absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<O
   const bool average = op == ReduceOp::kAverage || op == ReduceOp::kUnspecified;
   const double prescale = r.prescale_factor() == 0 ? 1.0 : r.prescale_factor();
   const double postscale = r.postscale_factor() == 0 ? 1.0 : r.postscale_factor();
-  Scale(buffer, total, dtype, prescale, 1);
-  absl::Status status = backend_->Allreduce(buffer, total, dtype, average ? ReduceOp::kSum : op);
-  if (!status.ok()) return status;
-  Scale(buffer, total, dtype, postscale, average ? options_.size : 1);
+  const ReduceOp backend_op = average ? ReduceOp::kSum : op;
+  const int divisor = average ? options_.size : 1;
+  // Split into one chunk per communicator (the same split on every rank) and run them concurrently;
+  // each chunk is scaled by the thread that reduces it.
+  const int parts = total * elem >= options_.split_bytes ? static_cast<int>(backends_.size()) : 1;
+  std::vector<absl::Status> statuses(parts);
+  auto run = [&](int part) {
+    const int64_t begin = total * part / parts, end = total * (part + 1) / parts;
+    uint8_t* data = buffer + begin * elem;
+    Scale(data, end - begin, dtype, prescale, 1);
+    statuses[part] = backends_[part]->Allreduce(data, end - begin, dtype, backend_op);
+    if (statuses[part].ok()) Scale(data, end - begin, dtype, postscale, divisor);
+  };
+  std::vector<std::thread> helpers;
+  for (int part = 1; part < parts; ++part) helpers.emplace_back(run, part);
+  run(0);
+  for (auto& t : helpers) t.join();
+  for (const absl::Status& status : statuses) {
+    if (!status.ok()) return status;
+  }
   if (buffer == fusion_buffer_.data()) {
     int64_t at = 0;
     for (size_t i = 0; i < ops.size(); ++i) {

@@ -1,5 +1,5 @@
 // The engine of one rank of one job: collects the training process's enqueued collectives, sends them
-// to the coordinator in one batch per cycle (by response-cache id once cached), and executes the
+// to the coordinator in at most one batch per cycle (by response-cache id once cached), and executes the
 // coordinator's responses in the order given — pack into the fusion buffer (skipped when the tensors
 // are already contiguous in the arena), prescale, collective, postscale/average, unpack — then
 // completes each operation. Errors reach exactly the operations concerned.
@@ -40,8 +40,13 @@ struct EngineOptions {
   size_t arena_bytes = 0;
   ArenaAllocator* outputs = nullptr;  // borrowed: where allgather outputs are allocated
   absl::Duration cycle_time = absl::Milliseconds(1);
-  // Creates the communicator (rendezvous included); called once, on the engine thread.
-  std::function<absl::StatusOr<std::unique_ptr<Backend>>()> make_backend;
+  // Creates communicator `index` (rendezvous included); called on the engine thread for 0 ..
+  // communicators-1. Large allreduces are split across the communicators and run concurrently, so
+  // the reduction arithmetic uses several cores (as NCCL's channels and PyTorch's Gloo threads do).
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>(int index)> make_backend;
+  int communicators = 2;
+  // Allreduces smaller than this use communicator 0 alone.
+  int64_t split_bytes = int64_t{4} << 20;
   // Sends a message to the coordinator on the worker's session. Must not block for long.
   std::function<void(const v1::WorkerMessage&)> send;
 };
@@ -87,7 +92,8 @@ class Engine {
   std::string RankName() const;
 
   const EngineOptions options_;
-  std::unique_ptr<Backend> backend_;  // engine thread only
+  std::vector<std::unique_ptr<Backend>> backends_;  // engine thread only
+  Backend* backend_ = nullptr;  // backends_[0]
   absl::Status backend_status_;       // engine thread only
   std::vector<uint8_t> fusion_buffer_;  // engine thread only
   WorkerCache cache_;  // engine thread only
@@ -95,7 +101,7 @@ class Engine {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::TensorRequest> unsent_ ABSL_GUARDED_BY(mu_);  // copies: ops may be aborted
-  absl::Time first_unsent_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time last_sent_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::deque<v1::ResponseList> responses_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

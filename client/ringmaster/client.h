@@ -64,6 +64,13 @@ class Client {
                                                 DataType dtype, absl::Span<const int64_t> shape,
                                                 ReduceOp op = ReduceOp::kAverage,
                                                 double prescale = 1.0, double postscale = 1.0) = 0;
+  // Allreduces the tensors as one group: they are negotiated and fused together (in one response,
+  // whatever the fusion threshold). Every rank must issue its grouped allreduces in the same order.
+  // One handle per tensor.
+  virtual absl::StatusOr<std::vector<Handle>> GroupedAllreduceAsync(
+      const std::vector<std::string>& names, const std::vector<void*>& data, DataType dtype,
+      const std::vector<std::vector<int64_t>>& shapes, ReduceOp op = ReduceOp::kAverage,
+      double prescale = 1.0, double postscale = 1.0) = 0;
   virtual absl::StatusOr<Handle> BroadcastAsync(const std::string& name, void* data,
                                                 DataType dtype, absl::Span<const int64_t> shape,
                                                 int root) = 0;

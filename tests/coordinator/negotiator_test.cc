@@ -254,6 +254,18 @@ TEST_F(NegotiatorTest, TensorLargerThanTheThresholdGoesAloneAndLaterOnesStillFus
   EXPECT_THAT(Names(*out), ElementsAre(ElementsAre("big"), ElementsAre("b", "c")));
 }
 
+TEST_F(NegotiatorTest, FusionStopsAtTheFirstTensorThatDoesNotFitInsteadOfReachingPastIt) {
+  // Horovod's look-ahead: a later small tensor does not jump over one that overflows the buffer, so
+  // tensors laid out back to back in memory fuse into contiguous runs.
+  NegotiatorOptions o = Options(2);
+  o.fusion_threshold_bytes = 100;
+  Negotiator n(o);
+  for (int rank : {0, 1}) Submit(n, rank, {Bytes("a", 60), Bytes("b", 60), Bytes("c", 10)});
+  std::optional<CycleOutput> out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_THAT(Names(*out), ElementsAre(ElementsAre("a"), ElementsAre("b", "c")));
+}
+
 TEST_F(NegotiatorTest, IncompatibleTensorInBetweenIsPassedOverAndKeepsItsPlace) {
   Negotiator n(Options(2));
   for (int rank : {0, 1}) {

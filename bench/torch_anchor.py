@@ -1,0 +1,120 @@
+#!/usr/bin/python3
+# Copied unchanged from the shared yardsticks (shared/bench/torch_anchor.py) so the project runs it on its own.
+"""PyTorch torch.distributed (Gloo) yardstick: allreduce a model's gradient tensor list, the way a
+PyTorch user would, and print one JSON line per mode.
+
+Modes (all on the same tensors, same ranks, same machine):
+  per_tensor  one async allreduce per gradient tensor, then wait for all (no fusion)
+  bucketed    DDP-style: tensors grouped in backward order into buckets of --bucket-mb (first bucket 1 MiB),
+              one async allreduce per bucket; gradients are views into persistent bucket buffers
+              (DistributedDataParallel with gradient_as_bucket_view=True), so no packing cost is counted
+  flat        the whole gradient set as one persistent buffer, one allreduce (fusion with no limit, no copies)
+
+Usage: /usr/bin/python3 torch_anchor.py --profile ../data/model_profiles/resnet50.json --np 2 [--steps 10]
+Needs Debian's python3-torch (the system /usr/bin/python3, not another interpreter).
+"""
+import argparse, json, os, statistics, sys, time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def buckets(sizes, first_cap, cap):
+    out, cur, cur_bytes, limit = [], [], 0, first_cap
+    for i, n in enumerate(sizes):
+        cur.append(i)
+        cur_bytes += n * 4
+        if cur_bytes >= limit:
+            out.append(cur)
+            cur, cur_bytes, limit = [], 0, cap
+    if cur:
+        out.append(cur)
+    return out
+
+
+def run(rank, args, port, result_q):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=args.np)
+    prof = json.load(open(args.profile))
+    sizes = [numel(t["shape"]) for t in prof["tensors"]]
+    total_bytes = sum(sizes) * 4
+    # per_tensor: separate tensors. bucketed/flat: gradients are views into persistent buffers, as DDP does
+    # with gradient_as_bucket_view=True, so the step is the allreduces alone (the best case for torch).
+    grads = [torch.randn(n) for n in sizes]
+    plan = buckets(sizes, 1 << 20, int(args.bucket_mb * (1 << 20)))
+    bucket_bufs = [torch.randn(sum(sizes[i] for i in b)) for b in plan]
+    flat_buf = torch.randn(sum(sizes))
+
+    def per_tensor():
+        works = [dist.all_reduce(g, async_op=True) for g in grads]
+        for w in works:
+            w.wait()
+
+    def bucketed():
+        works = [dist.all_reduce(b, async_op=True) for b in bucket_bufs]
+        for w in works:
+            w.wait()
+
+    def flat():
+        dist.all_reduce(flat_buf)
+
+    results = {}
+    for name, fn in (("per_tensor", per_tensor), ("bucketed", bucketed), ("flat", flat)):
+        if args.modes and name not in args.modes:
+            continue
+        times = []
+        for step in range(args.warmup + args.steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+            if step >= args.warmup:
+                times.append(dt)
+        # the step ends when the slowest rank ends
+        t = torch.tensor([statistics.median(times)])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        results[name] = t.item()
+    if rank == 0:
+        n = args.np
+        for name, sec in results.items():
+            result_q.put({"system": "torch.distributed-gloo", "torch": torch.__version__, "mode": name,
+                          "profile": prof["model"], "np": n, "tensors": len(sizes), "bytes_per_step": total_bytes,
+                          "step_time_s_median": round(sec, 6),
+                          "busbw_gbs": round(2 * (n - 1) / n * total_bytes / sec / 1e9, 4)})
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--bucket-mb", type=float, default=25.0)
+    ap.add_argument("--modes", nargs="*", help="subset of per_tensor bucketed flat")
+    ap.add_argument("--port", type=int, default=29533)
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=run, args=(r, args, args.port, q)) for r in range(args.np)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode for p in procs):
+        sys.exit("a rank failed")
+    while not q.empty():
+        print(json.dumps(q.get()))
+
+
+if __name__ == "__main__":
+    main()
