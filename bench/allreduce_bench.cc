@@ -28,6 +28,8 @@ ABSL_FLAG(std::string, profile, "bench/profiles/resnet50.json", "model profile J
 ABSL_FLAG(int, steps, 20, "measured steps");
 ABSL_FLAG(int, warmup, 3, "unmeasured steps first");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
+ABSL_FLAG(std::string, op, "sum",
+          "sum (what the yardsticks compute) or average (Horovod's default: a sum, then a division)");
 ABSL_FLAG(bool, baseline, true, "also time raw Gloo on one buffer of the same bytes");
 ABSL_FLAG(int, latency_iterations, 0,
           "instead of the profile: allreduce one float32 this many times, one at a time, and report "
@@ -155,6 +157,7 @@ int Main() {
     at += n;
   }
   const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
+  const ReduceOp op = absl::GetFlag(FLAGS_op) == "average" ? ReduceOp::kAverage : ReduceOp::kSum;
   std::vector<double> times;
   for (int step = 0; step < warmup + steps; ++step) {
     if (absl::Status s = c.Barrier(); !s.ok()) {
@@ -164,7 +167,8 @@ int Main() {
     const absl::Time start = absl::Now();
     std::vector<Handle> handles;
     for (size_t i = 0; i < grads.size(); ++i) {
-      auto h = c.AllreduceAsync(profile->tensors[i].name, grads[i], DataType::kFloat32, shapes[i]);
+      auto h = c.AllreduceAsync(profile->tensors[i].name, grads[i], DataType::kFloat32, shapes[i],
+                                op);
       if (!h.ok()) {
         std::fprintf(stderr, "enqueue: %s\n", h.status().ToString().c_str());
         return 1;
@@ -219,7 +223,8 @@ int Main() {
   }
   if (c.rank() == 0) {
     if (baseline > 0) Print("raw-gloo-one-buffer", *profile, np, 1, baseline, 0);
-    Print("ringmaster", *profile, np, static_cast<int>(grads.size()), *ours, baseline);
+    Print(op == ReduceOp::kSum ? "ringmaster" : "ringmaster-average", *profile, np,
+          static_cast<int>(grads.size()), *ours, baseline);
   }
   c.Shutdown();
   return 0;
