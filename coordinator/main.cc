@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -28,6 +29,8 @@ void OnSignal(int) { g_stop = 1; }
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("ringmaster-coordinator --listen ADDR:PORT [--log-level LEVEL]");
+  // Debian's Abseil is built with mutex deadlock detection on; it costs every lock a graph update.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   ringmaster::KebabFlags flags(argc, argv);
   absl::ParseCommandLine(flags.argc(), flags.argv());
   std::string level = absl::GetFlag(FLAGS_log_level);

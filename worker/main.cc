@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "worker/daemon.h"
@@ -38,6 +39,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "ringmaster-worker --coordinator ADDR:PORT --device cpu|cuda:N [--host-name NAME] "
       "[--socket PATH] [--iface IFACE]");
+  // Debian's Abseil is built with mutex deadlock detection on; it costs every lock a graph update.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   ringmaster::KebabFlags flags(argc, argv);
   absl::ParseCommandLine(flags.argc(), flags.argv());
   std::string level = absl::GetFlag(FLAGS_log_level);
