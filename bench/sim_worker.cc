@@ -17,16 +17,6 @@ std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
          std::chrono::microseconds(absl::ToInt64Microseconds(timeout));
 }
 
-// Same metadata, as a daemon compares its cached request with a new one (names already match).
-bool SameMetadata(const v1::TensorRequest& a, const v1::TensorRequest& b) {
-  return a.type() == b.type() && a.dtype() == b.dtype() &&
-         std::equal(a.shape().begin(), a.shape().end(), b.shape().begin(), b.shape().end()) &&
-         a.root_rank() == b.root_rank() && a.reduce_op() == b.reduce_op() &&
-         a.prescale_factor() == b.prescale_factor() &&
-         a.postscale_factor() == b.postscale_factor() && a.device() == b.device() &&
-         a.group_id() == b.group_id() && a.group_size() == b.group_size();
-}
-
 }  // namespace
 
 SimWorker::SimWorker(std::shared_ptr<grpc::Channel> channel, std::string host, std::string device)
@@ -140,9 +130,8 @@ absl::StatusOr<std::vector<v1::Response>> SimWorker::Negotiate(
     batch->set_epoch(a.epoch());
     batch->set_rank(a.rank());
     for (const v1::TensorRequest& r : requests) {
-      auto it = cache_by_name_.find(r.name());
-      if (it != cache_by_name_.end() && SameMetadata(it->second.second, r)) {
-        batch->add_cached_ids(it->second.first);
+      if (uint32_t id = cache_.Find(r); id != 0) {
+        batch->add_cached_ids(id);
       } else {
         *batch->add_requests() = r;
       }
@@ -161,20 +150,13 @@ absl::StatusOr<std::vector<v1::Response>> SimWorker::Negotiate(
         list->resend_ids_size() > 0) {
       ++cache_version_;
     }
-    for (uint32_t id : list->evicted_ids()) {
-      if (auto it = cache_by_id_.find(id); it != cache_by_id_.end()) {
-        cache_by_name_.erase(it->second);
-        cache_by_id_.erase(it);
-      }
-    }
+    for (uint32_t id : list->evicted_ids()) cache_.Evict(id);
     if (list->cache_assignments_size() > 0) {
       absl::flat_hash_map<absl::string_view, const v1::TensorRequest*> by_name;
       for (const v1::TensorRequest& r : requests) by_name[r.name()] = &r;
       for (const v1::CacheAssignment& c : list->cache_assignments()) {
         auto it = by_name.find(c.name());
-        if (it == by_name.end()) continue;
-        cache_by_name_[c.name()] = {c.id(), *it->second};
-        cache_by_id_[c.id()] = c.name();
+        if (it != by_name.end()) cache_.Assign(c.name(), c.id(), *it->second);
       }
     }
     if (list->resend_ids_size() > 0) {
@@ -184,11 +166,7 @@ absl::StatusOr<std::vector<v1::Response>> SimWorker::Negotiate(
       b->set_epoch(a.epoch());
       b->set_rank(a.rank());
       for (uint32_t id : list->resend_ids()) {
-        auto name = cache_by_id_.find(id);
-        if (name == cache_by_id_.end()) continue;
-        *b->add_requests() = cache_by_name_.at(name->second).second;
-        cache_by_name_.erase(name->second);
-        cache_by_id_.erase(name);
+        if (std::optional<v1::TensorRequest> r = cache_.TakeForResend(id)) *b->add_requests() = *r;
       }
       if (absl::Status s = Send(again); !s.ok()) return s;
     }
@@ -202,12 +180,12 @@ absl::StatusOr<std::vector<v1::Response>> SimWorker::Negotiate(
         while (r.names_size() < r.cache_ids_size()) r.add_names();
         for (int i = 0; i < r.names_size(); ++i) {
           if (!r.names(i).empty() || i >= r.cache_ids_size()) continue;
-          auto it = cache_by_id_.find(r.cache_ids(i));
-          if (it == cache_by_id_.end()) {
+          const std::string* name = cache_.NameOf(r.cache_ids(i));
+          if (name == nullptr) {
             return absl::InternalError(
                 absl::StrCat("response names unknown cache id ", r.cache_ids(i)));
           }
-          r.set_names(i, it->second);
+          r.set_names(i, *name);
         }
       }
       out.push_back(std::move(r));

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "ringmaster/v1/worker.grpc.pb.h"
+#include "worker/worker_cache.h"
 
 namespace ringmaster {
 
@@ -76,9 +77,7 @@ class SimWorker {
   std::deque<v1::StopJob> stops_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::ResponseList> responses_ ABSL_GUARDED_BY(mu_);
 
-  // Response cache, as the daemon keeps it: name -> (id, request), id -> name.
-  absl::flat_hash_map<std::string, std::pair<uint32_t, v1::TensorRequest>> cache_by_name_;
-  absl::flat_hash_map<uint32_t, std::string> cache_by_id_;
+  WorkerCache cache_;  // the response cache, kept as the daemon keeps it
   int64_t cache_version_ = 0;  // bumped on every cache change
   // The last batch sent, reused while the tensors and the cache stay the same.
   v1::WorkerMessage last_batch_;

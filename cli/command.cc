@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli/log_printer.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace ringmaster::cli {
@@ -85,6 +86,27 @@ std::string Json(const google::protobuf::Message& message) {
   options.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(message, &out, options);
   return out;
+}
+
+grpc::Status PrintLogs(grpc::ClientReader<v1::GetLogsResponse>& reader, bool prefix_ranks,
+                       bool json) {
+  LogPrinter printer(prefix_ranks, [](bool to_stderr, std::string_view text) {
+    std::fwrite(text.data(), 1, text.size(), to_stderr ? stderr : stdout);
+  });
+  v1::GetLogsResponse response;
+  while (reader.Read(&response)) {
+    for (const v1::LogChunk& c : response.chunks()) {
+      if (json) {
+        std::printf("%s\n", Json(c).c_str());
+      } else {
+        printer.Write(c.rank(), c.stream() == v1::RANK_OUTPUT_STREAM_STDERR, c.data());
+      }
+    }
+    std::fflush(stdout);
+  }
+  printer.Flush();
+  std::fflush(stdout);
+  return reader.Finish();
 }
 
 }  // namespace ringmaster::cli

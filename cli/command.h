@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/grpcpp.h"
+#include "ringmaster/v1/job.grpc.pb.h"
 
 namespace ringmaster::cli {
 
@@ -71,5 +72,10 @@ std::pair<std::string, std::string> KeyValue(const std::string& flag, const std:
 
 // The message as one line of JSON, with proto field names.
 std::string Json(const google::protobuf::Message& message);
+
+// Prints a GetLogs stream until it ends — chunks as JSON lines with `json`, else the text, each line
+// prefixed `[rank] ` when `prefix_ranks` — and returns the stream's final status.
+grpc::Status PrintLogs(grpc::ClientReader<v1::GetLogsResponse>& reader, bool prefix_ranks,
+                       bool json);
 
 }  // namespace ringmaster::cli

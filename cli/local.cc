@@ -240,23 +240,7 @@ class LocalRun {
     request.set_follow(true);
     // No deadline: the stream lasts as long as the job.
     auto reader = stub_->GetLogs(follow_context_.get(), request);
-    LogPrinter printer(true, [](bool to_stderr, std::string_view text) {
-      std::fwrite(text.data(), 1, text.size(), to_stderr ? stderr : stdout);
-    });
-    v1::GetLogsResponse response;
-    while (reader->Read(&response)) {
-      for (const v1::LogChunk& c : response.chunks()) {
-        if (g_.json) {
-          std::printf("%s\n", Json(c).c_str());
-        } else {
-          printer.Write(c.rank(), c.stream() == v1::RANK_OUTPUT_STREAM_STDERR, c.data());
-        }
-      }
-      std::fflush(stdout);
-    }
-    printer.Flush();
-    std::fflush(stdout);
-    return reader->Finish();
+    return PrintLogs(*reader, /*prefix_ranks=*/true, g_.json);
   }
 
   // Runs beside FollowLogs(). Ends the job when ringmaster is interrupted, when a child dies, or

@@ -304,23 +304,7 @@ int Logs(const Global& g, v1::JobService::Stub& stub, Args& args) {
   std::unique_ptr<grpc::ClientContext> context =
       request.follow() ? std::make_unique<grpc::ClientContext>() : Context(g);
   auto reader = stub.GetLogs(context.get(), request);
-  LogPrinter printer(request.all_ranks(), [](bool to_stderr, std::string_view text) {
-    std::fwrite(text.data(), 1, text.size(), to_stderr ? stderr : stdout);
-  });
-  v1::GetLogsResponse response;
-  while (reader->Read(&response)) {
-    for (const v1::LogChunk& c : response.chunks()) {
-      if (g.json) {
-        std::printf("%s\n", Json(c).c_str());
-      } else {
-        printer.Write(c.rank(), c.stream() == v1::RANK_OUTPUT_STREAM_STDERR, c.data());
-      }
-    }
-    std::fflush(stdout);
-  }
-  printer.Flush();
-  std::fflush(stdout);
-  grpc::Status status = reader->Finish();
+  grpc::Status status = PrintLogs(*reader, request.all_ranks(), g.json);
   if (!status.ok()) Fail(status);
   return 0;
 }
