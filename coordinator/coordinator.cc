@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -40,7 +41,33 @@ Coordinator::Coordinator(CoordinatorOptions options)
       workers_(options.clock, options.lease, options.reconnect_grace),
       logs_(LogStoreOptions{.clock = options.clock,
                             .max_bytes_per_rank = options.log_bytes_per_rank,
-                            .max_total_bytes = options.log_bytes_total}) {}
+                            .max_total_bytes = options.log_bytes_total}) {
+  RegisterCollectors();
+}
+
+void Coordinator::RegisterCollectors() {
+  metrics_.AddCollector([this] {
+    std::map<JobState, int> jobs;
+    for (const Job& job : jobs_.List({})) ++jobs[job.state];
+    for (JobState state : {JobState::kPending, JobState::kStarting, JobState::kRunning,
+                           JobState::kSucceeded, JobState::kFailed, JobState::kCancelled}) {
+      metrics_
+          .GetGauge("ringmaster_jobs", "Jobs known to the coordinator, by state.",
+                    {{"state", absl::AsciiStrToLower(JobStateName(state))}})
+          .Set(jobs[state]);
+    }
+    std::map<std::string, int> workers;
+    for (const Worker& w : workers_.List()) {
+      ++workers[w.state == WorkerState::kLost ? "lost" : !w.connected ? "disconnected"
+                : w.state == WorkerState::kBusy ? "busy" : "idle"];
+    }
+    for (const char* state : {"idle", "busy", "disconnected", "lost"}) {
+      metrics_
+          .GetGauge("ringmaster_workers", "Registered worker daemons, by state.", {{"state", state}})
+          .Set(workers[state]);
+    }
+  });
+}
 
 Coordinator::~Coordinator() = default;
 
@@ -96,6 +123,26 @@ void Coordinator::Schedule() {
     runtime->epoch = started->epoch;
     runtime->ranks = started->ranks;
     runtime->negotiator = std::make_unique<Negotiator>(NegotiatorOptionsFor(*started));
+    const Labels job_label = {{"job", started->id}};
+    runtime->cycles = &metrics_.GetCounter(
+        "ringmaster_negotiation_cycles_total", "Negotiation cycles that produced responses.", job_label);
+    runtime->tensors = &metrics_.GetCounter("ringmaster_tensors_negotiated_total",
+                                            "Tensors that left the negotiator in a response.",
+                                            job_label);
+    runtime->cache_hits = &metrics_.GetCounter(
+        "ringmaster_response_cache_hits_total", "Ready tensors requested by response-cache id.",
+        job_label);
+    runtime->cache_misses = &metrics_.GetCounter(
+        "ringmaster_response_cache_misses_total", "Ready tensors requested in full.", job_label);
+    runtime->latency = &metrics_.GetHistogram(
+        "ringmaster_negotiation_latency_seconds",
+        "From the first request of a tensor in a cycle to the cycle's response.",
+        ExponentialBuckets(0.0001, 2, 16), job_label);
+    runtime->stalled = &metrics_.GetGauge(
+        "ringmaster_stalled_tensors",
+        "Tensors submitted by some ranks and waiting for the others longer than the stall-check "
+        "time.",
+        job_label);
     spdlog::info("job {} starting on {} workers", started->id, ids.size());
     absl::MutexLock lock(&mu_);
     runtimes_[started->id] = runtime;
@@ -229,6 +276,15 @@ void Coordinator::Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now)
   absl::MutexLock flush_lock(&runtime->flush_mu);
   std::optional<CycleOutput> output = runtime->negotiator->Poll(now);
   if (!output) return;
+  if (output->oldest_submit != absl::InfiniteFuture()) {
+    runtime->latency->Observe(absl::ToDoubleSeconds(now - output->oldest_submit));
+  }
+  runtime->cycles->Increment();
+  const NegotiatorStats stats = runtime->negotiator->stats();
+  runtime->tensors->Increment(stats.tensors_negotiated - runtime->reported.tensors_negotiated);
+  runtime->cache_hits->Increment(stats.cache_hits - runtime->reported.cache_hits);
+  runtime->cache_misses->Increment(stats.cache_misses - runtime->reported.cache_misses);
+  runtime->reported = stats;
   auto cycle = std::make_shared<CycleBroadcast>();
   cycle->job_id = runtime->job_id;
   cycle->output = *std::move(output);
@@ -426,6 +482,7 @@ void Coordinator::Housekeeping(absl::Time now) {
   }
   for (const auto& runtime : runtimes) {
     StallReport report = runtime->negotiator->CheckStalls(now);
+    runtime->stalled->Set(report.stalled);
     if (report.message.empty()) continue;
     spdlog::warn("{}", report.message);
     if (report.shutdown) {

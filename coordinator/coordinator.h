@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "coordinator/job_registry.h"
 #include "coordinator/log_store.h"
 #include "coordinator/negotiator.h"
@@ -79,6 +80,10 @@ class Coordinator {
 
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
+
+  // Coordinator metrics (jobs and workers by state, negotiation cycles and latency, tensors, response
+  // cache, stalls); served at /metrics by the server.
+  MetricsRegistry& metrics() { return metrics_; }
 
   absl::Duration lease() const { return workers_.lease(); }
   absl::Duration heartbeat_interval() const { return heartbeat_interval_; }
@@ -157,8 +162,18 @@ class Coordinator {
     std::unique_ptr<Negotiator> negotiator;
     // Held from Poll() until the cycle is queued on every channel, so all ranks see cycles in order.
     absl::Mutex flush_mu ABSL_ACQUIRED_BEFORE(mu_);
+    // The job's series (owned by the registry).
+    Counter* cycles = nullptr;
+    Counter* tensors = nullptr;
+    Counter* cache_hits = nullptr;
+    Counter* cache_misses = nullptr;
+    Histogram* latency = nullptr;
+    Gauge* stalled = nullptr;
+    NegotiatorStats reported ABSL_GUARDED_BY(flush_mu);  // stats already added to the counters
   };
 
+  // Jobs and workers by state, computed at each scrape.
+  void RegisterCollectors();
   // Places pending jobs on idle workers, oldest first.
   void Schedule();
   // Ends the job in `state` (FAILED or CANCELLED or SUCCEEDED) with `reason`: stops its other ranks,
@@ -174,6 +189,7 @@ class Coordinator {
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
+  MetricsRegistry metrics_;
   const absl::Duration heartbeat_interval_;
   const absl::Duration housekeeping_interval_;
   const absl::Duration log_linger_;

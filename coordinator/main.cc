@@ -17,6 +17,8 @@
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "address to serve gRPC on (host:port)");
 ABSL_FLAG(std::string, log_level, "warning",
           "trace, debug, info, warning, error, fatal or off (env HOROVOD_LOG_LEVEL)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus metrics at http://ADDR:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(double, lease_seconds, 10, "a worker without a heartbeat for this long is lost");
 ABSL_FLAG(double, heartbeat_interval_seconds, 2, "how often workers are told to heartbeat");
 
@@ -62,6 +64,15 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, OnSignal);
   // Printed on stdout so scripts that asked for port 0 learn the port.
   std::printf("ringmaster-coordinator listening on port %d\n", *port);
+  if (const std::string metrics = absl::GetFlag(FLAGS_metrics_listen); !metrics.empty()) {
+    absl::StatusOr<int> metrics_port = server.StartMetrics(metrics);
+    if (!metrics_port.ok()) {
+      std::fprintf(stderr, "ringmaster-coordinator: %s\n",
+                   std::string(metrics_port.status().message()).c_str());
+      return 1;
+    }
+    std::printf("ringmaster-coordinator metrics on port %d\n", *metrics_port);
+  }
   std::fflush(stdout);
   spdlog::info("listening on {}", absl::GetFlag(FLAGS_listen));
   while (!g_stop) absl::SleepFor(absl::Milliseconds(50));

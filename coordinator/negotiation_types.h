@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/tensor.h"
 
 namespace ringmaster {
@@ -68,6 +69,9 @@ struct CycleOutput {
   std::vector<uint32_t> evicted_ids;
   std::vector<Response> responses;  // the same for every rank
   std::vector<RankNotice> notices;  // indexed by rank
+  // When the oldest tensor in `responses` was first submitted (negotiation latency: first request to
+  // response); InfiniteFuture when the cycle carries notices only.
+  absl::Time oldest_submit = absl::InfiniteFuture();
 };
 
 }  // namespace ringmaster

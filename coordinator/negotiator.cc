@@ -395,6 +395,7 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
         if (bytes + skipped > fusion_threshold_bytes_) break;
       }
     }
+    for (const Pending* p : batch) out.oldest_submit = std::min(out.oldest_submit, p->first_submit);
     out.responses.push_back(MakeResponse(batch));
     batches.push_back(std::move(batch));
   }
@@ -465,6 +466,7 @@ StallReport Negotiator::CheckStalls(absl::Time now) {
     if (p.ready) continue;
     const absl::Duration waited = now - p.first_submit;
     if (waited < stall_check_) continue;
+    ++report.stalled;
     longest = std::max(longest, waited);
     if (stall_shutdown_ > absl::ZeroDuration() && waited >= stall_shutdown_) report.shutdown = true;
     if (now - p.last_stall_report < stall_check_) continue;

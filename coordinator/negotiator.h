@@ -37,6 +37,8 @@ struct StallReport {
   std::string message;
   // A tensor has waited longer than the stall-shutdown time: the job must fail with `message`.
   bool shutdown = false;
+  // Tensors waiting longer than the stall-check time now (reported or not).
+  int stalled = 0;
 };
 
 struct NegotiatorStats {

@@ -39,6 +39,14 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
   return port;
 }
 
+absl::StatusOr<int> CoordinatorServer::StartMetrics(const std::string& address) {
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start(address, &coordinator_->metrics());
+  if (!server.ok()) return server.status();
+  metrics_server_ = *std::move(server);
+  return metrics_server_->port();
+}
+
 void CoordinatorServer::TickLoop() {
   while (!stopping_.load(std::memory_order_acquire)) {
     coordinator_->Tick();
@@ -49,6 +57,7 @@ void CoordinatorServer::TickLoop() {
 void CoordinatorServer::Stop(absl::Duration grace) {
   if (stopping_.exchange(true)) return;
   if (ticker_.joinable()) ticker_.join();
+  metrics_server_.reset();
   if (server_ == nullptr) return;
   coordinator_->Shutdown("coordinator is shutting down");
   server_->Shutdown(std::chrono::system_clock::now() +

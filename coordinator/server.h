@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/metrics_server.h"
 #include "coordinator/coordinator.h"
 
 namespace grpc {
@@ -29,6 +30,9 @@ class CoordinatorServer {
   // UNAVAILABLE when the address cannot be bound.
   absl::StatusOr<int> Start(const std::string& address);
 
+  // Serves the coordinator's metrics at http://ADDRESS/metrics; returns the port.
+  absl::StatusOr<int> StartMetrics(const std::string& address);
+
   // Tells workers to shut down, fails pending rendezvous waits, and stops the server, giving in-flight
   // calls up to `grace` to finish. Idempotent.
   void Stop(absl::Duration grace = absl::Seconds(5));
@@ -43,6 +47,7 @@ class CoordinatorServer {
   std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<RendezvousService> rendezvous_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsServer> metrics_server_;
   std::atomic<bool> stopping_{false};
   std::thread ticker_;
 };

@@ -10,7 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
-  libgloo-dev
+  libgloo-dev libcpp-httplib-dev prometheus
   python3 python3-grpc-tools python3-grpcio python3-protobuf python3-pytest
   iproute2 procps
 )

@@ -1,0 +1,43 @@
+#include "common/metrics_server.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "httplib.h"
+
+namespace ringmaster {
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
+                                                                    MetricsRegistry* registry) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", address, "' is not HOST:PORT"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.empty()) host = "0.0.0.0";
+  auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
+  server->server_ = std::make_unique<httplib::Server>();
+  server->server_->Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
+    res.set_content(registry->Exposition(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server->server_->Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("<a href=\"/metrics\">/metrics</a>\n", "text/html");
+  });
+  server->port_ = port == 0 ? server->server_->bind_to_any_port(host.c_str())
+                            : (server->server_->bind_to_port(host.c_str(), port) ? port : -1);
+  if (server->port_ <= 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address));
+  }
+  httplib::Server* raw = server->server_.get();
+  server->thread_ = std::thread([raw] { raw->listen_after_bind(); });
+  return server;
+}
+
+MetricsServer::~MetricsServer() {
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace ringmaster
