@@ -75,6 +75,8 @@ struct LocalOptions {
   int32_t per_host = 0;
   int port = 0;
   absl::Duration start_timeout = absl::Seconds(60);
+  // > 0: the coordinator serves metrics on this port and worker i on metrics_port_base + 1 + i.
+  int metrics_port_base = 0;
 };
 
 // The directory of the running executable, where the coordinator and worker binaries are built too.
@@ -161,6 +163,12 @@ class LocalRun {
   absl::Status StartCoordinator() {
     std::vector<std::string> argv = {absl::StrCat(bin_dir_, "/ringmaster-coordinator"), "--listen",
                                      absl::StrCat("127.0.0.1:", options_.port)};
+    if (options_.metrics_port_base > 0) {
+      argv.insert(argv.end(),
+                  {"--metrics-listen", absl::StrCat("127.0.0.1:", options_.metrics_port_base)});
+      std::fprintf(stderr, "ringmaster local: coordinator metrics at http://127.0.0.1:%d/metrics\n",
+                   options_.metrics_port_base);
+    }
     // Its warnings (a job failed, ...) would repeat what we print; HOROVOD_LOG_LEVEL still rules.
     if (std::getenv("HOROVOD_LOG_LEVEL") == nullptr) {
       argv.insert(argv.end(), {"--log-level", "error"});
@@ -208,9 +216,17 @@ class LocalRun {
       const std::string host = absl::StrCat("local-", i / options_.per_host);
       sockets_.push_back(absl::StrCat("/tmp/ringmaster-", getpid(), "-", i, ".sock"));
       // The worker's own stdout goes to our stderr: our stdout carries only the job's output.
+      std::vector<std::string> argv = {worker, "--coordinator", absl::StrCat("127.0.0.1:", port_),
+                                       "--device", "cpu", "--host-name", host, "--socket",
+                                       sockets_.back()};
+      if (options_.metrics_port_base > 0) {
+        const int metrics_port = options_.metrics_port_base + 1 + i;
+        argv.insert(argv.end(), {"--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port)});
+        std::fprintf(stderr, "ringmaster local: worker %d metrics at http://127.0.0.1:%d/metrics\n",
+                     i, metrics_port);
+      }
       absl::StatusOr<std::unique_ptr<Subprocess>> w = Subprocess::Start(
-          {worker, "--coordinator", absl::StrCat("127.0.0.1:", port_), "--device", "cpu",
-           "--host-name", host, "--socket", sockets_.back()},
+          argv,
           Subprocess::Stdout::kToStderr, absl::StrCat("ringmaster-worker ", i, " on ", host));
       if (!w.ok()) return w.status();
       workers_.push_back(*std::move(w));
@@ -369,6 +385,14 @@ int Local(const Global& g, Args& args) {
       options.port = Number<int>(flag, a.Value(flag));
       if (options.port < 0 || options.port > 65535) {
         Usage(absl::StrCat("--coordinator-port ", options.port, " is out of bounds [0, 65535]"));
+      }
+      return true;
+    }
+    if (flag == "--metrics-port-base") {
+      options.metrics_port_base = Number<int>(flag, a.Value(flag));
+      if (options.metrics_port_base < 1 || options.metrics_port_base > 65535 - 4097) {
+        Usage(absl::StrCat("--metrics-port-base ", options.metrics_port_base,
+                           " is out of bounds [1, 61438]"));
       }
       return true;
     }

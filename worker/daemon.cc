@@ -50,6 +50,12 @@ absl::Status Daemon::Start() {
   DaemonOptions& o = const_cast<DaemonOptions&>(options_);
   if (o.host_name.empty()) o.host_name = DefaultHostName();
   if (o.socket_path.empty()) o.socket_path = absl::StrCat("/tmp/ringmaster-worker-", getpid(), ".sock");
+  if (!options_.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
+        MetricsServer::Start(options_.metrics_listen, &metrics_);
+    if (!metrics.ok()) return metrics.status();
+    metrics_server_ = *std::move(metrics);
+  }
   absl::StatusOr<std::unique_ptr<LocalServer>> local = LocalServer::Start(o.socket_path, this);
   if (!local.ok()) return local.status();
   local_ = *std::move(local);
@@ -194,6 +200,7 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
       spdlog::warn("request batch not sent: {}", s.ToString());
     }
   };
+  e.metrics = &metrics_;
   job->engine = std::make_unique<Engine>(std::move(e));
   job->engine->Start();
 

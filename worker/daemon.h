@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics_server.h"
 #include "common/shared_memory.h"
 #include "grpcpp/channel.h"
 #include "worker/child_process.h"
@@ -34,6 +35,7 @@ struct DaemonOptions {
   size_t arena_bytes = size_t{1} << 30;
   absl::Duration stop_grace = absl::Seconds(5);
   absl::Duration collective_timeout = absl::Seconds(30);
+  std::string metrics_listen;  // "host:port" to serve /metrics on; empty: off
 };
 
 class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler {
@@ -41,8 +43,10 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   explicit Daemon(DaemonOptions options);
   ~Daemon() override;
 
-  // Opens the local socket and starts the coordinator session.
+  // Opens the local socket and the metrics endpoint, and starts the coordinator session.
   absl::Status Start();
+  // The metrics port (0 when not serving metrics).
+  int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
   // Blocks until Shutdown() or a coordinator `shutdown`; then stops the job and everything else.
   void Run();
   void Shutdown();
@@ -80,6 +84,8 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   std::shared_ptr<Job> CurrentJob();
 
   const DaemonOptions options_;
+  MetricsRegistry metrics_;
+  std::unique_ptr<MetricsServer> metrics_server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<CoordinatorSession> session_;
   std::unique_ptr<LocalServer> local_;

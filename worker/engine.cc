@@ -75,7 +75,48 @@ void Scale(void* data, int64_t n, DataType dtype, double factor, int divisor) {
 
 }  // namespace
 
-Engine::Engine(EngineOptions options) : options_(std::move(options)) {}
+Engine::Engine(EngineOptions options)
+    : options_(std::move(options)),
+      metrics_(options_.metrics != nullptr ? options_.metrics : &own_metrics_),
+      labels_({{"job", options_.job_id},
+               {"rank", absl::StrCat(options_.rank)},
+               {"host", options_.host}}) {
+  const char* ops[] = {"allreduce", "broadcast", "allgather", "barrier"};
+  for (int i = 0; i < 4; ++i) {
+    Labels with_op = labels_;
+    with_op.emplace_back("op", ops[i]);
+    if (i < 3) {
+      series_.bytes[i] = &metrics_->GetCounter(
+          "ringmaster_collective_bytes_total",
+          "Bytes this rank contributed to collectives (allreduce, broadcast, allgather).", with_op);
+    }
+    series_.latency[i] = &metrics_->GetHistogram(
+        "ringmaster_collective_latency_seconds",
+        "Time to execute one response (pack, collective, scale, unpack), by collective.",
+        ExponentialBuckets(0.00005, 2, 18), with_op);
+  }
+  series_.fused_tensors = &metrics_->GetHistogram(
+      "ringmaster_fused_tensors", "Tensors per executed allreduce response.",
+      ExponentialBuckets(1, 2, 11), labels_);
+  series_.fill_ratio = &metrics_->GetHistogram(
+      "ringmaster_fusion_buffer_fill_ratio",
+      "Bytes of an allreduce response divided by the fusion threshold.",
+      {0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1}, labels_);
+  series_.bus_bandwidth = &metrics_->GetGauge(
+      "ringmaster_bus_bandwidth_bytes_per_second",
+      "Bus bandwidth of the last allreduce response: 2(n-1)/n x bytes / time.", labels_);
+  series_.queue_depth = &metrics_->GetGauge(
+      "ringmaster_queue_depth", "Collectives enqueued by the training process and not yet done.",
+      labels_);
+}
+
+void Engine::CountError(absl::string_view kind) {
+  Labels with_kind = labels_;
+  with_kind.emplace_back("kind", std::string(kind));
+  metrics_->GetCounter("ringmaster_errors_total", "Collectives that failed, by kind of error.",
+                       with_kind)
+      .Increment();
+}
 
 Engine::~Engine() { Stop(); }
 
@@ -115,6 +156,7 @@ void Engine::Enqueue(const v1::LocalEnqueue& enqueue, Done done) {
   it->second = std::make_unique<Op>(Op{enqueue, std::move(done)});
   if (r.type() == v1::REQUEST_TYPE_JOIN) joined_ = true;
   unsent_.push_back(r);
+  series_.queue_depth->Set(static_cast<double>(ops_.size()));
 }
 
 void Engine::OnResponses(v1::ResponseList list) {
@@ -220,13 +262,20 @@ std::vector<Engine::Op*> Engine::Take(const std::vector<std::string>& names) {
 
 void Engine::Complete(Op* op, const absl::Status& status, v1::LocalCompletion completion) {
   if (op == nullptr) return;
-  if (!status.ok()) completion = StatusCompletion(status);
+  if (!status.ok()) {
+    completion = StatusCompletion(status);
+    CountError(status.code() == absl::StatusCode::kFailedPrecondition ? "negotiation"
+               : status.code() == absl::StatusCode::kUnavailable     ? "peer"
+               : status.code() == absl::StatusCode::kAborted         ? "job_stopped"
+                                                                     : "other");
+  }
   completion.set_handle(op->enqueue.handle());
   op->done(completion);
   delete op;
 }
 
 void Engine::Process(v1::ResponseList& list) {
+  fusion_threshold_ = list.fusion_threshold_bytes();
   for (uint32_t id : list.evicted_ids()) cache_.Evict(id);
   {
     absl::MutexLock lock(&mu_);
@@ -294,6 +343,7 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
   }
   absl::Status status;
   std::vector<v1::LocalCompletion> completions(ops.size());
+  const absl::Time started = absl::Now();
   if (backend_ == nullptr) {
     status = absl::UnavailableError(absl::StrCat("no communicator on ", RankName(), ": ",
                                                  backend_status_.message()));
@@ -319,10 +369,56 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
   } else {
     status = absl::InternalError(absl::StrCat("unknown response type ", r.type()));
   }
+  if (status.ok() && backend_ != nullptr) Record(r, ops, absl::Now() - started);
   for (size_t i = 0; i < ops.size(); ++i) Complete(ops[i], status, completions[i]);
+  {
+    absl::MutexLock lock(&mu_);
+    series_.queue_depth->Set(static_cast<double>(ops_.size()));
+  }
   if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) {
     // The communicator is unusable after a failed collective: fail everything else too.
     Abort(status);
+  }
+}
+
+void Engine::Record(const v1::Response& r, const std::vector<Op*>& ops, absl::Duration took) {
+  const double seconds = absl::ToDoubleSeconds(took);
+  const int64_t elem = DataTypeSize(static_cast<DataType>(r.dtype()));
+  int64_t bytes = 0;
+  if (r.type() == v1::Response::TYPE_ALLGATHER) {
+    for (Op* op : ops) {
+      if (op != nullptr) bytes += ByteSize(op->enqueue.request());
+    }
+  } else {
+    for (int64_t n : r.tensor_sizes()) bytes += n * elem;
+  }
+  switch (r.type()) {
+    case v1::Response::TYPE_ALLREDUCE: {
+      series_.bytes[0]->Increment(static_cast<double>(bytes));
+      series_.latency[0]->Observe(seconds);
+      series_.fused_tensors->Observe(static_cast<double>(ops.size()));
+      if (fusion_threshold_ > 0) {
+        series_.fill_ratio->Observe(static_cast<double>(bytes) / static_cast<double>(fusion_threshold_));
+      }
+      const int n = options_.size;
+      if (seconds > 0 && n > 1) {
+        series_.bus_bandwidth->Set(2.0 * (n - 1) / n * static_cast<double>(bytes) / seconds);
+      }
+      break;
+    }
+    case v1::Response::TYPE_BROADCAST:
+      series_.bytes[1]->Increment(static_cast<double>(bytes));
+      series_.latency[1]->Observe(seconds);
+      break;
+    case v1::Response::TYPE_ALLGATHER:
+      series_.bytes[2]->Increment(static_cast<double>(bytes));
+      series_.latency[2]->Observe(seconds);
+      break;
+    case v1::Response::TYPE_BARRIER:
+      series_.latency[3]->Observe(seconds);
+      break;
+    default:
+      break;
   }
 }
 

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "common/shared_memory.h"
 #include "ringmaster/v1/local.pb.h"
 #include "ringmaster/v1/worker.pb.h"
@@ -49,6 +50,8 @@ struct EngineOptions {
   int64_t split_bytes = int64_t{4} << 20;
   // Sends a message to the coordinator on the worker's session. Must not block for long.
   std::function<void(const v1::WorkerMessage&)> send;
+  // Where the engine's series go (borrowed; may be null), labelled job, rank and host.
+  MetricsRegistry* metrics = nullptr;
 };
 
 class Engine {
@@ -91,11 +94,29 @@ class Engine {
   void Complete(Op* op, const absl::Status& status, v1::LocalCompletion completion = {});
   std::string RankName() const;
 
+  // The engine's metric series, registered once (null registry: a private one).
+  struct Series {
+    Counter* bytes[3];  // allreduce, broadcast, allgather
+    Histogram* latency[4];  // allreduce, broadcast, allgather, barrier
+    Histogram* fused_tensors;
+    Histogram* fill_ratio;
+    Gauge* bus_bandwidth;
+    Gauge* queue_depth;
+  };
+  void CountError(absl::string_view kind);
+  // Observes a successfully executed response. Engine thread only.
+  void Record(const v1::Response& r, const std::vector<Op*>& ops, absl::Duration took);
+
   const EngineOptions options_;
+  MetricsRegistry own_metrics_;
+  MetricsRegistry* const metrics_;
+  Labels labels_;
+  Series series_;
   std::vector<std::unique_ptr<Backend>> backends_;  // engine thread only
   Backend* backend_ = nullptr;  // backends_[0]
   absl::Status backend_status_;       // engine thread only
   std::vector<uint8_t> fusion_buffer_;  // engine thread only
+  int64_t fusion_threshold_ = 0;        // engine thread only: as the last response list said
   WorkerCache cache_;  // engine thread only
 
   absl::Mutex mu_;

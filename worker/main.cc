@@ -19,6 +19,8 @@ ABSL_FLAG(std::string, device, "cpu", "the slot this daemon serves: cpu or cuda:
 ABSL_FLAG(std::string, host_name, "", "host name reported to the coordinator (default: hostname)");
 ABSL_FLAG(std::string, socket, "", "Unix socket of the local API (default /tmp/ringmaster-worker-PID.sock)");
 ABSL_FLAG(std::string, iface, "", "network interface for Gloo (env HOROVOD_GLOO_IFACE); default 127.0.0.1");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus metrics at http://ADDR:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(int64_t, arena_mb, 1024, "shared-memory arena per job, MiB");
 ABSL_FLAG(double, collective_timeout_seconds, 30, "bound on the rendezvous and every collective");
 ABSL_FLAG(std::string, log_level, "warning", "trace, debug, info, warning, error, fatal, off");
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.arena_bytes = static_cast<size_t>(arena_mb) << 20;
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.collective_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_seconds) * 1000);
 
@@ -75,6 +78,10 @@ int main(int argc, char** argv) {
   if (absl::Status s = daemon.Start(); !s.ok()) {
     std::fprintf(stderr, "ringmaster-worker: %s\n", std::string(s.message()).c_str());
     return 1;
+  }
+  if (daemon.metrics_port() != 0) {
+    std::printf("ringmaster-worker metrics on port %d\n", daemon.metrics_port());
+    std::fflush(stdout);
   }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
