@@ -146,6 +146,15 @@ void PrintJob(const v1::Job& job) {
       k.autotune() ? "on" : "off", k.timeline().empty() ? "off" : k.timeline().c_str(),
       k.stall_check_seconds(), k.stall_shutdown_seconds(),
       absl::AsciiStrToLower(v1::Backend_Name(k.backend()).substr(8)).c_str());
+  if (job.has_throughput()) {
+    const v1::JobThroughput& t = job.throughput();
+    std::printf(
+        "Live:      %.1f MB/s allreduced, %.2f steps/s, %.1f cycles/s (last 10 s); %lld tensors, "
+        "%.1f MB since start; in force: fusion_threshold=%lld bytes, cycle_time=%g ms\n",
+        t.bytes_per_second() / 1e6, t.steps_per_second(), t.cycles_per_second(),
+        static_cast<long long>(t.tensors_negotiated()), t.bytes_negotiated() / 1e6,
+        static_cast<long long>(t.fusion_threshold_bytes()), t.cycle_time_ms());
+  }
   if (job.ranks_size() > 0) {
     std::printf("\n");
     std::vector<std::vector<std::string>> rows = {

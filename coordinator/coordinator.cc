@@ -285,6 +285,7 @@ void Coordinator::Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now)
   runtime->cache_hits->Increment(stats.cache_hits - runtime->reported.cache_hits);
   runtime->cache_misses->Increment(stats.cache_misses - runtime->reported.cache_misses);
   runtime->reported = stats;
+  RecordThroughput(*runtime, *output, now);
   auto cycle = std::make_shared<CycleBroadcast>();
   cycle->job_id = runtime->job_id;
   cycle->output = *std::move(output);
@@ -294,6 +295,58 @@ void Coordinator::Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now)
   for (const RankInfo& r : runtime->ranks) {
     if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendResponses(cycle, r.rank);
   }
+}
+
+void Coordinator::RecordThroughput(Runtime& runtime, const CycleOutput& output, absl::Time now) {
+  Runtime::Totals& t = runtime.totals;
+  for (const Response& r : output.responses) {
+    if (r.type != Response::Type::kAllreduce && r.type != Response::Type::kBroadcast) continue;
+    for (int64_t n : r.tensor_sizes) t.bytes += n * DataTypeSize(r.dtype);
+    t.tensors += static_cast<int64_t>(r.names.size());
+    // Names of cached tensors travel as ids; count distinct tensors by either.
+    for (size_t i = 0; i < r.names.size(); ++i) {
+      runtime.distinct.insert(!r.names[i].empty() ? r.names[i] : absl::StrCat("#", r.cache_ids[i]));
+    }
+  }
+  ++t.cycles;
+  t.time = now;
+  if (runtime.window.empty() || now - runtime.window.back().time >= absl::Seconds(1)) {
+    runtime.window.push_back(t);
+    while (runtime.window.size() > 11) runtime.window.pop_front();
+  }
+}
+
+absl::StatusOr<Job> Coordinator::GetJob(const std::string& id) const {
+  absl::StatusOr<Job> job = jobs_.Get(id);
+  if (!job.ok()) return job;
+  std::shared_ptr<Runtime> runtime;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = runtimes_.find(id); it != runtimes_.end()) runtime = it->second;
+  }
+  if (runtime == nullptr) return job;
+  JobThroughput out;
+  out.fusion_threshold_bytes = runtime->negotiator->fusion_threshold_bytes();
+  out.cycle_time_ms = absl::ToDoubleMilliseconds(runtime->negotiator->cycle_time());
+  absl::MutexLock lock(&runtime->flush_mu);
+  const Runtime::Totals& now = runtime->totals;
+  out.tensors_negotiated = now.tensors;
+  out.bytes_negotiated = now.bytes;
+  if (!runtime->window.empty()) {
+    // From the oldest snapshot of the window to now (the clock, so an idle job decays to zero).
+    const Runtime::Totals& then = runtime->window.front();
+    const double seconds = absl::ToDoubleSeconds(clock_->Now() - then.time);
+    if (seconds > 0) {
+      out.bytes_per_second = (now.bytes - then.bytes) / seconds;
+      out.cycles_per_second = (now.cycles - then.cycles) / seconds;
+      const double tensors_per_second = (now.tensors - then.tensors) / seconds;
+      if (!runtime->distinct.empty()) {
+        out.steps_per_second = tensors_per_second / static_cast<double>(runtime->distinct.size());
+      }
+    }
+  }
+  job->throughput = out;
+  return job;
 }
 
 absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpdate& update) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -90,7 +92,8 @@ class Coordinator {
 
   // Jobs.
   absl::StatusOr<Job> RegisterJob(JobSpec spec);
-  absl::StatusOr<Job> GetJob(const std::string& id) const { return jobs_.Get(id); }
+  // With live throughput while the job has a runtime.
+  absl::StatusOr<Job> GetJob(const std::string& id) const;
   std::vector<Job> ListJobs(const std::vector<JobState>& states) const {
     return jobs_.List(states);
   }
@@ -170,6 +173,16 @@ class Coordinator {
     Histogram* latency = nullptr;
     Gauge* stalled = nullptr;
     NegotiatorStats reported ABSL_GUARDED_BY(flush_mu);  // stats already added to the counters
+    // Throughput: running totals, and snapshots of them about every second for a 10 s window.
+    struct Totals {
+      absl::Time time;
+      int64_t bytes = 0;
+      int64_t tensors = 0;
+      int64_t cycles = 0;
+    };
+    Totals totals ABSL_GUARDED_BY(flush_mu);
+    std::deque<Totals> window ABSL_GUARDED_BY(flush_mu);
+    absl::flat_hash_set<std::string> distinct ABSL_GUARDED_BY(flush_mu);  // tensor names seen
   };
 
   // Jobs and workers by state, computed at each scrape.
@@ -185,6 +198,8 @@ class Coordinator {
                                                       int32_t rank);
   absl::Status CheckScope(const std::string& job_id, int64_t epoch) const;
   void Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now);
+  static void RecordThroughput(Runtime& runtime, const CycleOutput& output, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime.flush_mu);
   void Housekeeping(absl::Time now);
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +49,17 @@ struct JobEvent {
   std::string message;
 };
 
+// Live figures of a running job (see JobThroughput in proto/ringmaster/v1/job.proto).
+struct JobThroughput {
+  double bytes_per_second = 0;
+  double steps_per_second = 0;
+  double cycles_per_second = 0;
+  int64_t tensors_negotiated = 0;
+  int64_t bytes_negotiated = 0;
+  int64_t fusion_threshold_bytes = 0;
+  double cycle_time_ms = 0;
+};
+
 struct Job {
   std::string id;
   JobSpec spec;
@@ -58,6 +70,7 @@ struct Job {
   absl::Time update_time;
   std::vector<RankInfo> ranks;
   std::vector<JobEvent> events;
+  std::optional<JobThroughput> throughput;  // set by Coordinator::GetJob while the job runs
 };
 
 inline constexpr int32_t kMaxNp = 4096;

@@ -112,6 +112,17 @@ void ToProto(const Job& in, v1::Job* out) {
     o->set_exit_code(r.exit_code);
   }
   for (const JobEvent& e : in.events) ToProto(e, out->add_events());
+  if (in.throughput.has_value()) {
+    const JobThroughput& t = *in.throughput;
+    v1::JobThroughput* o = out->mutable_throughput();
+    o->set_bytes_per_second(t.bytes_per_second);
+    o->set_steps_per_second(t.steps_per_second);
+    o->set_cycles_per_second(t.cycles_per_second);
+    o->set_tensors_negotiated(t.tensors_negotiated);
+    o->set_bytes_negotiated(t.bytes_negotiated);
+    o->set_fusion_threshold_bytes(t.fusion_threshold_bytes);
+    o->set_cycle_time_ms(t.cycle_time_ms);
+  }
 }
 
 void FromProto(const v1::TensorRequest& in, TensorRequest* out) {
