@@ -826,3 +826,40 @@ TEST_F(CoordinatorTest, ShutdownTellsEveryWorkerAndFailsRendezvousWaits) {
 
 }  // namespace
 }  // namespace ringmaster
+
+namespace ringmaster {
+namespace {
+
+TEST_F(CoordinatorTest, GetJobReportsLiveThroughputOverTheLastTenSeconds) {
+  const std::string w0 = Connect("host-a", "cpu");
+  const std::string w1 = Connect("host-b", "cpu");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+  EXPECT_FALSE(GetJob(id).throughput.has_value() && GetJob(id).throughput->bytes_per_second > 0);
+  // Ten steps, one a second, each allreducing two float32 tensors of 250 elements: 2000 bytes.
+  for (int step = 0; step < 10; ++step) {
+    for (int rank : {0, 1}) {
+      ASSERT_TRUE(Submit(rank == 0 ? w0 : w1, id, rank,
+                         {Allreduce("w", {250}), Allreduce("b", {250})})
+                      .ok());
+    }
+    clock_.Advance(absl::Seconds(1));
+    for (const std::string& w : {w0, w1}) ASSERT_TRUE(coordinator_.Heartbeat(w).ok());
+  }
+  Job job = GetJob(id);
+  ASSERT_TRUE(job.throughput.has_value());
+  const JobThroughput& t = *job.throughput;
+  EXPECT_EQ(t.tensors_negotiated, 20);
+  EXPECT_EQ(t.bytes_negotiated, 20000);
+  // The window runs from the first step's snapshot to now: 9 more steps in 10 s.
+  EXPECT_DOUBLE_EQ(t.bytes_per_second, 18000.0 / 10);
+  EXPECT_DOUBLE_EQ(t.steps_per_second, 0.9);
+  EXPECT_DOUBLE_EQ(t.cycles_per_second, 0.9);
+  EXPECT_EQ(t.fusion_threshold_bytes, int64_t{128} << 20);
+  EXPECT_EQ(t.cycle_time_ms, 1.0);
+  // Once the job ends there is nothing live to report.
+  ASSERT_TRUE(coordinator_.CancelJob(id, "").ok());
+  EXPECT_FALSE(GetJob(id).throughput.has_value());
+}
+
+}  // namespace
+}  // namespace ringmaster
