@@ -163,7 +163,10 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
   }
   {
     absl::MutexLock lock(&mu_);
-    runtimes_.erase(job_id);
+    if (auto it = runtimes_.find(job_id); it != runtimes_.end()) {
+      it->second->stalled->Set(0);  // an ended job stalls nothing
+      runtimes_.erase(it);
+    }
     for (const RankInfo& r : job->ranks) {
       if (r.worker_id == except_worker) continue;
       if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendStopJob(job_id, reason);

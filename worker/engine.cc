@@ -108,6 +108,13 @@ Engine::Engine(EngineOptions options)
   series_.queue_depth = &metrics_->GetGauge(
       "ringmaster_queue_depth", "Collectives enqueued by the training process and not yet done.",
       labels_);
+  // Every kind exists from the start at 0, so rate() counts the first error too.
+  for (const char* kind : {"negotiation", "peer", "job_stopped", "other"}) {
+    Labels with_kind = labels_;
+    with_kind.emplace_back("kind", kind);
+    metrics_->GetCounter("ringmaster_errors_total", "Collectives that failed, by kind of error.",
+                         with_kind);
+  }
 }
 
 void Engine::CountError(absl::string_view kind) {
@@ -118,7 +125,12 @@ void Engine::CountError(absl::string_view kind) {
       .Increment();
 }
 
-Engine::~Engine() { Stop(); }
+Engine::~Engine() {
+  Stop();
+  // The rank is gone: its levels drop to zero rather than freeze at their last value.
+  series_.queue_depth->Set(0);
+  series_.bus_bandwidth->Set(0);
+}
 
 void Engine::Start() { thread_ = std::thread([this] { Loop(); }); }
 
