@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs, from Debian 12's packages, whatever Ringmaster's build, tests and demo need and the machine
 # lacks. Idempotent: a machine that has everything makes no apt call at all.
-#   install-deps.sh            build, tests, demo
-#   install-deps.sh --bench    also PyTorch (python3-torch), for the torch.distributed yardstick
+#   install-deps.sh            build, tests, demo, the Python package (ringmaster.torch) and its examples
+#   install-deps.sh --bench    the same (accepted for compatibility: PyTorch is always installed now)
 set -euo pipefail
 
 packages=(
@@ -12,11 +12,9 @@ packages=(
   libgtest-dev libgmock-dev
   libgloo-dev libcpp-httplib-dev prometheus
   python3 python3-grpc-tools python3-grpcio python3-protobuf python3-pytest
+  pybind11-dev python3-dev python3-torch python3-torchvision
   iproute2 procps
 )
-if [[ ${1:-} == --bench ]]; then
-  packages+=(python3-torch)
-fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,214 @@
+"""Process-wide state shared by the framework APIs: the connection to this rank's worker daemon,
+the job's topology, and the capability queries (Horovod's horovod.common.basics).
+
+One connection per process. `init()` opens it (from $RINGMASTER_SOCKET, which the worker sets for
+the processes it launches); `shutdown()` ends this process's use of it, and the connection itself
+closes when the process exits, so `init()` after `shutdown()` works and tensors that live in the
+shared arena stay valid in between. Thread-safe.
+"""
+import atexit
+import ctypes
+import os
+import threading
+import warnings
+
+from ringmaster import _ringmaster
+from ringmaster.exceptions import HorovodInternalError
+
+_NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+
+_lock = threading.Lock()
+_client = None  # _ringmaster.Client: connected by the first init(), closed at exit
+_topology = None  # _ringmaster.Topology of the connected rank
+_initialized = False
+# Every rank's local_size, gathered once per process without blocking init(); is_homogeneous()
+# waits for it.
+_local_sizes_handle = None
+_local_size_input = None  # the allgather's input: alive until it completes
+_homogeneous = None
+
+
+def _connect_timeout_seconds():
+    value = os.environ.get("RINGMASTER_CONNECT_TIMEOUT_SECONDS", "60")
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"RINGMASTER_CONNECT_TIMEOUT_SECONDS={value!r} is not a number") from None
+
+
+def init(comm=None, process_sets=None):
+    """Connects to this rank's worker daemon (once per process) and marks Ringmaster initialized.
+
+    `comm` (an MPI communicator or a list of ranks) and `process_sets` are Horovod options that
+    Ringmaster does not support: ranks and their placement come from the job.
+    Returns True when this call initialized, False when already initialized."""
+    global _client, _topology, _initialized
+    if comm is not None:
+        raise NotImplementedError(
+            "ringmaster: init(comm=...) is not supported: the job's ranks are set by `ringmaster "
+            "local/submit --np N`, not by an MPI communicator")
+    if process_sets not in (None, [], "dynamic"):
+        raise NotImplementedError("ringmaster: process sets are not supported yet")
+    with _lock:
+        if _initialized:
+            return False
+        if _client is None:
+            try:
+                client = _ringmaster.Client.connect("", _connect_timeout_seconds())
+            except _ringmaster.StatusError as e:
+                raise HorovodInternalError(f"ringmaster: init() failed: {e.args[1]}") from None
+            _client = client
+            _topology = client.topology
+            atexit.register(_close)
+            _start_local_sizes_allgather()
+        _initialized = True
+        return True
+
+
+def _start_local_sizes_allgather():
+    global _local_sizes_handle, _local_size_input
+    _local_size_input = (ctypes.c_int64 * 1)(_topology.local_size)
+    try:
+        _local_sizes_handle = _client.allgather(
+            "ringmaster.init.local_sizes", ctypes.addressof(_local_size_input),
+            _ringmaster.dtype.int64, [1])
+    except _ringmaster.StatusError as e:
+        raise HorovodInternalError(f"ringmaster: init() failed: {e.args[1]}") from None
+
+
+def is_homogeneous():
+    """True when every host runs the same number of ranks."""
+    global _homogeneous
+    c = client()
+    with _lock:
+        if _homogeneous is None:
+            try:
+                c.wait(_local_sizes_handle)
+                gathered = c.take_allgather(_local_sizes_handle)
+            except _ringmaster.StatusError as e:
+                raise HorovodInternalError(e.args[1]) from None
+            sizes = memoryview(gathered).cast("q").tolist()
+            _homogeneous = len(set(sizes)) == 1
+        return _homogeneous
+
+
+def shutdown():
+    """Marks Ringmaster uninitialized. Operations still in flight complete (or fail) on their own;
+    the connection to the daemon stays open until the process exits."""
+    global _initialized
+    with _lock:
+        _initialized = False
+
+
+def _close():
+    global _initialized
+    _initialized = False
+    if _client is not None:
+        _client.shutdown()
+
+
+def is_initialized():
+    return _initialized
+
+
+def client():
+    """The connected client. REQUIRES: init() was called (ValueError otherwise, as Horovod's)."""
+    if not _initialized:
+        raise ValueError(_NOT_INITIALIZED)
+    return _client
+
+
+def topology():
+    if not _initialized:
+        raise ValueError(_NOT_INITIALIZED)
+    return _topology
+
+
+def size():
+    return topology().size
+
+
+def rank():
+    return topology().rank
+
+
+def local_size():
+    return topology().local_size
+
+
+def local_rank():
+    return topology().local_rank
+
+
+def cross_size():
+    return topology().cross_size
+
+
+def cross_rank():
+    return topology().cross_rank
+
+
+def job_id():
+    """The Ringmaster job this process belongs to (no Horovod equivalent)."""
+    return topology().job_id
+
+
+def host():
+    """The host name this rank's worker reports (no Horovod equivalent)."""
+    return topology().host
+
+
+# Capabilities of this build: the CPU data plane with Gloo.
+def gloo_built():
+    return True
+
+
+def gloo_enabled():
+    return True
+
+
+def mpi_built():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_threads_supported():
+    return False
+
+
+def nccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Accepted and ignored: in Ringmaster the timeline is a job option."""
+    warnings.warn(
+        "ringmaster: start_timeline() does nothing; the timeline is a job option "
+        "(`ringmaster local/submit --timeline FILE [--timeline-mark-cycles]`, or HOROVOD_TIMELINE)",
+        stacklevel=2)
+
+
+def stop_timeline():
+    """Accepted and ignored: in Ringmaster the timeline is a job option."""
+    warnings.warn(
+        "ringmaster: stop_timeline() does nothing; the timeline is a job option "
+        "(`ringmaster local/submit --timeline FILE`, or HOROVOD_TIMELINE)", stacklevel=2)

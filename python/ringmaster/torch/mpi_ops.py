@@ -1,0 +1,662 @@
+"""Horovod's collective operations for PyTorch (horovod.torch.mpi_ops) over Ringmaster's client.
+
+Every collective is enqueued with this rank's worker daemon without blocking and returns a handle;
+`synchronize(handle)` waits for it and returns its output, raising HorovodInternalError with the
+coordinator's (or daemon's) message when it failed. Tensors cross to the client as a data pointer,
+a dtype code and a shape: the tensor handed to the daemon is a contiguous CPU tensor (the caller's
+own when it already is one; otherwise a copy, written back on completion) and stays referenced
+here until its operation completes. Tensors in the shared arena (`_arena_empty`) are reduced in
+place; the client copies any other tensor into the arena and back.
+
+Unnamed operations get Horovod's automatic names (`allreduce.noname.<handle>`, ...): every rank
+must issue its unnamed collectives in the same order, as with Horovod.
+"""
+import itertools
+import threading
+import warnings
+
+import torch
+
+from ringmaster import _ringmaster
+from ringmaster import basics as _basics
+from ringmaster.exceptions import HorovodInternalError
+from ringmaster.torch.compression import Compression
+
+# Horovod's reduction op values (horovod.common.basics).
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+_RING_OPS = {
+    Average: _ringmaster.op.average,
+    Sum: _ringmaster.op.sum,
+    Min: _ringmaster.op.min,
+    Max: _ringmaster.op.max,
+    Product: _ringmaster.op.product,
+}
+
+_DTYPES = {
+    torch.uint8: _ringmaster.dtype.uint8,
+    torch.int8: _ringmaster.dtype.int8,
+    torch.int32: _ringmaster.dtype.int32,
+    torch.int64: _ringmaster.dtype.int64,
+    torch.float16: _ringmaster.dtype.float16,
+    torch.bfloat16: _ringmaster.dtype.bfloat16,
+    torch.float32: _ringmaster.dtype.float32,
+    torch.float64: _ringmaster.dtype.float64,
+}
+
+
+class ProcessSet:
+    """The global process set: every rank of the job. Ringmaster has no other process sets yet."""
+
+    process_set_id = 0
+    ranks = None
+
+    def size(self):
+        return _basics.size()
+
+    def rank(self):
+        return _basics.rank()
+
+    def included(self):
+        return True
+
+    def __repr__(self):
+        return "ProcessSet(global)"
+
+
+global_process_set = ProcessSet()
+
+
+def add_process_set(process_set):
+    raise NotImplementedError("ringmaster: process sets are not supported yet")
+
+
+def remove_process_set(process_set):
+    raise NotImplementedError("ringmaster: process sets are not supported yet")
+
+
+def _check_process_set(process_set):
+    if process_set is not global_process_set and process_set is not None:
+        raise NotImplementedError(
+            "ringmaster: process sets are not supported yet; use the global process set")
+
+
+def handle_average_backwards_compatibility(op, average):
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning)
+        return Average if average else Sum
+    return Average
+
+
+# ---- Handles ----
+
+class _Op:
+    """An operation in flight: the client's handles, what completes it, what must stay alive."""
+
+    __slots__ = ("handles", "finish", "keep")
+
+    def __init__(self, handles, finish, keep):
+        self.handles = handles  # the client's handles (several for grouped operations)
+        self.finish = finish  # () -> the operation's output, once every handle completed OK
+        self.keep = keep  # tensors the daemon reads or writes until completion
+
+
+_lock = threading.Lock()
+_handle_counter = itertools.count(1)  # never reset: automatic names stay unique across re-init
+_handle_map = {}  # handle -> _Op
+_forgotten = []  # operations in flight at shutdown(): their tensors must outlive them
+
+
+def _forget_handles():
+    with _lock:
+        _forgotten.extend(_handle_map.values())
+        _handle_map.clear()
+
+
+def _new_handle():
+    with _lock:
+        return next(_handle_counter)
+
+
+def _op_name(prefix, name, handle):
+    return name if name is not None else f"{prefix}.noname.{handle}"
+
+
+def _register(handle, op):
+    _handle_map[handle] = op
+    return handle
+
+
+def _status_error(e):
+    return HorovodInternalError(e.args[1] if len(e.args) > 1 else str(e))
+
+
+def poll(handle):
+    """True once the operation completed; then `synchronize()` does not block."""
+    op = _handle_map.get(handle)
+    if op is None:
+        return True
+    c = _basics._client
+    return all(c.poll(h) for h in op.handles)
+
+
+def synchronize(handle):
+    """Waits for the operation and returns its output (a tensor, or a list for grouped operations).
+    Raises HorovodInternalError with the coordinator's message when it failed."""
+    op = _handle_map.get(handle)
+    if op is None:
+        return None
+    c = _basics._client
+    error = None
+    for h in op.handles:
+        try:
+            c.wait(h)
+        except _ringmaster.StatusError as e:
+            if error is None:
+                error = e
+    _handle_map.pop(handle, None)
+    if error is not None:
+        raise _status_error(error)
+    return op.finish()
+
+
+# ---- Tensors handed to the client ----
+
+def _dtype_code(tensor):
+    code = _DTYPES.get(tensor.dtype)
+    if code is None:
+        raise ValueError(f"Tensor type {tensor.type()} is not supported.")
+    return code
+
+
+def _check_dense(tensor):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise ValueError(f"ringmaster: {tensor.layout} tensors are not supported")
+
+
+def _daemon_buffer(tensor):
+    """(a contiguous CPU tensor for the daemon, a function that writes it back into `tensor` or
+    None when it is `tensor` itself)."""
+    if tensor.device.type == "cpu" and tensor.is_contiguous():
+        return tensor, None
+    buf = tensor.detach().to("cpu", copy=True).contiguous()
+
+    def write_back():
+        with torch.no_grad():
+            tensor.copy_(buf)
+
+    return buf, write_back
+
+
+def _bytes_view(tensor):
+    """`tensor` (contiguous, CPU) as uint8, for dtypes the data plane does not know, which
+    broadcast and allgather move as bytes. The last dimension counts bytes."""
+    if tensor.dim() == 0:
+        tensor = tensor.reshape(1)
+    return tensor.view(torch.uint8)
+
+
+def _arena_empty(shape, dtype):
+    """An uninitialised CPU tensor in the shared arena (the daemon reduces it without a copy), or
+    None when the arena is full. Its arena memory is freed when the tensor is collected."""
+    shape = torch.Size(shape)
+    numel = shape.numel()
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return None
+    buf = _basics.client().allocate(nbytes)
+    if buf is None:
+        return None
+    return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)
+
+
+# ---- Allreduce ----
+
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
+    """Reduces `output` in place (it holds `tensor`'s values, or is `tensor`)."""
+    _check_process_set(process_set)
+    if op == Adasum:
+        raise NotImplementedError("ringmaster: the Adasum reduction is not supported yet")
+    ring_op = _RING_OPS.get(op)
+    if ring_op is None:
+        raise ValueError(f"unknown reduction op {op!r}")
+    _check_dense(tensor)
+    code = _dtype_code(tensor)
+    c = _basics.client()
+    handle = _new_handle()
+    buf, write_back = _daemon_buffer(output)
+    try:
+        h = c.allreduce(_op_name("allreduce", name, handle), buf.data_ptr(), code, list(buf.shape),
+                        ring_op, float(prescale_factor), float(postscale_factor))
+    except _ringmaster.StatusError as e:
+        raise _status_error(e) from None
+
+    def finish():
+        if write_back is not None:
+            write_back()
+        return output
+
+    return _register(handle, _Op([h], finish, (tensor, output, buf)))
+
+
+def _copy_for_output(tensor):
+    return tensor.detach().clone(memory_format=torch.contiguous_format)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Averages (or sums, ...) `tensor` over all ranks without modifying it; returns a handle."""
+    op = handle_average_backwards_compatibility(op, average)
+    output = _copy_for_output(tensor)
+    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """In-place allreduce of `tensor`; returns a handle."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """In-place allreduce of `tensor`; returns it."""
+    handle = allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                              process_set)
+    return synchronize(handle)
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """Allreduce; its gradient is the same allreduce of the output's gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.average = average
+        ctx.op = op
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        ctx.process_set = process_set
+        handle = allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                                 process_set)
+        return synchronize(handle)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (allreduce(grad_output, average=ctx.average, op=ctx.op,
+                          prescale_factor=ctx.prescale_factor,
+                          postscale_factor=ctx.postscale_factor, process_set=ctx.process_set),
+                None, None, None, None, None, None)
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Averages (or sums, ...) `tensor` over all ranks; returns a new tensor. Differentiable."""
+    tensor_compressed, ctx = compression.compress(tensor)
+    summed = HorovodAllreduce.apply(tensor_compressed, average, name, op, prescale_factor,
+                                    postscale_factor, process_set)
+    return compression.decompress(summed, ctx)
+
+
+# ---- Grouped allreduce ----
+
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
+                             process_set):
+    _check_process_set(process_set)
+    tensors = list(tensors)
+    outputs = list(outputs)
+    if not tensors:
+        raise ValueError("grouped allreduce needs at least one tensor")
+    if op == Adasum:
+        raise NotImplementedError("ringmaster: the Adasum reduction is not supported yet")
+    ring_op = _RING_OPS.get(op)
+    if ring_op is None:
+        raise ValueError(f"unknown reduction op {op!r}")
+    for t in tensors:
+        _check_dense(t)
+        _dtype_code(t)
+    c = _basics.client()
+    handle = _new_handle()
+    base = _op_name("grouped_allreduce", name, handle)
+    n = len(tensors)
+    names = [f"{base}_{i + 1}of{n}" for i in range(n)]
+    buffers = [_daemon_buffer(o) for o in outputs]
+    # The data plane fuses one data type per group: a group that mixes types is sent as one
+    # group per type, in order of first appearance (the same on every rank).
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    handles = []
+    try:
+        for dtype, indices in by_dtype.items():
+            handles += c.grouped_allreduce(
+                [names[i] for i in indices], [buffers[i][0].data_ptr() for i in indices],
+                _DTYPES[dtype], [list(buffers[i][0].shape) for i in indices], ring_op,
+                float(prescale_factor), float(postscale_factor))
+    except _ringmaster.StatusError as e:
+        for h in handles:  # wait for what was enqueued: the daemon writes into those buffers
+            try:
+                c.wait(h)
+            except _ringmaster.StatusError:
+                pass
+        raise _status_error(e) from None
+
+    def finish():
+        for _, write_back in buffers:
+            if write_back is not None:
+                write_back()
+        return outputs
+
+    return _register(handle, _Op(handles, finish, (tensors, outputs, buffers)))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Allreduces the tensors as one group (negotiated and fused together); returns one handle
+    whose `synchronize()` returns the list of outputs. The inputs are not modified."""
+    op = handle_average_backwards_compatibility(op, average)
+    outputs = [_copy_for_output(t) for t in tensors]
+    return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
+                                    process_set)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """In-place grouped allreduce; returns a handle."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor,
+                                    process_set)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    """In-place grouped allreduce; returns the list of tensors."""
+    handle = grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                      postscale_factor, process_set)
+    return synchronize(handle)
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    """Grouped allreduce; its gradient is the same grouped allreduce of the outputs' gradients."""
+
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.average = average
+        ctx.op = op
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        ctx.process_set = process_set
+        handle = grouped_allreduce_async(list(tensors), average, name, op, prescale_factor,
+                                         postscale_factor, process_set)
+        return tuple(synchronize(handle))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grad_reduced = grouped_allreduce(list(grad_output), average=ctx.average, op=ctx.op,
+                                         prescale_factor=ctx.prescale_factor,
+                                         postscale_factor=ctx.postscale_factor,
+                                         process_set=ctx.process_set)
+        return (None, None, None, None, None, None, *grad_reduced)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Grouped allreduce; returns the list of outputs. Differentiable."""
+    tensors_compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
+    summed = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
+                                           process_set, *tensors_compressed)
+    return [compression.decompress(t, ctx) for t, ctx in zip(summed, ctxs)]
+
+
+# ---- Allgather ----
+
+def _gathered_tensor(c, h, dtype, as_bytes, device):
+    gathered = c.take_allgather(h)
+    shape = list(gathered.shape)
+    wire_dtype = torch.uint8 if as_bytes else dtype
+    if len(gathered) == 0:
+        out = torch.empty(shape, dtype=wire_dtype)
+    else:
+        out = torch.frombuffer(gathered, dtype=wire_dtype).view(shape)
+    if as_bytes:
+        out = out.view(dtype)
+    return out if device.type == "cpu" else out.to(device)
+
+
+def _enqueue_allgather(c, name, tensor):
+    """Enqueues one allgather; returns (client handle, input kept alive, moved as bytes)."""
+    _check_dense(tensor)
+    buf = tensor.detach()
+    if buf.dim() == 0:
+        buf = buf.reshape(1)
+    if buf.device.type != "cpu" or not buf.is_contiguous():
+        buf = buf.to("cpu").contiguous()
+    as_bytes = tensor.dtype not in _DTYPES
+    wire = _bytes_view(buf) if as_bytes else buf
+    code = _DTYPES[wire.dtype]
+    h = c.allgather(name, wire.data_ptr(), code, list(wire.shape))
+    return h, buf, as_bytes
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Concatenates every rank's `tensor` along the first dimension (which may differ per rank);
+    returns a handle."""
+    _check_process_set(process_set)
+    c = _basics.client()
+    handle = _new_handle()
+    try:
+        h, buf, as_bytes = _enqueue_allgather(c, _op_name("allgather", name, handle), tensor)
+    except _ringmaster.StatusError as e:
+        raise _status_error(e) from None
+    dtype, device = tensor.dtype, tensor.device
+    return _register(handle, _Op([h], lambda: _gathered_tensor(c, h, dtype, as_bytes, device),
+                                 (tensor, buf)))
+
+
+class HorovodAllgather(torch.autograd.Function):
+    """Allgather; the gradient of a rank's input is its rows of the average of the outputs'
+    gradients over ranks (Horovod's definition)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 1
+        ctx.process_set = process_set
+        handle = allgather_async(tensor, name, process_set)
+        return synchronize(handle)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
+        dim_t = torch.IntTensor([ctx.dim])
+        dim = allgather(dim_t, process_set=ctx.process_set).view(_basics.size())
+        r = _basics.rank()
+        offset = torch.sum(dim.narrow(0, 0, r)).item() if r != 0 else 0
+        return grad_reduced.narrow(0, offset, ctx.dim), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenates every rank's `tensor` along the first dimension. Differentiable."""
+    return HorovodAllgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Allgathers each tensor; returns one handle whose `synchronize()` returns the list."""
+    _check_process_set(process_set)
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped allgather needs at least one tensor")
+    c = _basics.client()
+    handle = _new_handle()
+    base = _op_name("grouped_allgather", name, handle)
+    n = len(tensors)
+    enqueued = []
+    try:
+        for i, t in enumerate(tensors):
+            enqueued.append(_enqueue_allgather(c, f"{base}_{i + 1}of{n}", t))
+    except _ringmaster.StatusError as e:
+        for h, _, _ in enqueued:
+            try:
+                c.wait(h)
+            except _ringmaster.StatusError:
+                pass
+        raise _status_error(e) from None
+
+    def finish():
+        return [_gathered_tensor(c, h, t.dtype, as_bytes, t.device)
+                for (h, _, as_bytes), t in zip(enqueued, tensors)]
+
+    return _register(handle, _Op([h for h, _, _ in enqueued], finish, (tensors, enqueued)))
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """Grouped allgather; gradients as for allgather, tensor by tensor."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
+        ctx.process_set = process_set
+        handle = grouped_allgather_async(list(tensors), name, process_set)
+        return tuple(synchronize(handle))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grad_reduced = grouped_allreduce(list(grad_output), op=Average,
+                                         process_set=ctx.process_set)
+        dims = allgather(torch.IntTensor(ctx.dims).view(1, -1),
+                         process_set=ctx.process_set)  # [size, n]
+        r = _basics.rank()
+        offsets = dims.narrow(0, 0, r).sum(dim=0) if r != 0 else torch.zeros(len(ctx.dims))
+        grads = [g.narrow(0, int(offsets[i]), ctx.dims[i]) for i, g in enumerate(grad_reduced)]
+        return (None, None, *grads)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgathers each tensor; returns the list of outputs. Differentiable."""
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+
+
+# ---- Broadcast ----
+
+def _broadcast_async(tensor, output, root_rank, name, process_set):
+    """Broadcasts `output` in place from `root_rank` (it holds `tensor`'s values, or is it)."""
+    _check_process_set(process_set)
+    _check_dense(tensor)
+    c = _basics.client()
+    handle = _new_handle()
+    buf, write_back = _daemon_buffer(output)
+    as_bytes = buf.dtype not in _DTYPES
+    wire = _bytes_view(buf) if as_bytes else buf
+    try:
+        h = c.broadcast(_op_name("broadcast", name, handle), wire.data_ptr(), _DTYPES[wire.dtype],
+                        list(wire.shape), int(root_rank))
+    except _ringmaster.StatusError as e:
+        raise _status_error(e) from None
+
+    def finish():
+        if write_back is not None:
+            write_back()
+        return output
+
+    return _register(handle, _Op([h], finish, (tensor, output, buf)))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Broadcasts root_rank's `tensor` to every rank without modifying it; returns a handle."""
+    output = _copy_for_output(tensor)
+    return _broadcast_async(tensor, output, root_rank, name, process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast of `tensor` from root_rank; returns a handle."""
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast of `tensor` from root_rank; returns it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """Broadcast; the root's gradient is the average of the outputs' gradients over ranks, the
+    others' is zero (Horovod's definition)."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        handle = broadcast_async(tensor, root_rank, name, process_set)
+        return synchronize(handle)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
+        if _basics.rank() != ctx.root_rank:
+            grad_reduced *= 0
+        return grad_reduced, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns root_rank's `tensor` on every rank. Differentiable."""
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+
+
+# ---- Not (yet) in Ringmaster's data plane ----
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    raise NotImplementedError("ringmaster: alltoall is not supported yet")
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    raise NotImplementedError("ringmaster: alltoall is not supported yet")
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    raise NotImplementedError("ringmaster: reducescatter is not supported yet")
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    raise NotImplementedError("ringmaster: reducescatter is not supported yet")
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    raise NotImplementedError("ringmaster: sparse allreduce is not supported yet; "
+                              "use sparse_as_dense=True or dense gradients")
+
+
+# ---- Join and barrier ----
+
+def join(device=-1):
+    """Blocks until every rank has joined; returns the rank that joined last. While joined, this
+    rank contributes zeros to the other ranks' allreduces."""
+    c = _basics.client()
+    _new_handle()  # as Horovod, a join takes a handle: automatic names stay aligned across ranks
+    try:
+        return c.join()
+    except _ringmaster.StatusError as e:
+        raise _status_error(e) from None
+
+
+def barrier(process_set=global_process_set):
+    """Blocks until every rank reached the barrier."""
+    _check_process_set(process_set)
+    c = _basics.client()
+    _new_handle()
+    try:
+        c.barrier()
+    except _ringmaster.StatusError as e:
+        raise _status_error(e) from None

@@ -1,0 +1,83 @@
+"""ringmaster.torch (Horovod's PyTorch API) end to end: real jobs under `ringmaster local`, each
+rank a /usr/bin/python3 process using the built package (<build>/python, which `ringmaster local`
+puts on PYTHONPATH).
+
+Run by ctest (label `python`) as: /usr/bin/python3 -m pytest tests/python/test_torch_api.py with
+RINGMASTER_BIN_DIR pointing at build/bin. Every run has a deadline; when it passes,
+`ringmaster local` is killed and its workers and ranks die with it (PR_SET_PDEATHSIG).
+"""
+import glob
+import os
+import re
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.path.abspath(os.environ.get("RINGMASTER_BIN_DIR", os.path.join(ROOT, "build", "bin")))
+PYTHON_DIR = os.path.normpath(os.path.join(BIN, "..", "python"))
+PYTHON = "/usr/bin/python3"
+CHECKS = os.path.join(HERE, "torch_api_checks.py")
+EXAMPLES = os.path.join(ROOT, "examples")
+
+pytestmark = pytest.mark.skipif(
+    not glob.glob(os.path.join(PYTHON_DIR, "ringmaster", "_ringmaster*.so"))
+    or not os.path.exists(os.path.join(BIN, "ringmaster-worker")),
+    reason=f"the ringmaster Python module or the workers are not built under {BIN}/..")
+
+
+def run_local(np, *command, extra=(), timeout=150):
+    """Runs `command` as every rank of an np-rank `ringmaster local` job; returns the result."""
+    try:
+        return subprocess.run(
+            [os.path.join(BIN, "ringmaster"), "local", "--np", str(np), *extra, "--", *command],
+            capture_output=True, text=True, timeout=timeout, cwd=HERE)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"`ringmaster local --np {np}` did not finish within {timeout}s; output:\n"
+                    f"{e.stdout}\n{e.stderr}")
+
+
+def describe(r):
+    return f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+
+
+@pytest.mark.parametrize("np, extra", [(2, ()), (3, ("--processes-per-host", "2"))],
+                         ids=["np2", "np3-two-hosts"])
+def test_torch_api_checks(np, extra):
+    r = run_local(np, PYTHON, CHECKS, extra=extra)
+    assert r.returncode == 0, describe(r)
+    assert "FAIL" not in r.stdout, describe(r)
+    for rank in range(np):
+        assert re.search(rf"^\[{rank}\] torch_api_checks: rank {rank}: \d+ checks passed$",
+                         r.stdout, re.M), describe(r)
+
+
+def test_cnn_example_loss_goes_down():
+    r = run_local(2, PYTHON, os.path.join(EXAMPLES, "pytorch_train_cnn.py"), "--epochs", "4")
+    assert r.returncode == 0, describe(r)
+    losses = [float(m) for m in re.findall(r"^\[0\] epoch \d+: loss ([0-9.]+)", r.stdout, re.M)]
+    assert len(losses) == 4, describe(r)
+    assert losses[-1] < 0.7 * losses[0], f"the loss did not go down: {losses}\n{describe(r)}"
+    assert not re.search(r"^\[1\] epoch", r.stdout, re.M), "only rank 0 prints"
+
+
+def test_synthetic_benchmark_runs():
+    r = run_local(2, PYTHON, os.path.join(EXAMPLES, "pytorch_synthetic_benchmark.py"),
+                  "--model", "small-cnn", "--batch-size", "4", "--image-size", "32",
+                  "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2")
+    assert r.returncode == 0, describe(r)
+    assert re.search(r"^\[0\] Img/sec per CPU: [0-9.]+ \+-[0-9.]+$", r.stdout, re.M), describe(r)
+    assert re.search(r"^\[0\] Total img/sec on 2 CPU\(s\): [0-9.]+", r.stdout, re.M), describe(r)
+
+
+def test_init_outside_a_job_says_how_to_run():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGMASTER_")}
+    env["PYTHONPATH"] = PYTHON_DIR
+    r = subprocess.run(
+        [PYTHON, "-c", "import ringmaster.torch as hvd\n"
+                       "try:\n    hvd.init()\n"
+                       "except hvd.HorovodInternalError as e:\n    print('error:', e)\n"],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, describe(r)
+    assert "error: ringmaster: init() failed: RINGMASTER_SOCKET is not set" in r.stdout, describe(r)
