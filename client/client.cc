@@ -28,6 +28,8 @@ absl::StatusOr<int> Dial(const std::string& path) {
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  timeval send_timeout{10, 0};  // every write has a deadline, even to a wedged daemon
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     absl::Status s = absl::UnavailableError(
         absl::StrCat("cannot connect to the worker at ", path, ": ", std::strerror(errno)));

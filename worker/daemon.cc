@@ -200,7 +200,7 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
       spdlog::warn("request batch not sent: {}", s.ToString());
     }
   };
-  e.metrics = &metrics_;
+  e.metrics = options_.record_metrics ? &metrics_ : nullptr;
   job->engine = std::make_unique<Engine>(std::move(e));
   job->engine->Start();
 

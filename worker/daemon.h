@@ -36,6 +36,7 @@ struct DaemonOptions {
   absl::Duration stop_grace = absl::Seconds(5);
   absl::Duration collective_timeout = absl::Seconds(30);
   std::string metrics_listen;  // "host:port" to serve /metrics on; empty: off
+  bool record_metrics = true;  // false: the engine records nothing (to measure what metrics cost)
 };
 
 class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler {

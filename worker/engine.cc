@@ -78,6 +78,7 @@ void Scale(void* data, int64_t n, DataType dtype, double factor, int divisor) {
 Engine::Engine(EngineOptions options)
     : options_(std::move(options)),
       metrics_(options_.metrics != nullptr ? options_.metrics : &own_metrics_),
+      record_(options_.metrics != nullptr),
       labels_({{"job", options_.job_id},
                {"rank", absl::StrCat(options_.rank)},
                {"host", options_.host}}) {
@@ -118,6 +119,7 @@ Engine::Engine(EngineOptions options)
 }
 
 void Engine::CountError(absl::string_view kind) {
+  if (!record_) return;
   Labels with_kind = labels_;
   with_kind.emplace_back("kind", std::string(kind));
   metrics_->GetCounter("ringmaster_errors_total", "Collectives that failed, by kind of error.",
@@ -168,7 +170,7 @@ void Engine::Enqueue(const v1::LocalEnqueue& enqueue, Done done) {
   it->second = std::make_unique<Op>(Op{enqueue, std::move(done)});
   if (r.type() == v1::REQUEST_TYPE_JOIN) joined_ = true;
   unsent_.push_back(r);
-  series_.queue_depth->Set(static_cast<double>(ops_.size()));
+  if (record_) series_.queue_depth->Set(static_cast<double>(ops_.size()));
 }
 
 void Engine::OnResponses(v1::ResponseList list) {
@@ -383,7 +385,7 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
   }
   if (status.ok() && backend_ != nullptr) Record(r, ops, absl::Now() - started);
   for (size_t i = 0; i < ops.size(); ++i) Complete(ops[i], status, completions[i]);
-  {
+  if (record_) {
     absl::MutexLock lock(&mu_);
     series_.queue_depth->Set(static_cast<double>(ops_.size()));
   }
@@ -394,6 +396,7 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
 }
 
 void Engine::Record(const v1::Response& r, const std::vector<Op*>& ops, absl::Duration took) {
+  if (!record_) return;
   const double seconds = absl::ToDoubleSeconds(took);
   const int64_t elem = DataTypeSize(static_cast<DataType>(r.dtype()));
   int64_t bytes = 0;

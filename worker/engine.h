@@ -50,7 +50,8 @@ struct EngineOptions {
   int64_t split_bytes = int64_t{4} << 20;
   // Sends a message to the coordinator on the worker's session. Must not block for long.
   std::function<void(const v1::WorkerMessage&)> send;
-  // Where the engine's series go (borrowed; may be null), labelled job, rank and host.
+  // Where the engine's series go (borrowed), labelled job, rank and host. Null: nothing is recorded
+  // (the hot path does no metrics work at all; used to measure what metrics cost).
   MetricsRegistry* metrics = nullptr;
 };
 
@@ -110,6 +111,7 @@ class Engine {
   const EngineOptions options_;
   MetricsRegistry own_metrics_;
   MetricsRegistry* const metrics_;
+  const bool record_;
   Labels labels_;
   Series series_;
   std::vector<std::unique_ptr<Backend>> backends_;  // engine thread only

@@ -72,6 +72,10 @@ void LocalServer::AcceptLoop() {
       if (!stopping_) spdlog::error("accept on {}: {}", path_, std::strerror(errno));
       return;
     }
+    // A training process that stops reading its completions must not block the engine forever:
+    // a write that cannot proceed for 10 s fails and closes the connection.
+    timeval send_timeout{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
     auto connection = std::make_shared<LocalConnection>(fd);
     absl::MutexLock lock(&mu_);
     if (stopping_) return;

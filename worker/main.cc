@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   }
   options.arena_bytes = static_cast<size_t>(arena_mb) << 20;
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  // A benchmarking aid: RINGMASTER_WORKER_METRICS=off makes the engine record nothing, so the cost
+  // of metrics can be measured (bench/metrics_cost.sh).
+  options.record_metrics = Env("RINGMASTER_WORKER_METRICS") != "off";
   options.collective_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_seconds) * 1000);
 
