@@ -36,6 +36,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
     : clock_(options.clock),
       heartbeat_interval_(options.heartbeat_interval),
       housekeeping_interval_(options.housekeeping_interval),
+      failure_settle_(options.failure_settle),
       log_linger_(options.log_linger),
       jobs_(std::move(options.store), options.clock),
       workers_(options.clock, options.lease, options.reconnect_grace),
@@ -232,6 +233,8 @@ void Coordinator::CloseSession(const std::string& worker_id, WorkerChannel* chan
     jobs_.AddEvent(w->job_id, absl::StrCat("worker ", worker_id, " serving rank ", w->rank,
                                            " on host ", w->host, " disconnected"))
         .IgnoreError();
+    // A rank's failure waiting to settle was this worker's doing: name it now.
+    SettleFailures(clock_->Now(), w->job_id);
   }
 }
 
@@ -380,18 +383,21 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
   if (update.exit_code != 0) {
     std::string reason = absl::StrCat(Placement(rank), " exited with status ", update.exit_code);
     if (!update.message.empty()) absl::StrAppend(&reason, ": ", update.message);
-    // A rank that fails because a peer's daemon died (its collective lost the peer) is a symptom:
-    // name the worker whose session broke first.
-    for (const RankInfo& other : job->ranks) {
-      if (other.worker_id == worker_id) continue;
-      absl::StatusOr<Worker> w = workers_.Get(other.worker_id);
-      if (w.ok() && !w->connected) {
-        reason = absl::StrCat("worker ", other.worker_id, " serving rank ", other.rank, " on host ",
-                              other.host, " disconnected (its session broke); then ", reason);
-        break;
-      }
+    // A rank that fails because a peer's daemon died (its collective lost the peer) is a symptom,
+    // and its report can beat the news of the dead peer's broken session by a few milliseconds: the
+    // failure settles for failure_settle first, and names the disconnected worker if one shows up.
+    if (std::string cause = DisconnectedWorkerOf(*job, worker_id); !cause.empty()) {
+      return Finish(update.job_id, JobState::kFailed, absl::StrCat(cause, "; then ", reason),
+                    worker_id)
+          .status();
     }
-    return Finish(update.job_id, JobState::kFailed, std::move(reason), worker_id).status();
+    absl::MutexLock lock(&mu_);
+    if (auto it = runtimes_.find(update.job_id);
+        it != runtimes_.end() && !it->second->pending_failure.has_value()) {
+      it->second->pending_failure =
+          PendingFailure{std::move(reason), worker_id, clock_->Now() + failure_settle_};
+    }
+    return absl::OkStatus();
   }
   const bool all_done = std::all_of(job->ranks.begin(), job->ranks.end(), [](const RankInfo& r) {
     return r.state == RankState::kExited && r.exit_code == 0;
@@ -442,6 +448,39 @@ absl::StatusOr<int64_t> Coordinator::FollowLogs(const std::string& job_id,
   // Every job reaches its terminal state through Finish(), which ends its log (at once, or after
   // the linger), so a follower is woken at the end.
   return logs_.Subscribe(job_id, std::move(wake));
+}
+
+std::string Coordinator::DisconnectedWorkerOf(const Job& job, const std::string& except) {
+  for (const RankInfo& other : job.ranks) {
+    if (other.worker_id == except) continue;
+    absl::StatusOr<Worker> w = workers_.Get(other.worker_id);
+    if (!w.ok() || !w->connected) {
+      return absl::StrCat("worker ", other.worker_id, " serving rank ", other.rank, " on host ",
+                          other.host, " disconnected (its session broke)");
+    }
+  }
+  return "";
+}
+
+void Coordinator::SettleFailures(absl::Time now, const std::string& disconnected_job) {
+  std::vector<std::pair<std::string, PendingFailure>> due;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, runtime] : runtimes_) {
+      if (!runtime->pending_failure.has_value()) continue;
+      if (now < runtime->pending_failure->deadline && id != disconnected_job) continue;
+      due.emplace_back(id, *runtime->pending_failure);
+    }
+  }
+  for (auto& [job_id, failure] : due) {
+    std::string reason = std::move(failure.reason);
+    if (absl::StatusOr<Job> job = jobs_.Get(job_id); job.ok()) {
+      if (std::string cause = DisconnectedWorkerOf(*job, failure.worker_id); !cause.empty()) {
+        reason = absl::StrCat(cause, "; then ", reason);
+      }
+    }
+    Finish(job_id, JobState::kFailed, std::move(reason), failure.worker_id).IgnoreError();
+  }
 }
 
 absl::Status Coordinator::CheckScope(const std::string& job_id, int64_t epoch) const {
@@ -500,6 +539,7 @@ void Coordinator::Tick() {
     }
   }
   for (const auto& runtime : runtimes) Flush(runtime, now);
+  SettleFailures(now, "");
   if (housekeeping) Housekeeping(now);
 }
 

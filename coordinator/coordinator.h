@@ -42,6 +42,9 @@ struct CoordinatorOptions {
   // A busy worker whose session broke (a daemon killed, a host gone) is lost after this long unless
   // it reconnects; its job fails then, well before the lease would run out.
   absl::Duration reconnect_grace = absl::Seconds(2);
+  // A rank's non-zero exit fails its job after this long, unless a worker of the job disconnects
+  // meanwhile: then the failure names that worker first (the exit was most likely its consequence).
+  absl::Duration failure_settle = absl::Milliseconds(300);
   // How often Tick() expires leases, checks stalls and expires rendezvous waiters.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);
   // Output kept per rank (oldest dropped first), and by all jobs together (ended jobs' logs
@@ -157,6 +160,13 @@ class Coordinator {
   void Shutdown(const std::string& reason);
 
  private:
+  // A rank's non-zero exit waiting for failure_settle before it fails the job.
+  struct PendingFailure {
+    std::string reason;
+    std::string worker_id;  // the exiting rank's worker
+    absl::Time deadline;
+  };
+
   // A job's live state while it has workers.
   struct Runtime {
     std::string job_id;
@@ -173,6 +183,7 @@ class Coordinator {
     Histogram* latency = nullptr;
     Gauge* stalled = nullptr;
     NegotiatorStats reported ABSL_GUARDED_BY(flush_mu);  // stats already added to the counters
+    std::optional<PendingFailure> pending_failure;  // guarded by the coordinator's mu_
     // Throughput: running totals, and snapshots of them about every second for a 10 s window.
     struct Totals {
       absl::Time time;
@@ -185,6 +196,11 @@ class Coordinator {
     absl::flat_hash_set<std::string> distinct ABSL_GUARDED_BY(flush_mu);  // tensor names seen
   };
 
+  // "worker W serving rank R on host H disconnected (its session broke)" for the first worker of
+  // `job` other than `except` that is not connected, or "".
+  std::string DisconnectedWorkerOf(const Job& job, const std::string& except);
+  // Fails the jobs whose pending failure is due (or belongs to `disconnected_job`).
+  void SettleFailures(absl::Time now, const std::string& disconnected_job);
   // Jobs and workers by state, computed at each scrape.
   void RegisterCollectors();
   // Places pending jobs on idle workers, oldest first.
@@ -207,6 +223,7 @@ class Coordinator {
   MetricsRegistry metrics_;
   const absl::Duration heartbeat_interval_;
   const absl::Duration housekeeping_interval_;
+  const absl::Duration failure_settle_;
   const absl::Duration log_linger_;
   JobRegistry jobs_;
   WorkerRegistry workers_;

@@ -334,6 +334,12 @@ TEST_F(CoordinatorTest, NonzeroExitFailsTheJobNamingTheRankAndStopsTheOthers) {
   ASSERT_TRUE(Update(w2, id, 1, RankState::kExited, 3, "CUDA error: out of memory").ok());
   const std::string reason =
       "rank 1 on host host-a (worker-000002) exited with status 3: CUDA error: out of memory";
+  // The failure settles for 300 ms (a peer's broken session would be named first), then lands.
+  clock_.Advance(absl::Milliseconds(299));
+  coordinator_.Tick();
+  EXPECT_EQ(GetJob(id).state, JobState::kRunning);
+  clock_.Advance(absl::Milliseconds(1));
+  coordinator_.Tick();
   Job job = GetJob(id);
   EXPECT_EQ(job.state, JobState::kFailed);
   EXPECT_EQ(job.reason, reason);
@@ -346,6 +352,8 @@ TEST_F(CoordinatorTest, NonzeroExitFailsTheJobNamingTheRankAndStopsTheOthers) {
   const std::string next = coordinator_.RegisterJob(Spec(3))->id;
   ASSERT_EQ(GetJob(next).state, JobState::kStarting);
   ASSERT_TRUE(Update(w3, next, 2, RankState::kExited, -9).ok());
+  clock_.Advance(absl::Milliseconds(300));
+  coordinator_.Tick();
   EXPECT_EQ(GetJob(next).reason, "rank 2 on host host-b (worker-000003) exited with status -9");
   EXPECT_EQ(GetJob(next).state, JobState::kFailed);
 }
@@ -629,6 +637,8 @@ TEST_F(CoordinatorTest, OutputIsCheckedLikeBatchesAndKeptAfterTheJobEnds) {
   absl::StatusOr<int64_t> follow = coordinator_.FollowLogs(id, [&] { ++wakes; });
   ASSERT_TRUE(follow.ok());
   ASSERT_TRUE(Update(w2, id, 1, RankState::kExited, 3).ok());
+  clock_.Advance(absl::Milliseconds(300));  // the failure settles
+  coordinator_.Tick();
   EXPECT_EQ(GetJob(id).state, JobState::kFailed);
   EXPECT_EQ(wakes, 0);
   ASSERT_TRUE(say(w1, 0, "last words").ok());
@@ -829,6 +839,20 @@ TEST_F(CoordinatorTest, ShutdownTellsEveryWorkerAndFailsRendezvousWaits) {
 
 namespace ringmaster {
 namespace {
+
+TEST_F(CoordinatorTest, ARankFailingRightAfterAPeerDisconnectsNamesThePeer) {
+  const std::string w0 = Connect("host-a", "cpu");
+  const std::string w1 = Connect("host-b", "cpu");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+  // Rank 0's collective lost its peer and it exits; a moment later rank 1's broken session shows.
+  ASSERT_TRUE(Update(w0, id, 0, RankState::kExited, 1).ok());
+  EXPECT_EQ(GetJob(id).state, JobState::kStarting);
+  coordinator_.CloseSession(w1, &Channel(w1));
+  EXPECT_EQ(GetJob(id).state, JobState::kFailed);
+  EXPECT_EQ(GetJob(id).reason,
+            "worker worker-000002 serving rank 1 on host host-b disconnected (its session "
+            "broke); then rank 0 on host host-a (worker-000001) exited with status 1");
+}
 
 TEST_F(CoordinatorTest, GetJobReportsLiveThroughputOverTheLastTenSeconds) {
   const std::string w0 = Connect("host-a", "cpu");
