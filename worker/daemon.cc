@@ -33,12 +33,7 @@ Daemon::~Daemon() {
   Shutdown();
   if (session_) session_->Stop();
   if (local_) local_->Stop();
-  std::vector<std::thread> finishers;
-  {
-    absl::MutexLock lock(&mu_);
-    finishers.swap(finishers_);
-  }
-  for (auto& t : finishers) t.join();
+  finishers_.JoinAll();
 }
 
 absl::Status Daemon::Start() {
@@ -304,8 +299,7 @@ void Daemon::StopJob(const std::string& job_id, const absl::Status& reason) {
 
 void Daemon::FinishJob(std::shared_ptr<Job> job) {
   // Cleanup joins the engine and the waiter, so it runs on a thread of its own.
-  absl::MutexLock lock(&mu_);
-  finishers_.emplace_back([this, job] {
+  finishers_.Start([this, job] {
     job->engine->Stop();
     if (job->waiter.joinable() && job->waiter.get_id() != std::this_thread::get_id()) {
       job->waiter.join();

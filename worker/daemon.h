@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/metrics_server.h"
 #include "common/shared_memory.h"
+#include "common/thread_list.h"
 #include "grpcpp/channel.h"
 #include "worker/child_process.h"
 #include "worker/coordinator_session.h"
@@ -93,7 +94,7 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
 
   absl::Mutex mu_;
   std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> finishers_ ABSL_GUARDED_BY(mu_);
+  ThreadList finishers_;  // one per finished job
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

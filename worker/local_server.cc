@@ -80,7 +80,7 @@ void LocalServer::AcceptLoop() {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     connections_.push_back(connection);
-    readers_.emplace_back([this, connection] { Serve(connection); });
+    readers_.Start([this, connection] { Serve(connection); });
   }
 }
 
@@ -138,13 +138,11 @@ void LocalServer::Stop() {
   shutdown(listen_fd_, SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   close(listen_fd_);
-  std::vector<std::thread> readers;
   {
     absl::MutexLock lock(&mu_);
     for (auto& c : connections_) c->Shutdown();
-    readers.swap(readers_);
   }
-  for (auto& t : readers) t.join();
+  readers_.JoinAll();
   unlink(path_.c_str());
 }
 

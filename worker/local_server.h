@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/thread_list.h"
 #include "ringmaster/v1/local.pb.h"
 
 namespace ringmaster {
@@ -62,7 +63,7 @@ class LocalServer {
   std::thread acceptor_;
   absl::Mutex mu_;
   std::vector<std::shared_ptr<LocalConnection>> connections_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> readers_ ABSL_GUARDED_BY(mu_);
+  ThreadList readers_;  // one per connection
 };
 
 }  // namespace ringmaster
