@@ -10,6 +10,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/framing.h"
@@ -136,6 +137,11 @@ class ClientImpl : public Client {
       return absl::DeadlineExceededError(absl::StrCat("operation '", op->name, "' did not complete within ",
                                                       absl::FormatDuration(timeout)));
     }
+    it = ops_.find(handle);  // another waiter on the same handle may have taken it
+    if (it == ops_.end()) {
+      return absl::NotFoundError(absl::StrCat("no operation in flight with handle ", handle));
+    }
+    op = &it->second;
     absl::Status status = op->status;
     if (op->allgather && status.ok()) {
       gathered_[handle] = std::move(op->gathered);
@@ -255,11 +261,18 @@ class ClientImpl : public Client {
       e->set_handle(handle);
       ops_[handle] = std::move(op);
     }
-    absl::MutexLock write_lock(&write_mu_);
-    if (absl::Status s = WriteFrame(fd_, m); !s.ok()) {
+    absl::Status written;
+    {
+      absl::MutexLock write_lock(&write_mu_);
+      written = WriteFrame(fd_, m);
+    }
+    if (!written.ok()) {
+      // A partial frame may be on the socket: the stream is unusable. The reader then fails
+      // everything in flight.
+      shutdown(fd_, SHUT_RDWR);
       absl::MutexLock lock(&mu_);
       ops_.erase(handle);
-      return absl::UnavailableError(absl::StrCat("cannot reach the worker: ", s.message()));
+      return absl::UnavailableError(absl::StrCat("cannot reach the worker: ", written.message()));
     }
     return handle;
   }
@@ -276,6 +289,19 @@ class ClientImpl : public Client {
   }
 
   void Complete(const v1::LocalCompletion& c) {
+    int64_t release_offset = -1;
+    CompleteLocked(c, &release_offset);
+    if (release_offset >= 0) {
+      // Give the daemon its output memory back, with mu_ released (a write may block).
+      v1::LocalRequest release;
+      release.mutable_release()->set_offset(release_offset);
+      absl::MutexLock write_lock(&write_mu_);
+      WriteFrame(fd_, release).IgnoreError();
+    }
+  }
+
+  void CompleteLocked(const v1::LocalCompletion& c, int64_t* release_offset) {
+    int64_t& release_offset_ref = *release_offset;
     absl::MutexLock lock(&mu_);
     auto it = ops_.find(c.handle());
     if (it == ops_.end()) return;
@@ -287,11 +313,7 @@ class ClientImpl : public Client {
       for (int64_t d : op.gathered.shape) n *= d;
       const uint8_t* src = arena_->data() + c.output_offset();
       op.gathered.data.assign(src, src + n);
-      // Give the daemon its output memory back.
-      v1::LocalRequest release;
-      release.mutable_release()->set_offset(c.output_offset());
-      absl::MutexLock write_lock(&write_mu_);
-      WriteFrame(fd_, release).IgnoreError();
+      release_offset_ref = c.output_offset();
     }
     if (op.staged) {
       if (op.status.ok() && op.copy_out) std::memcpy(op.user, arena_->data() + op.offset, op.bytes);
@@ -325,7 +347,9 @@ class ClientImpl : public Client {
   absl::Mutex write_mu_;
   absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
   Handle next_handle_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<Handle, Op> ops_ ABSL_GUARDED_BY(mu_);
+  // Node-based: Wait() keeps a pointer to its Op across AwaitWithTimeout, which releases mu_ while
+  // other threads insert.
+  absl::node_hash_map<Handle, Op> ops_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Handle, AllgatherOutput> gathered_ ABSL_GUARDED_BY(mu_);
   int last_joined_rank_ ABSL_GUARDED_BY(mu_) = -1;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -146,6 +146,11 @@ void Coordinator::Schedule() {
         job_label);
     spdlog::info("job {} starting on {} workers", started->id, ids.size());
     absl::MutexLock lock(&mu_);
+    // Cancelled (or failed) since Start(): Finish() found no runtime to stop; do not create one.
+    if (absl::StatusOr<Job> now = jobs_.Get(started->id);
+        !now.ok() || IsTerminal(now->state) || now->epoch != started->epoch) {
+      continue;
+    }
     runtimes_[started->id] = runtime;
     for (const RankInfo& r : started->ranks) {
       if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendAssignment(*started, r.rank);
@@ -198,9 +203,9 @@ absl::StatusOr<Job> Coordinator::CancelJob(const std::string& id, std::string re
 absl::Status Coordinator::OpenSession(const std::string& worker_id, WorkerChannel* channel) {
   absl::StatusOr<Worker> worker = workers_.Get(worker_id);
   if (!worker.ok()) return worker.status();
-  if (absl::Status s = workers_.SetConnected(worker_id, true); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status s = workers_.SetConnected(worker_id, true); !s.ok()) return s;
     if (WorkerChannel* old = ChannelOf(worker_id); old != nullptr && old != channel) {
       old->Close(absl::AbortedError("superseded by a newer session of the same worker"));
     }
@@ -225,9 +230,11 @@ void Coordinator::CloseSession(const std::string& worker_id, WorkerChannel* chan
     auto it = channels_.find(worker_id);
     if (it == channels_.end() || it->second != channel) return;
     channels_.erase(it);
+    // Under mu_, so a quick reconnect's OpenSession (which marks it connected under mu_ too)
+    // cannot be overtaken. It may reconnect: an idle worker until its lease runs out, a busy one
+    // within the reconnect grace.
+    workers_.SetConnected(worker_id, false).IgnoreError();
   }
-  // It may reconnect: an idle worker until its lease runs out, a busy one within the reconnect grace.
-  workers_.SetConnected(worker_id, false).IgnoreError();
   spdlog::info("worker {} disconnected", worker_id);
   if (absl::StatusOr<Worker> w = workers_.Get(worker_id); w.ok() && !w->job_id.empty()) {
     jobs_.AddEvent(w->job_id, absl::StrCat("worker ", worker_id, " serving rank ", w->rank,

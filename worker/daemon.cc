@@ -97,7 +97,7 @@ void Daemon::OnMessage(const v1::CoordinatorMessage& m) {
       StartJob(m.assignment());
       break;
     case v1::CoordinatorMessage::kResponses: {
-      std::shared_ptr<Job> job = CurrentJob();
+      std::shared_ptr<Job> job = ServingJob();
       if (job != nullptr && job->assignment.job().id() == m.responses().job_id()) {
         job->engine->OnResponses(m.responses());
       }
@@ -198,6 +198,16 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   e.metrics = options_.record_metrics ? &metrics_ : nullptr;
   job->engine = std::make_unique<Engine>(std::move(e));
   job->engine->Start();
+  bool stop_requested;
+  {
+    absl::MutexLock lock(&mu_);
+    job->ready = true;
+    stop_requested = job->stop_requested;
+  }
+  if (stop_requested) {
+    StopJob(spec.id(), absl::AbortedError(absl::StrCat("job ", spec.id(), " stopped while starting")));
+    return;
+  }
 
   if (spec.spec().command().empty()) {
     spdlog::info("job {} rank {}: waiting for a training process on {}", spec.id(), rank,
@@ -285,8 +295,17 @@ void Daemon::SendRankUpdate(const Job& job, v1::RankState state, int exit_code,
 }
 
 void Daemon::StopJob(const std::string& job_id, const absl::Status& reason) {
-  std::shared_ptr<Job> job = CurrentJob();
-  if (job == nullptr || job->assignment.job().id() != job_id || job->stopped.exchange(true)) return;
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = job_;
+    if (job == nullptr || job->assignment.job().id() != job_id) return;
+    if (!job->ready) {  // StartJob stops it as soon as it is built
+      job->stop_requested = true;
+      return;
+    }
+  }
+  if (job->stopped.exchange(true)) return;
   spdlog::info("stopping job {}: {}", job_id, reason.ToString());
   // Pending operations fail at once with the reason; the process gets SIGTERM, then SIGKILL.
   job->engine->Abort(reason);
@@ -300,7 +319,7 @@ void Daemon::StopJob(const std::string& job_id, const absl::Status& reason) {
 void Daemon::FinishJob(std::shared_ptr<Job> job) {
   // Cleanup joins the engine and the waiter, so it runs on a thread of its own.
   finishers_.Start([this, job] {
-    job->engine->Stop();
+    if (job->engine != nullptr) job->engine->Stop();
     if (job->waiter.joinable() && job->waiter.get_id() != std::this_thread::get_id()) {
       job->waiter.join();
     }
@@ -313,8 +332,13 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
   });
 }
 
+std::shared_ptr<Daemon::Job> Daemon::ServingJob() {
+  absl::MutexLock lock(&mu_);
+  return job_ != nullptr && job_->ready ? job_ : nullptr;
+}
+
 absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHello& hello) {
-  std::shared_ptr<Job> job = CurrentJob();
+  std::shared_ptr<Job> job = ServingJob();
   if (job == nullptr || job->stopped) {
     return absl::UnavailableError("no job is assigned to this worker yet");
   }
@@ -339,7 +363,7 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
 
 void Daemon::OnEnqueue(const v1::LocalEnqueue& enqueue,
                        std::function<void(const v1::LocalCompletion&)> reply) {
-  std::shared_ptr<Job> job = CurrentJob();
+  std::shared_ptr<Job> job = ServingJob();
   if (job == nullptr) {
     v1::LocalCompletion c;
     c.set_handle(enqueue.handle());
@@ -357,13 +381,13 @@ void Daemon::OnEnqueue(const v1::LocalEnqueue& enqueue,
 }
 
 void Daemon::OnRelease(const v1::LocalRelease& release) {
-  if (std::shared_ptr<Job> job = CurrentJob()) {
+  if (std::shared_ptr<Job> job = ServingJob()) {
     job->outputs->Free(static_cast<size_t>(release.offset())).IgnoreError();
   }
 }
 
 void Daemon::OnDisconnect() {
-  std::shared_ptr<Job> job = CurrentJob();
+  std::shared_ptr<Job> job = ServingJob();
   // An attached process (no command of ours) that goes away ends its rank.
   if (job == nullptr || job->child != nullptr || !job->started || job->stopped.exchange(true)) return;
   SendRankUpdate(*job, v1::RANK_STATE_EXITED, 0, "");

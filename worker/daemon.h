@@ -74,6 +74,10 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     std::thread waiter;
     std::atomic<bool> started{false};
     std::atomic<bool> stopped{false};
+    // Set (under the daemon's mu_) once arena, outputs and engine exist; until then the job is
+    // reserved but not served, and a stop is only requested.
+    bool ready = false;
+    bool stop_requested = false;
   };
 
   void StartJob(const v1::JobAssignment& assignment);
@@ -84,6 +88,8 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   void FinishJob(std::shared_ptr<Job> job);
   void SendRankUpdate(const Job& job, v1::RankState state, int exit_code, const std::string& text);
   std::shared_ptr<Job> CurrentJob();
+  // The current job once it is ready to serve (arena and engine built), else null.
+  std::shared_ptr<Job> ServingJob();
 
   const DaemonOptions options_;
   MetricsRegistry metrics_;

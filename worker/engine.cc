@@ -158,19 +158,25 @@ void Engine::Enqueue(const v1::LocalEnqueue& enqueue, Done done) {
                        "-byte arena")));
     }
   }
-  absl::MutexLock lock(&mu_);
-  if (!aborted_.ok()) return reject(aborted_);
-  auto [it, inserted] = ops_.try_emplace(r.name());
-  if (!inserted) {
-    return reject(absl::InvalidArgumentError(
-        absl::StrCat("Tensor '", r.name(), "' is already in flight on ", RankName(),
-                     ": wait for it to complete before submitting it again, or use a different "
-                     "name.")));
+  absl::Status rejected;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) {
+      rejected = aborted_;
+    } else if (ops_.contains(r.name())) {
+      rejected = absl::InvalidArgumentError(
+          absl::StrCat("Tensor '", r.name(), "' is already in flight on ", RankName(),
+                       ": wait for it to complete before submitting it again, or use a different "
+                       "name."));
+    } else {
+      ops_[r.name()] = std::make_unique<Op>(Op{enqueue, std::move(done)});
+      if (r.type() == v1::REQUEST_TYPE_JOIN) joined_ = true;
+      unsent_.push_back(r);
+      if (record_) series_.queue_depth->Set(static_cast<double>(ops_.size()));
+      return;
+    }
   }
-  it->second = std::make_unique<Op>(Op{enqueue, std::move(done)});
-  if (r.type() == v1::REQUEST_TYPE_JOIN) joined_ = true;
-  unsent_.push_back(r);
-  if (record_) series_.queue_depth->Set(static_cast<double>(ops_.size()));
+  reject(rejected);  // outside the lock: the reply is a socket write
 }
 
 void Engine::OnResponses(v1::ResponseList list) {
@@ -509,6 +515,17 @@ absl::Status Engine::ExecuteAllgather(const v1::Response& r, const std::vector<O
                                       std::vector<v1::LocalCompletion>* out) {
   const int64_t elem = DataTypeSize(static_cast<DataType>(r.dtype()));
   const int size = options_.size;
+  if (static_cast<size_t>(r.tensor_sizes_size()) < ops.size() * size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allgather response has ", r.tensor_sizes_size(), " sizes for ", ops.size(),
+        " tensors on ", size, " ranks"));
+  }
+  // On failure, outputs already allocated for earlier tensors go back to the arena.
+  auto release_earlier = [&](size_t upto) {
+    for (size_t e = 0; e < upto; ++e) {
+      if (ops[e] != nullptr) options_.outputs->Free((*out)[e].output_offset()).IgnoreError();
+    }
+  };
   for (size_t t = 0; t < ops.size(); ++t) {
     // Row size from this rank's own shape; a joined rank (no op) contributes zero rows and keeps
     // nothing, so its row size does not matter.
@@ -531,7 +548,10 @@ absl::Status Engine::ExecuteAllgather(const v1::Response& r, const std::vector<O
     absl::StatusOr<size_t> offset = absl::UnavailableError("");
     if (ops[t] != nullptr) {
       offset = options_.outputs->Allocate(total);
-      if (!offset.ok()) return offset.status();
+      if (!offset.ok()) {
+        release_earlier(t);
+        return offset.status();
+      }
       output = options_.arena + *offset;
     } else {
       fusion_buffer_.resize(std::max<size_t>(fusion_buffer_.size(), total));
@@ -541,6 +561,7 @@ absl::Status Engine::ExecuteAllgather(const v1::Response& r, const std::vector<O
     absl::Status status = backend_->Allgatherv(input, output, bytes);
     if (!status.ok()) {
       if (offset.ok()) options_.outputs->Free(*offset).IgnoreError();
+      release_earlier(t);
       return status;
     }
     if (ops[t] != nullptr) {
