@@ -140,10 +140,13 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     if (job_ != nullptr) {
       if (job_->assignment.job().id() != assignment.job().id() ||
           job_->assignment.epoch() != assignment.epoch()) {
-        spdlog::error("assignment of {} ignored: still serving {}", assignment.job().id(),
-                      job_->assignment.job().id());
+        // The coordinator freed this worker when the last job ended; its cleanup here (the
+        // process's grace period) may not be over yet. The new rank starts right after it.
+        spdlog::info("assignment of {} queued until {} is cleaned up", assignment.job().id(),
+                     job_->assignment.job().id());
+        queued_ = assignment;
       }
-      return;  // a re-sent assignment after a reconnect
+      return;  // else a re-sent assignment after a reconnect
     }
     job = std::make_shared<Job>();
     job->assignment = assignment;
@@ -197,13 +200,15 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   };
   e.metrics = options_.record_metrics ? &metrics_ : nullptr;
   job->engine = std::make_unique<Engine>(std::move(e));
-  job->engine->Start();
+  // Ready before the engine starts: responses can only follow the requests it will send, and must
+  // find it (StartJob may run on a cleanup thread, not the session thread).
   bool stop_requested;
   {
     absl::MutexLock lock(&mu_);
     job->ready = true;
     stop_requested = job->stop_requested;
   }
+  job->engine->Start();
   if (stop_requested) {
     StopJob(spec.id(), absl::AbortedError(absl::StrCat("job ", spec.id(), " stopped while starting")));
     return;
@@ -298,6 +303,7 @@ void Daemon::StopJob(const std::string& job_id, const absl::Status& reason) {
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
+    if (queued_.has_value() && queued_->job().id() == job_id) queued_.reset();  // never started
     job = job_;
     if (job == nullptr || job->assignment.job().id() != job_id) return;
     if (!job->ready) {  // StartJob stops it as soon as it is built
@@ -326,9 +332,14 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
     local_->DisconnectAll();
     const std::string id = job->assignment.job().id();
     job->arena.reset();  // the memory goes once the training process has unmapped it too
-    absl::MutexLock lock(&mu_);
-    if (job_ == job) job_ = nullptr;
-    spdlog::info("job {}: rank cleaned up; idle", id);
+    std::optional<v1::JobAssignment> next;
+    {
+      absl::MutexLock lock(&mu_);
+      if (job_ == job) job_ = nullptr;
+      next.swap(queued_);
+    }
+    spdlog::info("job {}: rank cleaned up; {}", id, next ? "starting the queued one" : "idle");
+    if (next) StartJob(*next);
   });
 }
 
@@ -386,10 +397,11 @@ void Daemon::OnRelease(const v1::LocalRelease& release) {
   }
 }
 
-void Daemon::OnDisconnect() {
+void Daemon::OnDisconnect(bool welcomed) {
   std::shared_ptr<Job> job = ServingJob();
-  // An attached process (no command of ours) that goes away ends its rank.
-  if (job == nullptr || job->child != nullptr || !job->started || job->stopped.exchange(true)) return;
+  // An attached training process (no command of ours) that goes away ends its rank; a connection
+  // that never got a welcome (a probe, a process that arrived too early) does not.
+  if (!welcomed || job == nullptr || job->child != nullptr || !job->started || job->stopped.exchange(true)) return;
   SendRankUpdate(*job, v1::RANK_STATE_EXITED, 0, "");
   job->engine->Abort(absl::CancelledError("the training process disconnected"));
   FinishJob(job);

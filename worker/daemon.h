@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -62,7 +63,7 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   void OnEnqueue(const v1::LocalEnqueue& enqueue,
                  std::function<void(const v1::LocalCompletion&)> reply) override;
   void OnRelease(const v1::LocalRelease& release) override;
-  void OnDisconnect() override;
+  void OnDisconnect(bool welcomed) override;
 
  private:
   struct Job {
@@ -100,6 +101,8 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
 
   absl::Mutex mu_;
   std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
+  // An assignment that arrived while the previous job was still being cleaned up.
+  std::optional<v1::JobAssignment> queued_ ABSL_GUARDED_BY(mu_);
   ThreadList finishers_;  // one per finished job
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };

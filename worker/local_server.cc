@@ -86,6 +86,7 @@ void LocalServer::AcceptLoop() {
 
 void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
   std::weak_ptr<LocalConnection> weak = connection;
+  bool welcomed = false;
   v1::LocalRequest request;
   while (ReadFrame(connection->fd(), &request).ok()) {
     switch (request.kind_case()) {
@@ -95,6 +96,7 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
         if (welcome.ok()) {
           *reply.mutable_welcome() = welcome->message;
           connection->Send(reply, welcome->arena_fd);
+          welcomed = true;
         } else {
           reply.mutable_completion()->set_code(static_cast<int>(welcome.status().code()));
           reply.mutable_completion()->set_message(std::string(welcome.status().message()));
@@ -118,7 +120,7 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
         break;
     }
   }
-  handler_->OnDisconnect();
+  handler_->OnDisconnect(welcomed);
   absl::MutexLock lock(&mu_);
   for (auto it = connections_.begin(); it != connections_.end(); ++it) {
     if (*it == connection) {

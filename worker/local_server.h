@@ -36,7 +36,8 @@ class LocalServer {
     virtual void OnEnqueue(const v1::LocalEnqueue& enqueue,
                            std::function<void(const v1::LocalCompletion&)> reply) = 0;
     virtual void OnRelease(const v1::LocalRelease& release) = 0;
-    virtual void OnDisconnect() = 0;
+    // A connection closed; `welcomed` when it was a training process that received a welcome.
+    virtual void OnDisconnect(bool welcomed) = 0;
   };
 
   // Listens on `path` (an existing socket file there is replaced). `handler` is borrowed.

@@ -158,3 +158,30 @@ def test_a_rank_exiting_non_zero_fails_the_job_with_its_status(cluster):
     job = cluster.submit(2, "sh", "-c", 'test "$HOROVOD_RANK" = 1 && exit 3; sleep 30')
     failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 10)
     assert re.fullmatch(r"rank 1 on host h\d \(worker-\d+\) exited with status 3", failed["reason"])
+
+
+def test_processes_started_elsewhere_attach_to_their_daemons(cluster, tmp_path):
+    """The sidecar pattern: a job with no command; each rank's process is started by someone else
+    and connects to its daemon's socket (RINGMASTER_SOCKET). A probe that never says hello does not
+    end the rank; the job SUCCEEDS when the attached processes disconnect."""
+    out = cluster.cli("--json", "submit", "--np", "2", "--processes-per-host", "1").stdout
+    job = json.loads(out)["id"]
+    placed = cluster.wait_state(job, {"JOB_STATE_STARTING"}, 10)
+    # Which daemon is which worker id: each logs "registered as worker-N".
+    ids = {}
+    for i in range(len(cluster.workers)):
+        m = re.search(r"registered as (worker-\d+)", (tmp_path / f"worker{i}.log").read_text())
+        ids[m.group(1)] = i
+    sockets = {r.get("rank", 0): str(tmp_path / f"w{ids[r['worker_id']]}.sock")
+               for r in placed["ranks"]}
+    import socket as pysocket
+    probe = pysocket.socket(pysocket.AF_UNIX)
+    probe.connect(sockets[0])
+    probe.close()
+    procs = [subprocess.Popen([f"{BIN}/hello_allreduce"], env={**os.environ, "RINGMASTER_SOCKET": s},
+                              stdout=subprocess.PIPE, text=True) for s in sockets.values()]
+    outputs = [p.communicate(timeout=30)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert all("want=1.5" in o for o in outputs), outputs
+    assert cluster.wait_state(job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 10)["state"] == \
+        "JOB_STATE_SUCCEEDED"
