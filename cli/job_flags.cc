@@ -14,6 +14,14 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
     Usage(std::string(s.message()));
   }
   bool have_np = false;
+  // Knobs given by a flag or the environment: fixed under autotune (unless started from).
+  bool given_fusion = false, given_cycle = false, given_cache = false, start_from_given = false;
+  const EnvLookup env = ProcessEnv();
+  for (const char* prefix : {"HOROVOD_", "RINGMASTER_"}) {
+    given_fusion |= env(absl::StrCat(prefix, "FUSION_THRESHOLD")).has_value();
+    given_cycle |= env(absl::StrCat(prefix, "CYCLE_TIME")).has_value();
+    given_cache |= env(absl::StrCat(prefix, "CACHE_CAPACITY")).has_value();
+  }
   while (!args.Done()) {
     std::string flag = args.Next();
     if (flag == "--") break;
@@ -35,14 +43,20 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
     } else if (flag == "--fusion-threshold-mb") {
       knobs.fusion_threshold_bytes =
           static_cast<int64_t>(Number<double>(flag, args.Value(flag)) * (1 << 20));
+      given_fusion = true;
     } else if (flag == "--fusion-threshold-bytes") {
       knobs.fusion_threshold_bytes = Number<int64_t>(flag, args.Value(flag));
+      given_fusion = true;
     } else if (flag == "--cycle-time-ms") {
       knobs.cycle_time_ms = Number<double>(flag, args.Value(flag));
+      given_cycle = true;
     } else if (flag == "--cache-capacity") {
       knobs.cache_capacity = Number<int32_t>(flag, args.Value(flag));
+      given_cache = true;
     } else if (flag == "--autotune") {
       knobs.autotune = true;
+    } else if (flag == "--autotune-start-from-given") {
+      start_from_given = true;
     } else if (flag == "--autotune-log-file") {
       knobs.autotune_log = args.Value(flag);
     } else if (flag == "--autotune-warmup-samples") {
@@ -104,6 +118,11 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
   k->set_stall_check_seconds(knobs.stall_check_seconds);
   k->set_stall_shutdown_seconds(knobs.stall_shutdown_seconds);
   k->set_backend(static_cast<v1::Backend>(knobs.backend));
+  if (!start_from_given) {
+    if (given_fusion) k->add_autotune_fixed("fusion_threshold_bytes");
+    if (given_cycle) k->add_autotune_fixed("cycle_time_ms");
+    if (given_cache) k->add_autotune_fixed("cache_capacity");
+  }
   return spec;
 }
 

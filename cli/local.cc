@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cli/artifacts.h"
 #include "cli/job_flags.h"
 #include "cli/log_printer.h"
 #include "cli/subprocess.h"
@@ -77,6 +78,8 @@ struct LocalOptions {
   absl::Duration start_timeout = absl::Seconds(60);
   // > 0: the coordinator serves metrics on this port and worker i on metrics_port_base + 1 + i.
   int metrics_port_base = 0;
+  // Where the job's artifacts go when it ends.
+  std::string artifacts_output = ".";
 };
 
 // The directory of the running executable, where the coordinator and worker binaries are built too.
@@ -133,6 +136,7 @@ class LocalRun {
     monitor.join();
 
     absl::StatusOr<v1::Job> job = GetJob();
+    if (job.ok()) SaveArtifacts();
     Stop();
     if (g_.json && job.ok()) std::printf("%s\n", Json(*job).c_str());
     std::fflush(stdout);
@@ -162,7 +166,8 @@ class LocalRun {
 
   absl::Status StartCoordinator() {
     std::vector<std::string> argv = {absl::StrCat(bin_dir_, "/ringmaster-coordinator"), "--listen",
-                                     absl::StrCat("127.0.0.1:", options_.port)};
+                                     absl::StrCat("127.0.0.1:", options_.port), "--artifacts-dir",
+                                     artifacts_dir_};
     if (options_.metrics_port_base > 0) {
       argv.insert(argv.end(),
                   {"--metrics-listen", absl::StrCat("127.0.0.1:", options_.metrics_port_base)});
@@ -331,6 +336,20 @@ class LocalRun {
     return response.job();
   }
 
+  // Copies the job's artifacts out of the coordinator's private directory.
+  void SaveArtifacts() {
+    std::vector<FetchedArtifact> fetched;
+    grpc::Status s = FetchArtifacts(*stub_, g_, job_id_, options_.artifacts_output, &fetched);
+    if (!s.ok()) {
+      std::fprintf(stderr, "ringmaster local: could not save the job's artifacts: %s\n",
+                   Describe(s).c_str());
+    }
+    for (const FetchedArtifact& f : fetched) {
+      std::fprintf(stderr, "ringmaster local: %s written to %s (%lld bytes)\n", f.name.c_str(),
+                   f.path.c_str(), static_cast<long long>(f.size_bytes));
+    }
+  }
+
   // Stops the workers, then the coordinator (SIGTERM, SIGKILL after kStopGrace each, sooner after
   // a second Ctrl-C), and removes the workers' sockets. Idempotent. REQUIRES: the monitor thread
   // is not running.
@@ -356,6 +375,8 @@ class LocalRun {
                    name.c_str());
     }
     for (const std::string& path : sockets_) unlink(path.c_str());
+    std::error_code error;
+    std::filesystem::remove_all(artifacts_dir_, error);
   }
 
   const Global& g_;
@@ -368,6 +389,10 @@ class LocalRun {
   int port_ = 0;
   std::unique_ptr<v1::JobService::Stub> stub_;  // its channel is our only connection
   std::string job_id_;
+  // The coordinator's artifacts, private to this run.
+  const std::string artifacts_dir_ =
+      absl::StrCat(std::filesystem::temp_directory_path().string(), "/ringmaster-local-", getpid(),
+                   "-artifacts");
   // The log stream's; the monitor thread cancels the stream through it.
   std::unique_ptr<grpc::ClientContext> follow_context_ = std::make_unique<grpc::ClientContext>();
   absl::Notification monitor_done_;
@@ -394,6 +419,10 @@ int Local(const Global& g, Args& args) {
         Usage(absl::StrCat("--metrics-port-base ", options.metrics_port_base,
                            " is out of bounds [1, 61438]"));
       }
+      return true;
+    }
+    if (flag == "--artifacts-output") {
+      options.artifacts_output = a.Value(flag);
       return true;
     }
     if (flag == "--start-timeout-seconds") {

@@ -7,6 +7,7 @@
 //     cancel JOB [--reason TEXT]
 //     watch JOB
 //     logs JOB [--rank R] [--follow]
+//     artifacts JOB [--output DIR] [--list]
 //     local --np N [--processes-per-host K] [--coordinator-port P] [options] -- CMD ARGS...
 //
 // The coordinator address comes from --coordinator, else $RINGMASTER_COORDINATOR, else
@@ -27,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cli/artifacts.h"
 #include "cli/command.h"
 #include "cli/job_flags.h"
 #include "cli/local.h"
@@ -49,6 +51,8 @@ commands:
   watch JOB                                  stream a job's events until it ends
   logs JOB [--rank R] [--follow]             print a job's output ("[R] " before each line of
                                              rank R unless --rank); --follow: until the job ends
+  artifacts JOB [--output DIR] [--list]      fetch the job's timeline and autotune log into DIR
+                                             (default: the current directory); --list: only list
   local --np N [options] -- CMD [ARGS...]    run a job on this machine: starts a coordinator and
                                              N workers, prints the output, exits with the job
 
@@ -63,7 +67,10 @@ submit and local options:
   --fusion-threshold-bytes B      the same in bytes
   --cycle-time-ms MS              negotiation cycle time (default 1)
   --cache-capacity N              response cache entries (default 1024; 0 disables)
-  --autotune                      tune fusion threshold and cycle time (Bayesian optimisation)
+  --autotune                      tune fusion threshold, cycle time and response cache on/off
+                                  (Bayesian optimisation); knobs given by a flag or environment
+                                  variable stay fixed
+  --autotune-start-from-given     tune the given knobs too, starting from the given values
   --autotune-log-file FILE        autotune CSV log (a job artifact)
   --autotune-warmup-samples N     (default 3)
   --autotune-steps-per-sample N   (default 10)
@@ -82,6 +89,8 @@ local options (besides the above; --processes-per-host K simulates hosts local-0
 K ranks each, default all on one):
   --coordinator-port P            the coordinator's port on 127.0.0.1 (default: any free port)
   --start-timeout-seconds S       fail when the workers have not all connected after S (default 60)
+  --artifacts-output DIR          where the job's artifacts (timeline, autotune log) are written
+                                  when it ends (default: the current directory)
 )";
 
 std::string StateName(v1::JobState state) {
@@ -150,10 +159,21 @@ void PrintJob(const v1::Job& job) {
     const v1::JobThroughput& t = job.throughput();
     std::printf(
         "Live:      %.1f MB/s allreduced, %.2f steps/s, %.1f cycles/s (last 10 s); %lld tensors, "
-        "%.1f MB since start; in force: fusion_threshold=%lld bytes, cycle_time=%g ms\n",
+        "%.1f MB since start; in force: fusion_threshold=%lld bytes, cycle_time=%g ms, "
+        "cache=%s\n",
         t.bytes_per_second() / 1e6, t.steps_per_second(), t.cycles_per_second(),
         static_cast<long long>(t.tensors_negotiated()), t.bytes_negotiated() / 1e6,
-        static_cast<long long>(t.fusion_threshold_bytes()), t.cycle_time_ms());
+        static_cast<long long>(t.fusion_threshold_bytes()), t.cycle_time_ms(),
+        t.cache_enabled() ? "on" : "off");
+    if (t.has_autotune()) {
+      const v1::AutotuneStatus& a = t.autotune();
+      std::printf(
+          "Autotune:  %s, %d/%d samples; best so far: fusion_threshold=%lld bytes, "
+          "cycle_time=%g ms, cache=%s at %.1f MB/s\n",
+          a.phase().c_str(), a.samples(), a.max_samples(),
+          static_cast<long long>(a.best_fusion_threshold_bytes()), a.best_cycle_time_ms(),
+          a.best_cache_enabled() ? "on" : "off", a.best_score_bytes_per_second() / 1e6);
+    }
   }
   if (job.ranks_size() > 0) {
     std::printf("\n");
@@ -351,7 +371,8 @@ int Main(int argc, char** argv) {
   auto stub = v1::JobService::NewStub(channel);
   static const std::map<std::string, int (*)(const Global&, v1::JobService::Stub&, Args&)>
       kCommands = {{"submit", Submit}, {"jobs", Jobs},   {"status", Status},
-                   {"cancel", Cancel}, {"watch", Watch}, {"logs", Logs}};
+                   {"cancel", Cancel}, {"watch", Watch}, {"logs", Logs},
+                   {"artifacts", Artifacts}};
   auto it = kCommands.find(command);
   if (it == kCommands.end()) Usage(absl::StrCat("unknown command '", command, "'"));
   return it->second(g, *stub, args);

@@ -1,5 +1,6 @@
 #include "common/knobs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -77,6 +78,19 @@ void ReadString(const EnvLookup& env, absl::string_view suffix, std::string* out
 
 }  // namespace
 
+absl::Status ValidateArtifactName(absl::string_view field, const std::string& name) {
+  const bool plain = std::all_of(name.begin(), name.end(), [](char c) {
+    return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
+  });
+  if (name.empty() || name.size() > 255 || !plain || name == "." || name == "..") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " = '", name,
+        "' is not a file name: use 1..255 letters, digits, '.', '_' or '-' (no directories: the "
+        "coordinator keeps the file as a job artifact; fetch it with `ringmaster artifacts JOB`)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateKnobs(const Knobs& k) {
   if (k.fusion_threshold_bytes < 0 || k.fusion_threshold_bytes > kMaxFusionThresholdBytes) {
     return OutOfBounds("fusion_threshold_bytes", k.fusion_threshold_bytes, "[0, 17179869184]");
@@ -101,11 +115,22 @@ absl::Status ValidateKnobs(const Knobs& k) {
     return OutOfBounds("autotune_gaussian_process_noise", k.autotune_gaussian_process_noise,
                        "[0, 100]");
   }
-  if (k.autotune_log.size() > 1024) {
-    return absl::InvalidArgumentError("knobs.autotune_log is longer than 1024 bytes");
+  if (!k.autotune_log.empty()) {
+    if (absl::Status s = ValidateArtifactName("knobs.autotune_log", k.autotune_log); !s.ok()) {
+      return s;
+    }
   }
-  if (k.timeline.size() > 1024) {
-    return absl::InvalidArgumentError("knobs.timeline is longer than 1024 bytes");
+  if (!k.timeline.empty()) {
+    if (absl::Status s = ValidateArtifactName("knobs.timeline", k.timeline); !s.ok()) return s;
+  }
+  for (size_t i = 0; i < k.autotune_fixed.size(); ++i) {
+    const std::string& name = k.autotune_fixed[i];
+    if (std::find(std::begin(kTunableKnobs), std::end(kTunableKnobs), name) ==
+        std::end(kTunableKnobs)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "knobs.autotune_fixed[", i, "] = '", name,
+          "' is not a tunable knob (fusion_threshold_bytes, cycle_time_ms, cache_capacity)"));
+    }
   }
   if (!(k.stall_check_seconds >= 0 && k.stall_check_seconds <= kMaxStallSeconds)) {
     return OutOfBounds("stall_check_seconds", k.stall_check_seconds, "[0, 86400]");

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/status/status.h"
@@ -30,7 +31,13 @@ struct Knobs {
   double stall_check_seconds = 60.0;  // 0 disables the stall inspector
   double stall_shutdown_seconds = 0.0;  // 0: never shut down on a stall
   Backend backend = Backend::kAuto;
+  // Knobs autotune leaves alone (kTunableKnobs names).
+  std::vector<std::string> autotune_fixed;
 };
+
+// The knobs autotune moves, by name.
+inline constexpr const char* kTunableKnobs[] = {"fusion_threshold_bytes", "cycle_time_ms",
+                                               "cache_capacity"};
 
 // Bounds, as documented in proto/ringmaster/v1/job.proto.
 inline constexpr int64_t kMaxFusionThresholdBytes = int64_t{16} << 30;
@@ -41,6 +48,10 @@ inline constexpr double kMaxStallSeconds = 86'400;
 // INVALID_ARGUMENT naming the first knob out of bounds, e.g. "knobs.cycle_time_ms = -1 is out of
 // bounds (0, 10000]".
 absl::Status ValidateKnobs(const Knobs& knobs);
+
+// OK when `name` can be a job artifact's file name: 1..255 bytes of [A-Za-z0-9._-], not "." or
+// "..". INVALID_ARGUMENT naming `field` otherwise.
+absl::Status ValidateArtifactName(absl::string_view field, const std::string& name);
 
 // Looks up an environment variable; nullopt when unset.
 using EnvLookup = std::function<std::optional<std::string>(absl::string_view)>;

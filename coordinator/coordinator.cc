@@ -1,6 +1,8 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -23,8 +25,17 @@ NegotiatorOptions NegotiatorOptionsFor(const Job& job) {
   o.cache_capacity = k.cache_capacity;
   o.stall_check = absl::Milliseconds(static_cast<int64_t>(k.stall_check_seconds * 1000));
   o.stall_shutdown = absl::Milliseconds(static_cast<int64_t>(k.stall_shutdown_seconds * 1000));
+  o.record_timeline = !k.timeline.empty();
   return o;
 }
+
+bool Fixed(const Knobs& k, absl::string_view knob) {
+  return std::find(k.autotune_fixed.begin(), k.autotune_fixed.end(), knob) !=
+         k.autotune_fixed.end();
+}
+
+// Autotune turns a disabled cache on with Horovod's default capacity.
+constexpr int kDefaultCacheCapacity = 1024;
 
 std::string Placement(const RankInfo& r) {
   return absl::StrCat("rank ", r.rank, " on host ", r.host, " (", r.worker_id, ")");
@@ -42,7 +53,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
       workers_(options.clock, options.lease, options.reconnect_grace),
       logs_(LogStoreOptions{.clock = options.clock,
                             .max_bytes_per_rank = options.log_bytes_per_rank,
-                            .max_total_bytes = options.log_bytes_total}) {
+                            .max_total_bytes = options.log_bytes_total}),
+      artifacts_(std::move(options.artifacts_dir)) {
   RegisterCollectors();
 }
 
@@ -123,7 +135,7 @@ void Coordinator::Schedule() {
     runtime->job_id = started->id;
     runtime->epoch = started->epoch;
     runtime->ranks = started->ranks;
-    runtime->negotiator = std::make_unique<Negotiator>(NegotiatorOptionsFor(*started));
+    StartObservers(*started, *runtime);
     const Labels job_label = {{"job", started->id}};
     runtime->cycles = &metrics_.GetCounter(
         "ringmaster_negotiation_cycles_total", "Negotiation cycles that produced responses.", job_label);
@@ -167,16 +179,27 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
   } else {
     spdlog::info("job {} {}: {}", job_id, JobStateName(state), reason);
   }
+  std::shared_ptr<Runtime> ended;
   {
     absl::MutexLock lock(&mu_);
     if (auto it = runtimes_.find(job_id); it != runtimes_.end()) {
       it->second->stalled->Set(0);  // an ended job stalls nothing
+      ended = std::move(it->second);
       runtimes_.erase(it);
     }
     for (const RankInfo& r : job->ranks) {
       if (r.worker_id == except_worker) continue;
       if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendStopJob(job_id, reason);
     }
+  }
+  if (ended != nullptr) {
+    // The job's artifacts are complete now (what ranks still send is dropped).
+    absl::MutexLock flush_lock(&ended->flush_mu);
+    if (ended->timeline != nullptr) {
+      ended->timeline->Negotiation(ended->negotiator->DrainTimeline());
+      ended->timeline->Close();
+    }
+    if (ended->autotune_log != nullptr) std::fflush(ended->autotune_log.get());
   }
   for (const RankInfo& r : job->ranks) workers_.Release(r.worker_id);
   rendezvous_.DropScope(RendezvousStore::Scope(job_id, job->epoch),
@@ -298,7 +321,12 @@ void Coordinator::Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now)
   runtime->cache_hits->Increment(stats.cache_hits - runtime->reported.cache_hits);
   runtime->cache_misses->Increment(stats.cache_misses - runtime->reported.cache_misses);
   runtime->reported = stats;
-  RecordThroughput(*runtime, *output, now);
+  const auto [bytes, tensors] = RecordThroughput(*runtime, *output, now);
+  if (runtime->timeline != nullptr) {
+    runtime->timeline->Negotiation(runtime->negotiator->DrainTimeline());
+    if (!output->responses.empty()) runtime->timeline->Cycle(now);
+  }
+  if (runtime->autotuner != nullptr) Autotune(*runtime, bytes, tensors, now);
   auto cycle = std::make_shared<CycleBroadcast>();
   cycle->job_id = runtime->job_id;
   cycle->output = *std::move(output);
@@ -310,23 +338,139 @@ void Coordinator::Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now)
   }
 }
 
-void Coordinator::RecordThroughput(Runtime& runtime, const CycleOutput& output, absl::Time now) {
+std::pair<int64_t, int64_t> Coordinator::RecordThroughput(Runtime& runtime,
+                                                          const CycleOutput& output,
+                                                          absl::Time now) {
   Runtime::Totals& t = runtime.totals;
+  int64_t bytes = 0, tensors = 0;
   for (const Response& r : output.responses) {
     if (r.type != Response::Type::kAllreduce && r.type != Response::Type::kBroadcast) continue;
-    for (int64_t n : r.tensor_sizes) t.bytes += n * DataTypeSize(r.dtype);
-    t.tensors += static_cast<int64_t>(r.names.size());
-    // Names of cached tensors travel as ids; count distinct tensors by either.
-    for (size_t i = 0; i < r.names.size(); ++i) {
-      runtime.distinct.insert(!r.names[i].empty() ? r.names[i] : absl::StrCat("#", r.cache_ids[i]));
-    }
+    for (int64_t n : r.tensor_sizes) bytes += n * DataTypeSize(r.dtype);
+    tensors += static_cast<int64_t>(r.names.size());
   }
+  t.bytes += bytes;
+  t.tensors += tensors;
   ++t.cycles;
   t.time = now;
   if (runtime.window.empty() || now - runtime.window.back().time >= absl::Seconds(1)) {
     runtime.window.push_back(t);
     while (runtime.window.size() > 11) runtime.window.pop_front();
   }
+  return {bytes, tensors};
+}
+
+void Coordinator::StartObservers(const Job& job, Runtime& runtime) {
+  const Knobs& k = job.spec.knobs;
+  NegotiatorOptions options = NegotiatorOptionsFor(job);
+  const bool tune_cache = k.autotune && !Fixed(k, "cache_capacity");
+  if (tune_cache && options.cache_capacity == 0) options.cache_capacity = kDefaultCacheCapacity;
+  runtime.negotiator = std::make_unique<Negotiator>(std::move(options));
+  if (k.cache_capacity == 0) runtime.negotiator->SetCacheEnabled(false);
+  if (!k.timeline.empty() || !k.autotune_log.empty()) {
+    if (absl::Status s = artifacts_.Reset(job.id); !s.ok()) {
+      spdlog::error("job {}: {}", job.id, s.message());
+    }
+  }
+  if (!k.timeline.empty()) {
+    absl::StatusOr<std::unique_ptr<Timeline>> timeline =
+        Timeline::Create(artifacts_.PathOf(job.id, k.timeline), absl::StrCat("job ", job.id),
+                         k.timeline_mark_cycles, clock_->Now());
+    if (timeline.ok()) {
+      runtime.timeline = *std::move(timeline);
+      runtime.timeline_name = k.timeline;
+    } else {
+      spdlog::error("job {}: {}", job.id, timeline.status().message());
+      jobs_.AddEvent(job.id, absl::StrCat("no timeline: ", timeline.status().message()))
+          .IgnoreError();
+    }
+  }
+  if (!k.autotune) return;
+  AutotuneOptions a;
+  a.warmup_samples = k.autotune_warmup_samples;
+  a.steps_per_sample = k.autotune_steps_per_sample;
+  a.max_samples = k.autotune_bayes_opt_max_samples;
+  a.noise = k.autotune_gaussian_process_noise;
+  a.start = {k.fusion_threshold_bytes, k.cycle_time_ms, k.cache_capacity > 0};
+  a.tune_fusion_threshold = !Fixed(k, "fusion_threshold_bytes");
+  a.tune_cycle_time = !Fixed(k, "cycle_time_ms");
+  a.tune_cache = tune_cache;
+  absl::MutexLock lock(&runtime.flush_mu);
+  runtime.autotuner = std::make_unique<Autotuner>(a);
+  if (!k.autotune_log.empty()) {
+    const std::string path = artifacts_.PathOf(job.id, k.autotune_log);
+    runtime.autotune_log.reset(std::fopen(path.c_str(), "we"));
+    if (runtime.autotune_log == nullptr) {
+      spdlog::error("job {}: cannot create autotune log {}: {}", job.id, path,
+                    std::strerror(errno));
+    }
+  }
+  Autotune(runtime, 0, 0, clock_->Now());  // writes the log's header
+}
+
+void Coordinator::Autotune(Runtime& runtime, int64_t bytes, int64_t tensors, absl::Time now) {
+  Autotuner& tuner = *runtime.autotuner;
+  const AutotunePhase before = tuner.status().phase;
+  std::optional<AutotuneParameters> change =
+      tuner.Observe(bytes, tensors, runtime.negotiator->stats().distinct_tensors, now);
+  if (change.has_value()) {
+    runtime.negotiator->SetParameters(
+        change->fusion_threshold_bytes,
+        absl::Microseconds(static_cast<int64_t>(change->cycle_time_ms * 1000)));
+    runtime.negotiator->SetCacheEnabled(change->cache_enabled);
+  }
+  const AutotuneStatus status = tuner.status();
+  if (status.phase != before || change.has_value()) {
+    spdlog::info(
+        "job {} autotune {} (sample {}/{}): fusion_threshold={} bytes, cycle_time={} ms, cache={}; "
+        "best so far {:.1f} MB/s",
+        runtime.job_id, AutotunePhaseName(status.phase), status.samples, status.max_samples,
+        status.current.fusion_threshold_bytes, status.current.cycle_time_ms,
+        status.current.cache_enabled ? "on" : "off", status.best_score / 1e6);
+  }
+  std::vector<std::string> lines = tuner.TakeLog();
+  if (runtime.autotune_log != nullptr && !lines.empty()) {
+    for (const std::string& line : lines) std::fprintf(runtime.autotune_log.get(), "%s\n", line.c_str());
+    std::fflush(runtime.autotune_log.get());
+  }
+}
+
+absl::Status Coordinator::RecordTimeline(const std::string& worker_id, const std::string& job_id,
+                                         int64_t epoch, int32_t rank,
+                                         std::vector<ExecutionSpan> spans) {
+  auto runtime = RuntimeFor(worker_id, job_id, epoch, rank);
+  if (!runtime.ok()) return runtime.status();
+  if ((*runtime)->timeline != nullptr) (*runtime)->timeline->Execution(rank, std::move(spans));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ArtifactInfo>> Coordinator::ListArtifacts(
+    const std::string& job_id) const {
+  if (absl::StatusOr<Job> job = jobs_.Get(job_id); !job.ok()) return job.status();
+  std::vector<ArtifactInfo> list = artifacts_.List(job_id);
+  // A timeline being written is listed at the size a read would serve.
+  for (ArtifactInfo& a : list) {
+    if (absl::StatusOr<ArtifactSnapshot> s = SnapshotArtifact(job_id, a.name); s.ok()) {
+      a.size_bytes = s->size + static_cast<int64_t>(s->tail.size());
+    }
+  }
+  return list;
+}
+
+absl::StatusOr<Coordinator::ArtifactSnapshot> Coordinator::SnapshotArtifact(
+    const std::string& job_id, const std::string& name) const {
+  if (absl::StatusOr<Job> job = jobs_.Get(job_id); !job.ok()) return job.status();
+  std::shared_ptr<Runtime> runtime;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = runtimes_.find(job_id); it != runtimes_.end()) runtime = it->second;
+  }
+  if (runtime != nullptr && runtime->timeline != nullptr && runtime->timeline_name == name) {
+    return ArtifactSnapshot{runtime->timeline->StableSize(), Timeline::kTail};
+  }
+  for (const ArtifactInfo& a : artifacts_.List(job_id)) {
+    if (a.name == name) return ArtifactSnapshot{a.size_bytes, ""};
+  }
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " has no artifact '", name, "'"));
 }
 
 absl::StatusOr<Job> Coordinator::GetJob(const std::string& id) const {
@@ -341,7 +485,9 @@ absl::StatusOr<Job> Coordinator::GetJob(const std::string& id) const {
   JobThroughput out;
   out.fusion_threshold_bytes = runtime->negotiator->fusion_threshold_bytes();
   out.cycle_time_ms = absl::ToDoubleMilliseconds(runtime->negotiator->cycle_time());
+  out.cache_enabled = runtime->negotiator->cache_enabled();
   absl::MutexLock lock(&runtime->flush_mu);
+  if (runtime->autotuner != nullptr) out.autotune = runtime->autotuner->status();
   const Runtime::Totals& now = runtime->totals;
   out.tensors_negotiated = now.tensors;
   out.bytes_negotiated = now.bytes;
@@ -353,8 +499,8 @@ absl::StatusOr<Job> Coordinator::GetJob(const std::string& id) const {
       out.bytes_per_second = (now.bytes - then.bytes) / seconds;
       out.cycles_per_second = (now.cycles - then.cycles) / seconds;
       const double tensors_per_second = (now.tensors - then.tensors) / seconds;
-      if (!runtime->distinct.empty()) {
-        out.steps_per_second = tensors_per_second / static_cast<double>(runtime->distinct.size());
+      if (const int64_t distinct = runtime->negotiator->stats().distinct_tensors; distinct > 0) {
+        out.steps_per_second = tensors_per_second / static_cast<double>(distinct);
       }
     }
   }
@@ -584,6 +730,10 @@ void Coordinator::Housekeeping(absl::Time now) {
     for (auto& [id, runtime] : runtimes_) runtimes.push_back(runtime);
   }
   for (const auto& runtime : runtimes) {
+    if (runtime->timeline != nullptr) {
+      absl::MutexLock flush_lock(&runtime->flush_mu);  // keeps the events in order
+      runtime->timeline->Negotiation(runtime->negotiator->DrainTimeline());
+    }
     StallReport report = runtime->negotiator->CheckStalls(now);
     runtime->stalled->Set(report.stalled);
     if (report.message.empty()) continue;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <memory>
@@ -25,10 +26,13 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "coordinator/artifact_store.h"
+#include "coordinator/autotuner.h"
 #include "coordinator/job_registry.h"
 #include "coordinator/log_store.h"
 #include "coordinator/negotiator.h"
 #include "coordinator/rendezvous_store.h"
+#include "coordinator/timeline.h"
 #include "coordinator/worker_channel.h"
 #include "coordinator/worker_registry.h"
 
@@ -55,6 +59,8 @@ struct CoordinatorOptions {
   // exited: when one rank fails, the others' last words (printed just before) may still be on their
   // way. Followers of the job's logs end after it.
   absl::Duration log_linger = absl::Seconds(2);
+  // Where jobs' artifacts (timelines, autotune logs) are kept: <dir>/<job id>/<name>.
+  std::string artifacts_dir = DefaultArtifactsDir();
 };
 
 // Most output bytes one RankOutput message may carry.
@@ -138,6 +144,26 @@ class Coordinator {
   absl::StatusOr<int64_t> FollowLogs(const std::string& job_id, LogStore::Subscriber wake);
   void UnfollowLogs(const std::string& job_id, int64_t id) { logs_.Unsubscribe(job_id, id); }
 
+  // What rank `rank`'s worker executed, for the job's timeline (ignored when the job has none).
+  // Validated like SubmitRequests.
+  absl::Status RecordTimeline(const std::string& worker_id, const std::string& job_id,
+                              int64_t epoch, int32_t rank, std::vector<ExecutionSpan> spans);
+
+  // Artifacts. NOT_FOUND for an unknown job (or artifact).
+  absl::StatusOr<std::vector<ArtifactInfo>> ListArtifacts(const std::string& job_id) const;
+  // What to serve of an artifact: its first `size` bytes, then `tail`. For a timeline being
+  // written that is a consistent snapshot (valid JSON).
+  struct ArtifactSnapshot {
+    int64_t size = 0;
+    std::string tail;
+  };
+  absl::StatusOr<ArtifactSnapshot> SnapshotArtifact(const std::string& job_id,
+                                                    const std::string& name) const;
+  absl::StatusOr<std::string> ReadArtifact(const std::string& job_id, const std::string& name,
+                                           int64_t offset, int64_t max_bytes) const {
+    return artifacts_.Read(job_id, name, offset, max_bytes);
+  }
+
   // Rendezvous, scoped by job and epoch: NOT_FOUND (job), ABORTED (stale epoch), FAILED_PRECONDITION
   // (job not starting or running).
   absl::Status RendezvousSet(const std::string& job_id, int64_t epoch, const std::string& key,
@@ -193,7 +219,13 @@ class Coordinator {
     };
     Totals totals ABSL_GUARDED_BY(flush_mu);
     std::deque<Totals> window ABSL_GUARDED_BY(flush_mu);
-    absl::flat_hash_set<std::string> distinct ABSL_GUARDED_BY(flush_mu);  // tensor names seen
+    // The job's timeline (null without one) and its file name.
+    std::unique_ptr<Timeline> timeline;
+    std::string timeline_name;
+    // The autotuner (null unless the job autotunes) and its log (null without one).
+    std::unique_ptr<Autotuner> autotuner ABSL_GUARDED_BY(flush_mu);
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> autotune_log ABSL_GUARDED_BY(flush_mu){
+        nullptr, &std::fclose};
   };
 
   // "worker W serving rank R on host H disconnected (its session broke)" for the first worker of
@@ -214,7 +246,15 @@ class Coordinator {
                                                       int32_t rank);
   absl::Status CheckScope(const std::string& job_id, int64_t epoch) const;
   void Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now);
-  static void RecordThroughput(Runtime& runtime, const CycleOutput& output, absl::Time now)
+  // Adds the cycle to the job's totals; returns the bytes and tensors of allreduce and broadcast
+  // it carried.
+  static std::pair<int64_t, int64_t> RecordThroughput(Runtime& runtime, const CycleOutput& output,
+                                                      absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime.flush_mu);
+  // Sets up the job's timeline and autotuner (when its knobs ask for them).
+  void StartObservers(const Job& job, Runtime& runtime);
+  // Feeds the autotuner one cycle and applies what it decides.
+  static void Autotune(Runtime& runtime, int64_t bytes, int64_t tensors, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime.flush_mu);
   void Housekeeping(absl::Time now);
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -229,6 +269,7 @@ class Coordinator {
   WorkerRegistry workers_;
   RendezvousStore rendezvous_;
   LogStore logs_;
+  const ArtifactStore artifacts_;
 
   // Serialises scheduling decisions (read idle workers, assign, start), which span registries.
   absl::Mutex schedule_mu_ ABSL_ACQUIRED_BEFORE(mu_);

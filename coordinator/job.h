@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/knobs.h"
+#include "coordinator/autotuner.h"
 
 namespace ringmaster {
 
@@ -58,6 +59,8 @@ struct JobThroughput {
   int64_t bytes_negotiated = 0;
   int64_t fusion_threshold_bytes = 0;
   double cycle_time_ms = 0;
+  bool cache_enabled = false;
+  std::optional<AutotuneStatus> autotune;  // when the job autotunes
 };
 
 struct Job {

@@ -21,6 +21,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://ADDR:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(double, lease_seconds, 10, "a worker without a heartbeat for this long is lost");
 ABSL_FLAG(double, heartbeat_interval_seconds, 2, "how often workers are told to heartbeat");
+ABSL_FLAG(std::string, artifacts_dir, "",
+          "where jobs' timelines and autotune logs are kept, as DIR/JOB_ID/NAME (empty: "
+          "$TMPDIR/ringmaster-artifacts, TMPDIR defaulting to /tmp)");
 
 namespace {
 
@@ -54,6 +57,9 @@ int main(int argc, char** argv) {
   ringmaster::CoordinatorOptions options;
   options.lease = absl::Milliseconds(lease * 1000);
   options.heartbeat_interval = absl::Milliseconds(heartbeat * 1000);
+  if (std::string dir = absl::GetFlag(FLAGS_artifacts_dir); !dir.empty()) {
+    options.artifacts_dir = std::move(dir);
+  }
   ringmaster::CoordinatorServer server(std::move(options));
   absl::StatusOr<int> port = server.Start(absl::GetFlag(FLAGS_listen));
   if (!port.ok()) {

@@ -74,4 +74,18 @@ struct CycleOutput {
   absl::Time oldest_submit = absl::InfiniteFuture();
 };
 
+// A step of a tensor's negotiation, recorded for the timeline when a job has one.
+struct NegotiationEvent {
+  enum class Kind {
+    kStart,      // the first rank submitted the tensor
+    kRankReady,  // `rank` submitted it (the first rank too)
+    kEnd,        // every rank submitted it: ready to leave in a response
+  };
+  Kind kind = Kind::kStart;
+  std::string name;
+  RequestType type = RequestType::kUnspecified;
+  int32_t rank = -1;
+  absl::Time time;
+};
+
 }  // namespace ringmaster

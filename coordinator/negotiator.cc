@@ -41,6 +41,7 @@ Negotiator::Negotiator(NegotiatorOptions options)
       stall_check_(options.stall_check),
       stall_shutdown_(options.stall_shutdown),
       cache_(options.cache_capacity),
+      record_timeline_(options.record_timeline),
       joined_(size_, 0),
       notices_(size_) {}
 
@@ -229,6 +230,9 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
     p.first_submit = now;
     if (request.type == RequestType::kAllgather) p.first_dims.assign(size_, 0);
     ++waiting_;
+    if (record_timeline_) {
+      timeline_.push_back({NegotiationEvent::Kind::kStart, request.name, request.type, rank, now});
+    }
   } else if (p.submitted[rank] || p.ready) {
     RankError(rank, request.name,
               absl::StrCat("Tensor '", request.name, "' is already in flight on ", RankName(rank),
@@ -240,6 +244,9 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
   }
   p.submitted[rank] = 1;
   ++p.count;
+  if (record_timeline_) {
+    timeline_.push_back({NegotiationEvent::Kind::kRankReady, request.name, request.type, rank, now});
+  }
   // first_dims exists only when the first rank asked for an allgather; a rank that asks for an
   // allgather against another type (a mismatch) must not index it.
   if (request.type == RequestType::kAllgather && !p.first_dims.empty()) {
@@ -259,6 +266,10 @@ bool Negotiator::AllSubmitted(const Pending& p) const {
 void Negotiator::MarkReady(Pending* p, absl::Time now) {
   p->ready = true;
   --waiting_;
+  if (record_timeline_) {
+    timeline_.push_back(
+        {NegotiationEvent::Kind::kEnd, p->request.name, p->request.type, -1, now});
+  }
   if (p->error.empty() && p->request.type == RequestType::kBroadcast &&
       joined_[p->request.root_rank] && !p->submitted[p->request.root_rank]) {
     p->error = absl::StrCat("Broadcast of tensor '", p->request.name, "' has root ",
@@ -353,6 +364,10 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
 
   // Fuse: take the first unit; pull in later compatible units while the total fits the threshold.
   // Units passed over keep their relative order, so every rank sees the same list.
+  if (!evicted_.empty()) {
+    out.evicted_ids = std::move(evicted_);
+    evicted_.clear();
+  }
   std::vector<Unit> units = std::move(ready_);
   ready_.clear();
   std::vector<uint8_t> taken(units.size(), 0);
@@ -415,13 +430,18 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
         continue;
       }
       ++stats_.cache_misses;
+      // A cache hit was negotiated (and counted) before; a miss may be new.
+      if (p->request.type == RequestType::kAllreduce || p->request.type == RequestType::kBroadcast) {
+        seen_.insert(p->request.name);
+        stats_.distinct_tensors = static_cast<int64_t>(seen_.size());
+      }
       const uint32_t existing = cache_.IdOf(p->request.name);
       if (existing != 0 && *cache_.Lookup(existing) == p->request) {
         cache_.Touch(existing);
         p->cache_id = existing;
         continue;
       }
-      p->cache_id = cache_.Put(p->request, &out.evicted_ids);
+      p->cache_id = cache_enabled_ ? cache_.Put(p->request, &out.evicted_ids) : 0;
       if (p->cache_id != 0) assigned[p->request.name] = p->cache_id;
     }
   }
@@ -510,6 +530,26 @@ void Negotiator::SetParameters(int64_t fusion_threshold_bytes, absl::Duration cy
   absl::MutexLock lock(&mu_);
   fusion_threshold_bytes_ = fusion_threshold_bytes;
   cycle_time_ = cycle_time;
+}
+
+void Negotiator::SetCacheEnabled(bool enabled) {
+  absl::MutexLock lock(&mu_);
+  if (enabled == cache_enabled_) return;
+  cache_enabled_ = enabled;
+  if (!enabled) cache_.Clear(&evicted_);
+  has_notices_ = has_notices_ || !evicted_.empty();  // the eviction is news: send a cycle
+}
+
+bool Negotiator::cache_enabled() const {
+  absl::MutexLock lock(&mu_);
+  return cache_enabled_;
+}
+
+std::vector<NegotiationEvent> Negotiator::DrainTimeline() {
+  absl::MutexLock lock(&mu_);
+  std::vector<NegotiationEvent> out;
+  out.swap(timeline_);
+  return out;
 }
 
 int64_t Negotiator::fusion_threshold_bytes() const {

@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -30,6 +31,8 @@ struct NegotiatorOptions {
   int cache_capacity = 1024;
   absl::Duration stall_check = absl::Seconds(60);  // zero disables stall reports
   absl::Duration stall_shutdown = absl::ZeroDuration();  // zero: never fail on a stall
+  // Keep NegotiationEvents for the job's timeline (DrainTimeline()).
+  bool record_timeline = false;
 };
 
 struct StallReport {
@@ -47,6 +50,8 @@ struct NegotiatorStats {
   int64_t cache_hits = 0;          // ready tensors first requested by cache id
   int64_t cache_misses = 0;        // ready tensors first requested in full
   int64_t requests = 0;            // tensor requests received, full or by id
+  // Different allreduce/broadcast tensor names negotiated so far: a training step's worth.
+  int64_t distinct_tensors = 0;
 };
 
 class Negotiator {
@@ -80,6 +85,14 @@ class Negotiator {
 
   // Autotune moves these; they apply from the next Poll().
   void SetParameters(int64_t fusion_threshold_bytes, absl::Duration cycle_time);
+  // Turns the response cache off (every id is evicted in the next cycle's output, so ranks send
+  // tensors in full again) or back on (with the configured capacity).
+  void SetCacheEnabled(bool enabled);
+  bool cache_enabled() const;
+
+  // Negotiation events recorded since the last call, in the order they happened (empty unless
+  // NegotiatorOptions::record_timeline).
+  std::vector<NegotiationEvent> DrainTimeline();
 
   NegotiatorStats stats() const;
   int64_t fusion_threshold_bytes() const;
@@ -133,6 +146,11 @@ class Negotiator {
   const absl::Duration stall_check_;
   const absl::Duration stall_shutdown_;
   ResponseCache cache_ ABSL_GUARDED_BY(mu_);
+  bool cache_enabled_ ABSL_GUARDED_BY(mu_) = true;
+  std::vector<uint32_t> evicted_ ABSL_GUARDED_BY(mu_);  // by SetCacheEnabled(false), not yet told
+  absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);  // distinct allreduce/broadcast names
+  const bool record_timeline_;
+  std::vector<NegotiationEvent> timeline_ ABSL_GUARDED_BY(mu_);
   absl::node_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // pending tensors not yet ready
   std::vector<Unit> ready_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,7 @@
 #include "coordinator/response_cache.h"
 
+#include <algorithm>
+
 namespace ringmaster {
 
 const TensorRequest* ResponseCache::Lookup(uint32_t id) const {
@@ -27,6 +29,14 @@ uint32_t ResponseCache::Put(const TensorRequest& request, std::vector<uint32_t>*
   by_id_.emplace(id, Entry{request, lru_.begin()});
   by_name_[request.name] = id;
   return id;
+}
+
+void ResponseCache::Clear(std::vector<uint32_t>* evicted) {
+  for (const auto& [id, entry] : by_id_) evicted->push_back(id);
+  std::sort(evicted->end() - static_cast<std::ptrdiff_t>(by_id_.size()), evicted->end());
+  by_id_.clear();
+  by_name_.clear();
+  lru_.clear();
 }
 
 void ResponseCache::Touch(uint32_t id) {

@@ -39,6 +39,9 @@ class ResponseCache {
   // Marks `id` most recently used.
   void Touch(uint32_t id);
 
+  // Removes every entry, appending their ids to `evicted`.
+  void Clear(std::vector<uint32_t>* evicted);
+
   // Removes the entry of `name`; returns its id, or 0 when there was none.
   uint32_t Invalidate(const std::string& name);
 

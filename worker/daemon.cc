@@ -179,6 +179,8 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   e.arena_bytes = job->arena->size();
   e.outputs = job->outputs.get();
   e.cycle_time = absl::Microseconds(static_cast<int64_t>(spec.spec().knobs().cycle_time_ms() * 1000));
+  // Horovod records the timeline's execution rows on rank 0.
+  e.timeline = rank == 0 && !spec.spec().knobs().timeline().empty();
   auto channel = channel_;
   const std::string iface = options_.iface;
   const absl::Duration timeout = options_.collective_timeout;

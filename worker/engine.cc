@@ -1,5 +1,6 @@
 #include "worker/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -81,7 +82,8 @@ Engine::Engine(EngineOptions options)
       record_(options_.metrics != nullptr),
       labels_({{"job", options_.job_id},
                {"rank", absl::StrCat(options_.rank)},
-               {"host", options_.host}}) {
+               {"host", options_.host}}),
+      cycle_time_(options_.cycle_time) {
   const char* ops[] = {"allreduce", "broadcast", "allgather", "barrier"};
   for (int i = 0; i < 4; ++i) {
     Labels with_op = labels_;
@@ -180,8 +182,9 @@ void Engine::Enqueue(const v1::LocalEnqueue& enqueue, Done done) {
 }
 
 void Engine::OnResponses(v1::ResponseList list) {
+  const absl::Time now = options_.timeline ? absl::Now() : absl::InfinitePast();
   absl::MutexLock lock(&mu_);
-  responses_.push_back(std::move(list));
+  responses_.push_back({std::move(list), now});
 }
 
 void Engine::Abort(const absl::Status& status) {
@@ -225,7 +228,7 @@ void Engine::Loop() {
   }
   while (true) {
     std::vector<v1::TensorRequest> batch;
-    std::deque<v1::ResponseList> lists;
+    std::deque<Arrived> lists;
     {
       absl::MutexLock lock(&mu_);
       // Wake for responses at once. Requests go out at most once per cycle: at once when the last
@@ -233,13 +236,13 @@ void Engine::Loop() {
       // travel, and can be fused, together).
       const bool had_unsent = !unsent_.empty();
       auto due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !unsent_.empty() && absl::Now() >= last_sent_ + options_.cycle_time;
+        return !unsent_.empty() && absl::Now() >= last_sent_ + cycle_time_;
       };
       auto ready = [this, had_unsent, &due]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || !responses_.empty() || (!had_unsent && !unsent_.empty()) || due();
       };
       const absl::Time deadline =
-          unsent_.empty() ? absl::Now() + absl::Milliseconds(50) : last_sent_ + options_.cycle_time;
+          unsent_.empty() ? absl::Now() + absl::Milliseconds(50) : last_sent_ + cycle_time_;
       mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
       if (stopping_) return;
       if (due()) {
@@ -249,7 +252,7 @@ void Engine::Loop() {
       lists.swap(responses_);
     }
     if (!batch.empty()) SendBatch(batch);
-    for (v1::ResponseList& list : lists) Process(list);
+    for (Arrived& a : lists) Process(a.list, a.time);
   }
 }
 
@@ -294,8 +297,12 @@ void Engine::Complete(Op* op, const absl::Status& status, v1::LocalCompletion co
   delete op;
 }
 
-void Engine::Process(v1::ResponseList& list) {
+void Engine::Process(v1::ResponseList& list, absl::Time arrived) {
   fusion_threshold_ = list.fusion_threshold_bytes();
+  if (list.cycle_time_ms() > 0) {
+    absl::MutexLock lock(&mu_);
+    cycle_time_ = absl::Microseconds(static_cast<int64_t>(list.cycle_time_ms() * 1000));
+  }
   for (uint32_t id : list.evicted_ids()) cache_.Evict(id);
   {
     absl::MutexLock lock(&mu_);
@@ -322,6 +329,8 @@ void Engine::Process(v1::ResponseList& list) {
       Complete(op, absl::FailedPreconditionError(e.error_message()));
     }
   }
+  v1::WorkerMessage message;
+  v1::TimelineSpans& spans = *message.mutable_timeline();
   for (const v1::Response& r : list.responses()) {
     const int n = std::max(r.names_size(), r.cache_ids_size());
     std::vector<std::string> names(n);
@@ -332,11 +341,36 @@ void Engine::Process(v1::ResponseList& list) {
         if (const std::string* name = cache_.NameOf(r.cache_ids(i))) names[i] = *name;
       }
     }
-    Execute(r, names);
+    Activities activities(options_.timeline && r.type() != v1::Response::TYPE_ERROR &&
+                          r.type() != v1::Response::TYPE_JOIN);
+    // Waiting behind the earlier responses of the list.
+    activities.End("QUEUE");
+    Execute(r, names, activities);
+    if (options_.timeline && activities.ends().size() > 1) {
+      v1::ExecutionSpan* span = spans.add_spans();
+      for (const std::string& name : names) {
+        if (!name.empty()) span->add_tensors(name);
+      }
+      const char* ops[] = {"", "ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN", "BARRIER", "ERROR"};
+      span->set_op(ops[std::clamp<int>(r.type(), 0, 6)]);
+      span->set_start_unix_us(absl::ToUnixMicros(arrived));
+      for (const auto& [activity, end] : activities.ends()) {
+        span->add_activities(activity);
+        span->add_activity_end_unix_us(end);
+      }
+      if (span->tensors_size() == 0) spans.mutable_spans()->RemoveLast();
+    }
+  }
+  if (spans.spans_size() > 0) {
+    spans.set_job_id(options_.job_id);
+    spans.set_epoch(options_.epoch);
+    spans.set_rank(options_.rank);
+    options_.send(message);
   }
 }
 
-void Engine::Execute(const v1::Response& r, const std::vector<std::string>& names) {
+void Engine::Execute(const v1::Response& r, const std::vector<std::string>& names,
+                     Activities& activities) {
   if (r.type() == v1::Response::TYPE_JOIN) {
     {
       absl::MutexLock lock(&mu_);
@@ -368,9 +402,10 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
     status = absl::UnavailableError(absl::StrCat("no communicator on ", RankName(), ": ",
                                                  backend_status_.message()));
   } else if (r.type() == v1::Response::TYPE_ALLREDUCE) {
-    status = ExecuteAllreduce(r, ops);
+    status = ExecuteAllreduce(r, ops, activities);
   } else if (r.type() == v1::Response::TYPE_ALLGATHER) {
     status = ExecuteAllgather(r, ops, &completions);
+    activities.End("GLOO_ALLGATHER");
   } else if (r.type() == v1::Response::TYPE_BROADCAST) {
     const int64_t bytes =
         r.tensor_sizes_size() > 0
@@ -384,8 +419,10 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
       data = fusion_buffer_.data();
     }
     status = backend_->Broadcast(data, bytes, r.root_rank());
+    activities.End("GLOO_BCAST");
   } else if (r.type() == v1::Response::TYPE_BARRIER) {
     status = backend_->Barrier();
+    activities.End("GLOO_BARRIER");
   } else {
     status = absl::InternalError(absl::StrCat("unknown response type ", r.type()));
   }
@@ -443,7 +480,8 @@ void Engine::Record(const v1::Response& r, const std::vector<Op*>& ops, absl::Du
   }
 }
 
-absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<Op*>& ops) {
+absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<Op*>& ops,
+                                      Activities& activities) {
   const auto dtype = static_cast<DataType>(r.dtype());
   const int64_t elem = DataTypeSize(dtype);
   std::vector<int64_t> counts(ops.size());
@@ -475,6 +513,7 @@ absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<O
       }
       at += bytes;
     }
+    activities.End("MEMCPY_IN_FUSION_BUFFER");
   }
   auto op = static_cast<ReduceOp>(r.reduce_op());
   const bool average = op == ReduceOp::kAverage || op == ReduceOp::kUnspecified;
@@ -500,6 +539,7 @@ absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<O
   for (const absl::Status& status : statuses) {
     if (!status.ok()) return status;
   }
+  activities.End("GLOO_ALLREDUCE");
   if (buffer == fusion_buffer_.data()) {
     int64_t at = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -507,6 +547,7 @@ absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<O
       if (ops[i] != nullptr) std::memcpy(options_.arena + ops[i]->enqueue.offset(), buffer + at, bytes);
       at += bytes;
     }
+    activities.End("MEMCPY_OUT_FUSION_BUFFER");
   }
   return absl::OkStatus();
 }

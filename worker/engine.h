@@ -40,7 +40,10 @@ struct EngineOptions {
   uint8_t* arena = nullptr;  // borrowed; outlives the engine
   size_t arena_bytes = 0;
   ArenaAllocator* outputs = nullptr;  // borrowed: where allgather outputs are allocated
+  // Requests go out at most once per cycle; response lists may change it (autotune).
   absl::Duration cycle_time = absl::Milliseconds(1);
+  // Report what each response's execution spent where (ExecutionSpan messages), for the timeline.
+  bool timeline = false;
   // Creates communicator `index` (rendezvous included); called on the engine thread for 0 ..
   // communicators-1. Large allreduces are split across the communicators and run concurrently, so
   // the reduction arithmetic uses several cores (as NCCL's channels and PyTorch's Gloo threads do).
@@ -83,11 +86,34 @@ class Engine {
     Done done;
   };
 
+  // A response list and when it arrived.
+  struct Arrived {
+    v1::ResponseList list;
+    absl::Time time;
+  };
+
+  // Activities of the response being executed, for the timeline (engine thread only).
+  class Activities {
+   public:
+    explicit Activities(bool on) : on_(on) {}
+    // The activity that ends now.
+    void End(const char* name) {
+      if (on_) ends_.emplace_back(name, absl::ToUnixMicros(absl::Now()));
+    }
+    std::vector<std::pair<const char*, int64_t>>& ends() { return ends_; }
+
+   private:
+    const bool on_;
+    std::vector<std::pair<const char*, int64_t>> ends_;
+  };
+
   void Loop();
   void SendBatch(const std::vector<v1::TensorRequest>& requests);
-  void Process(v1::ResponseList& list);
-  void Execute(const v1::Response& response, const std::vector<std::string>& names);
-  absl::Status ExecuteAllreduce(const v1::Response& r, const std::vector<Op*>& ops);
+  void Process(v1::ResponseList& list, absl::Time arrived);
+  void Execute(const v1::Response& response, const std::vector<std::string>& names,
+               Activities& activities);
+  absl::Status ExecuteAllreduce(const v1::Response& r, const std::vector<Op*>& ops,
+                                Activities& activities);
   absl::Status ExecuteAllgather(const v1::Response& r, const std::vector<Op*>& ops,
                                 std::vector<v1::LocalCompletion>* out);
   // Removes the named ops from the table (nullptr for names this rank does not have, e.g. joined).
@@ -125,7 +151,8 @@ class Engine {
   absl::flat_hash_map<std::string, std::unique_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::TensorRequest> unsent_ ABSL_GUARDED_BY(mu_);  // copies: ops may be aborted
   absl::Time last_sent_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::deque<v1::ResponseList> responses_ ABSL_GUARDED_BY(mu_);
+  std::deque<Arrived> responses_ ABSL_GUARDED_BY(mu_);
+  absl::Duration cycle_time_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool joined_ ABSL_GUARDED_BY(mu_) = false;

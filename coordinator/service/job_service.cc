@@ -1,5 +1,6 @@
 #include "coordinator/service/job_service.h"
 
+#include <algorithm>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -240,6 +241,73 @@ class LogsReactor : public grpc::ServerWriteReactor<v1::GetLogsResponse> {
   int64_t follow_id_ = 0;
 };
 
+// Streams an artifact in chunks of at most 1 MiB, reading the next chunk as the previous one is
+// written: the snapshot's first `size` bytes from the store, then its tail.
+class ArtifactReactor : public grpc::ServerWriteReactor<v1::GetArtifactResponse> {
+ public:
+  ArtifactReactor(Coordinator& coordinator, const v1::GetArtifactRequest& request)
+      : coordinator_(coordinator), job_id_(request.job_id()), name_(request.name()) {
+    absl::StatusOr<Coordinator::ArtifactSnapshot> snapshot =
+        coordinator_.SnapshotArtifact(job_id_, name_);
+    if (!snapshot.ok()) {
+      Finish(ToGrpcStatus(snapshot.status()));
+      return;
+    }
+    snapshot_ = *std::move(snapshot);
+    Next();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::CANCELLED);
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  static constexpr int64_t kChunk = int64_t{1} << 20;
+
+  void Next() {
+    if (offset_ >= snapshot_.size && tail_sent_) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    out_.Clear();
+    const int64_t want = std::min(kChunk, snapshot_.size - offset_);
+    if (want > 0) {
+      absl::StatusOr<std::string> data = coordinator_.ReadArtifact(job_id_, name_, offset_, want);
+      if (!data.ok()) {
+        Finish(ToGrpcStatus(data.status()));
+        return;
+      }
+      if (data->empty()) {  // the file shrank (a reused job id reset it): end here
+        offset_ = snapshot_.size;
+      }
+      offset_ += static_cast<int64_t>(data->size());
+      out_.set_data(*std::move(data));
+    }
+    if (offset_ >= snapshot_.size) {
+      out_.mutable_data()->append(snapshot_.tail);
+      tail_sent_ = true;
+    }
+    if (out_.data().empty()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    StartWrite(&out_);
+  }
+
+  Coordinator& coordinator_;
+  const std::string job_id_;
+  const std::string name_;
+  Coordinator::ArtifactSnapshot snapshot_;
+  int64_t offset_ = 0;
+  bool tail_sent_ = false;
+  v1::GetArtifactResponse out_;
+};
+
 }  // namespace
 
 grpc::ServerUnaryReactor* JobService::RegisterJob(grpc::CallbackServerContext* context,
@@ -286,6 +354,25 @@ grpc::ServerUnaryReactor* JobService::CancelJob(grpc::CallbackServerContext* con
 grpc::ServerWriteReactor<v1::WatchJobResponse>* JobService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
   return new WatchReactor(coordinator_, request->job_id());
+}
+
+grpc::ServerUnaryReactor* JobService::ListArtifacts(grpc::CallbackServerContext* context,
+                                                    const v1::ListArtifactsRequest* request,
+                                                    v1::ListArtifactsResponse* response) {
+  absl::StatusOr<std::vector<ArtifactInfo>> list = coordinator_.ListArtifacts(request->job_id());
+  if (list.ok()) {
+    for (const ArtifactInfo& a : *list) {
+      v1::Artifact* out = response->add_artifacts();
+      out->set_name(a.name);
+      out->set_size_bytes(a.size_bytes);
+    }
+  }
+  return Done(context, list.status());
+}
+
+grpc::ServerWriteReactor<v1::GetArtifactResponse>* JobService::GetArtifact(
+    grpc::CallbackServerContext* context, const v1::GetArtifactRequest* request) {
+  return new ArtifactReactor(coordinator_, *request);
 }
 
 grpc::ServerWriteReactor<v1::GetLogsResponse>* JobService::GetLogs(

@@ -27,6 +27,11 @@ class JobService final : public v1::JobService::CallbackService {
       grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) override;
   grpc::ServerWriteReactor<v1::GetLogsResponse>* GetLogs(
       grpc::CallbackServerContext* context, const v1::GetLogsRequest* request) override;
+  grpc::ServerUnaryReactor* ListArtifacts(grpc::CallbackServerContext* context,
+                                          const v1::ListArtifactsRequest* request,
+                                          v1::ListArtifactsResponse* response) override;
+  grpc::ServerWriteReactor<v1::GetArtifactResponse>* GetArtifact(
+      grpc::CallbackServerContext* context, const v1::GetArtifactRequest* request) override;
 
  private:
   Coordinator& coordinator_;

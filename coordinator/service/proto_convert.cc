@@ -45,6 +45,7 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
         absl::StrCat("spec.knobs.backend = ", k.backend(), " is not a backend"));
   }
   o.backend = static_cast<Backend>(k.backend());
+  o.autotune_fixed.assign(k.autotune_fixed().begin(), k.autotune_fixed().end());
   return absl::OkStatus();
 }
 
@@ -72,6 +73,7 @@ void ToProto(const JobSpec& in, v1::JobSpec* out) {
   o->set_stall_check_seconds(k.stall_check_seconds);
   o->set_stall_shutdown_seconds(k.stall_shutdown_seconds);
   o->set_backend(static_cast<v1::Backend>(k.backend));
+  for (const std::string& name : k.autotune_fixed) o->add_autotune_fixed(name);
 }
 
 v1::JobState ToProto(JobState state) { return static_cast<v1::JobState>(state); }
@@ -122,7 +124,63 @@ void ToProto(const Job& in, v1::Job* out) {
     o->set_bytes_negotiated(t.bytes_negotiated);
     o->set_fusion_threshold_bytes(t.fusion_threshold_bytes);
     o->set_cycle_time_ms(t.cycle_time_ms);
+    o->set_cache_enabled(t.cache_enabled);
+    if (t.autotune.has_value()) {
+      const AutotuneStatus& a = *t.autotune;
+      v1::AutotuneStatus* p = o->mutable_autotune();
+      p->set_phase(std::string(AutotunePhaseName(a.phase)));
+      p->set_samples(a.samples);
+      p->set_max_samples(a.max_samples);
+      p->set_best_fusion_threshold_bytes(a.best.fusion_threshold_bytes);
+      p->set_best_cycle_time_ms(a.best.cycle_time_ms);
+      p->set_best_cache_enabled(a.best.cache_enabled);
+      p->set_best_score_bytes_per_second(a.best_score);
+    }
   }
+}
+
+absl::Status FromProto(const v1::TimelineSpans& in, std::vector<ExecutionSpan>* out) {
+  if (in.spans_size() > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeline.spans has ", in.spans_size(), " entries; at most 65536"));
+  }
+  out->clear();
+  out->reserve(in.spans_size());
+  for (int i = 0; i < in.spans_size(); ++i) {
+    const v1::ExecutionSpan& s = in.spans(i);
+    const std::string field = absl::StrCat("timeline.spans[", i, "]");
+    if (s.tensors_size() < 1 || s.tensors_size() > 4096) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".tensors has ", s.tensors_size(), " names; 1..4096 allowed"));
+    }
+    for (const std::string& t : s.tensors()) {
+      if (t.empty() || t.size() > 1024) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".tensors: a name of ", t.size(),
+                                                       " bytes; 1..1024 allowed"));
+      }
+    }
+    if (s.op().empty() || s.op().size() > 64) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".op must be 1..64 bytes"));
+    }
+    if (s.activities_size() != s.activity_end_unix_us_size() || s.activities_size() > 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", s.activities_size(), " activities and ", s.activity_end_unix_us_size(),
+          " end times; they must match, at most 16"));
+    }
+    ExecutionSpan span;
+    span.tensors.assign(s.tensors().begin(), s.tensors().end());
+    span.op = s.op();
+    span.start_unix_us = s.start_unix_us();
+    for (int a = 0; a < s.activities_size(); ++a) {
+      if (s.activities(a).empty() || s.activities(a).size() > 64) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".activities[", a, "] must be 1..64 bytes"));
+      }
+      span.activities.emplace_back(s.activities(a), s.activity_end_unix_us(a));
+    }
+    out->push_back(std::move(span));
+  }
+  return absl::OkStatus();
 }
 
 void FromProto(const v1::TensorRequest& in, TensorRequest* out) {

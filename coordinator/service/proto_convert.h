@@ -30,6 +30,8 @@ absl::Status FromProto(const v1::RankUpdate& in, RankUpdate* out);
 // INVALID_ARGUMENT for a stream other than STDOUT or STDERR.
 absl::Status FromProto(v1::RankOutput::Stream in, OutputStream* out);
 void ToProto(const LogChunk& in, v1::LogChunk* out);
+// INVALID_ARGUMENT naming the field for spans out of bounds (see worker.proto).
+absl::Status FromProto(const v1::TimelineSpans& in, std::vector<ExecutionSpan>* out);
 
 // The part of a cycle every rank receives alike (no resend_ids, no rank_errors).
 void ToProto(const CycleBroadcast& in, v1::ResponseList* out);

@@ -160,6 +160,21 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
         }
         return absl::OkStatus();
       }
+      case v1::WorkerMessage::kTimeline: {
+        // Like output: spans that do not belong (or are malformed) are dropped, nothing else.
+        const v1::TimelineSpans& t = m.timeline();
+        std::vector<ExecutionSpan> spans;
+        absl::Status s = FromProto(t, &spans);
+        if (s.ok()) {
+          s = coordinator_.RecordTimeline(worker_id_, t.job_id(), t.epoch(), t.rank(),
+                                          std::move(spans));
+        }
+        if (!s.ok()) {
+          spdlog::debug("timeline of rank {} of job {} from {} dropped: {}", t.rank(), t.job_id(),
+                        worker_id_, s.ToString());
+        }
+        return absl::OkStatus();
+      }
       case v1::WorkerMessage::kOpen:
         return absl::InvalidArgumentError("'open' may only be the first message of a session");
       case v1::WorkerMessage::KIND_NOT_SET:

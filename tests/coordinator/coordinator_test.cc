@@ -2,7 +2,10 @@
 // no server, no sockets, no sleeps.
 #include "coordinator/coordinator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -13,11 +16,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/worker_channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace ringmaster {
 namespace {
@@ -104,7 +109,28 @@ class CoordinatorTest : public ::testing::Test {
   static CoordinatorOptions Options(Clock* clock) {
     CoordinatorOptions o;
     o.clock = clock;
+    o.artifacts_dir = ArtifactsDir();
     return o;  // lease 10 s, housekeeping every 100 ms
+  }
+
+  static std::string ArtifactsDir() {
+    return absl::StrCat(std::filesystem::temp_directory_path().string(), "/coordinator_test_",
+                        getpid());
+  }
+
+  ~CoordinatorTest() override {
+    std::error_code error;
+    std::filesystem::remove_all(ArtifactsDir(), error);
+  }
+
+  // The whole artifact as a reader would get it.
+  std::string ReadArtifact(const std::string& job_id, const std::string& name) {
+    absl::StatusOr<Coordinator::ArtifactSnapshot> s = coordinator_.SnapshotArtifact(job_id, name);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return "";
+    absl::StatusOr<std::string> data = coordinator_.ReadArtifact(job_id, name, 0, s->size);
+    EXPECT_TRUE(data.ok()) << data.status();
+    return data.ok() ? *data + s->tail : "";
   }
 
   // Registers a worker and opens its session with a recording channel; returns its id.
@@ -883,6 +909,111 @@ TEST_F(CoordinatorTest, GetJobReportsLiveThroughputOverTheLastTenSeconds) {
   // Once the job ends there is nothing live to report.
   ASSERT_TRUE(coordinator_.CancelJob(id, "").ok());
   EXPECT_FALSE(GetJob(id).throughput.has_value());
+}
+
+// ---- Autotune and the timeline ----
+
+TEST_F(CoordinatorTest, AutotuneChangesReachEveryRankAtTheSameCycleAndEndAtTheBest) {
+  const std::string w0 = Connect("host-a", "cpu");
+  const std::string w1 = Connect("host-b", "cpu");
+  JobSpec spec = Spec(2);
+  spec.knobs.autotune = true;
+  spec.knobs.autotune_warmup_samples = 1;
+  spec.knobs.autotune_steps_per_sample = 2;
+  spec.knobs.autotune_bayes_opt_max_samples = 4;
+  spec.knobs.autotune_log = "autotune.csv";
+  spec.knobs.autotune_fixed = {"cycle_time_ms"};
+  const std::string id = coordinator_.RegisterJob(spec)->id;
+  for (int step = 0; step < 40; ++step) {
+    for (int rank : {0, 1}) {
+      ASSERT_TRUE(Submit(rank == 0 ? w0 : w1, id, rank, {Allreduce("w", {1000})}).ok());
+    }
+    clock_.Advance(absl::Milliseconds(100));
+  }
+  const std::vector<std::shared_ptr<CycleBroadcast>> cycles = SameCycles({w0, w1});
+  // One cycle per step, plus one for each switch of the response cache off (its evictions).
+  ASSERT_GE(cycles.size(), 40u);
+  std::vector<int64_t> thresholds;
+  for (const auto& c : cycles) {
+    EXPECT_EQ(c->cycle_time_ms, 1.0);  // fixed: never moved
+    if (thresholds.empty() || thresholds.back() != c->fusion_threshold_bytes) {
+      thresholds.push_back(c->fusion_threshold_bytes);
+    }
+  }
+  EXPECT_GT(thresholds.size(), 2u);  // the tuner did move the fusion threshold
+  const Job job = GetJob(id);
+  ASSERT_TRUE(job.throughput.has_value());
+  ASSERT_TRUE(job.throughput->autotune.has_value());
+  const AutotuneStatus& a = *job.throughput->autotune;
+  EXPECT_EQ(a.phase, AutotunePhase::kDone);
+  EXPECT_EQ(a.samples, 4);
+  // Every sample moved 2 steps of 4000 bytes in 200 ms: the same score, 40000 bytes/s.
+  EXPECT_NEAR(a.best_score, 40000, 1);
+  EXPECT_EQ(job.throughput->fusion_threshold_bytes, a.best.fusion_threshold_bytes);
+  const std::string log = ReadArtifact(id, "autotune.csv");
+  std::vector<std::string> lines = absl::StrSplit(log, '\n', absl::SkipEmpty());
+  ASSERT_THAT(lines, SizeIs(6));  // header, 4 samples, the best
+  EXPECT_EQ(lines[0],
+            "hierarchical_allreduce,hierarchical_allgather,cache_enabled,cycle_time_ms,"
+            "tensor_fusion_threshold,score");
+  EXPECT_EQ(lines[1], "0,0,1,1,128,40000");  // the starting setting comes first
+
+}
+
+TEST_F(CoordinatorTest, TheTimelineIsAnArtifactReadableAsValidJsonWhileTheJobRuns) {
+  const std::string w0 = Connect("host-a", "cpu");
+  const std::string w1 = Connect("host-b", "cpu");
+  JobSpec spec = Spec(2);
+  spec.knobs.timeline = "timeline.json";
+  const std::string id = coordinator_.RegisterJob(spec)->id;
+  ASSERT_TRUE(Submit(w1, id, 1, {Allreduce("grad")}).ok());
+  clock_.Advance(absl::Microseconds(250));
+  ASSERT_TRUE(Submit(w0, id, 0, {Allreduce("grad")}).ok());
+  const int64_t now_us = absl::ToUnixMicros(clock_.Now());
+  ExecutionSpan span{{"grad"}, "ALLREDUCE", now_us + 10, {{"QUEUE", now_us + 20},
+                                                          {"GLOO_ALLREDUCE", now_us + 90}}};
+  ASSERT_TRUE(coordinator_.RecordTimeline(w0, id, 1, 0, {span}).ok());
+  // Only the worker that serves the rank may report it.
+  EXPECT_EQ(coordinator_.RecordTimeline(w1, id, 1, 0, {span}).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  absl::StatusOr<std::vector<ArtifactInfo>> list = coordinator_.ListArtifacts(id);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_THAT(*list, SizeIs(1));
+  EXPECT_EQ((*list)[0].name, "timeline.json");
+  // While the job runs: a snapshot, valid JSON whatever the writer is doing.
+  EXPECT_TRUE(nlohmann::json::accept(ReadArtifact(id, "timeline.json")));
+
+  ASSERT_TRUE(coordinator_.CancelJob(id, "").ok());  // closes the timeline: everything written
+  const nlohmann::json trace = nlohmann::json::parse(ReadArtifact(id, "timeline.json"));
+  std::vector<std::string> row;
+  for (const auto& e : trace) {
+    if (e["ph"] == "M") continue;
+    row.push_back(absl::StrCat(std::string(e["ph"]), e.contains("name") ? std::string(e["name"]) : "",
+                               "@", e["ts"].get<int64_t>(), "/", e["tid"].get<int>()));
+  }
+  // Negotiation (thread 0): rank 1 first, rank 0 250 us later; then rank 0's execution (thread 1).
+  EXPECT_THAT(row, ElementsAre("BNEGOTIATE_ALLREDUCE@0/0", "X1@0/0", "X0@250/0", "E@250/0",
+                               "BALLREDUCE@260/1", "BQUEUE@260/1", "E@270/1",
+                               "BGLOO_ALLREDUCE@270/1", "E@340/1", "E@340/1"));
+  EXPECT_EQ(coordinator_.SnapshotArtifact(id, "nope.json").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_.ListArtifacts("job-999999").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, ArtifactNamesMustBePlainFileNames) {
+  JobSpec spec = Spec(1);
+  spec.knobs.timeline = "../etc/timeline.json";
+  absl::StatusOr<Job> job = coordinator_.RegisterJob(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()),
+              ::testing::StartsWith("spec.knobs.timeline = '../etc/timeline.json' is not a file name"));
+  spec.knobs.timeline = "";
+  spec.knobs.autotune_fixed = {"cycle_time"};
+  job = coordinator_.RegisterJob(spec);
+  EXPECT_EQ(job.status().message(),
+            "spec.knobs.autotune_fixed[0] = 'cycle_time' is not a tunable knob (fusion_threshold_bytes, "
+            "cycle_time_ms, cache_capacity)");
 }
 
 }  // namespace

@@ -1,0 +1,67 @@
+#include "coordinator/artifact_store.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "common/knobs.h"
+
+namespace ringmaster {
+
+namespace fs = std::filesystem;
+
+std::string DefaultArtifactsDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  return absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/ringmaster-artifacts");
+}
+
+std::string ArtifactStore::JobDir(const std::string& job_id) const {
+  return absl::StrCat(root_, "/", job_id);
+}
+
+std::string ArtifactStore::PathOf(const std::string& job_id, const std::string& name) const {
+  return absl::StrCat(JobDir(job_id), "/", name);
+}
+
+absl::Status ArtifactStore::Reset(const std::string& job_id) const {
+  std::error_code error;
+  fs::remove_all(JobDir(job_id), error);
+  if (!fs::create_directories(JobDir(job_id), error) && error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create artifact directory ", JobDir(job_id), ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ArtifactInfo> ArtifactStore::List(const std::string& job_id) const {
+  std::vector<ArtifactInfo> out;
+  std::error_code error;
+  for (const fs::directory_entry& e : fs::directory_iterator(JobDir(job_id), error)) {
+    if (!e.is_regular_file(error)) continue;
+    out.push_back({e.path().filename().string(), static_cast<int64_t>(e.file_size(error))});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const ArtifactInfo& a, const ArtifactInfo& b) { return a.name < b.name; });
+  return out;
+}
+
+absl::StatusOr<std::string> ArtifactStore::Read(const std::string& job_id, const std::string& name,
+                                                int64_t offset, int64_t max_bytes) const {
+  if (!ValidateArtifactName("name", name).ok()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no artifact '", name, "'"));
+  }
+  std::ifstream in(PathOf(job_id, name), std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no artifact '", name, "'"));
+  }
+  in.seekg(offset);
+  std::string out(static_cast<size_t>(std::max<int64_t>(max_bytes, 0)), '\0');
+  in.read(out.data(), static_cast<std::streamsize>(out.size()));
+  out.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  return out;
+}
+
+}  // namespace ringmaster

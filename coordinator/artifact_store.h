@@ -1,0 +1,50 @@
+// Files a job leaves behind for its users (its timeline, its autotune log), kept by the coordinator
+// under <root>/<job id>/<name> and fetched with `ringmaster artifacts JOB`. They outlive the job and
+// the coordinator; a job id reused by a later coordinator run starts with an empty directory.
+// Thread-safe (stateless apart from the root).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ringmaster {
+
+struct ArtifactInfo {
+  std::string name;
+  int64_t size_bytes = 0;
+};
+
+// Where artifacts go when not configured: $TMPDIR/ringmaster-artifacts (TMPDIR defaults to /tmp).
+std::string DefaultArtifactsDir();
+
+class ArtifactStore {
+ public:
+  explicit ArtifactStore(std::string root) : root_(std::move(root)) {}
+
+  const std::string& root() const { return root_; }
+
+  // Empties (creating) the job's directory: called when the job starts.
+  absl::Status Reset(const std::string& job_id) const;
+
+  // The path to write artifact `name` of the job to.
+  std::string PathOf(const std::string& job_id, const std::string& name) const;
+
+  // The job's artifacts, by name; empty when it has none.
+  std::vector<ArtifactInfo> List(const std::string& job_id) const;
+
+  // Up to `max_bytes` of the artifact from `offset`; empty at the end. NOT_FOUND for an artifact that
+  // does not exist.
+  absl::StatusOr<std::string> Read(const std::string& job_id, const std::string& name,
+                                   int64_t offset, int64_t max_bytes) const;
+
+ private:
+  std::string JobDir(const std::string& job_id) const;
+
+  const std::string root_;
+};
+
+}  // namespace ringmaster
