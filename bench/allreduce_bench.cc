@@ -31,6 +31,8 @@ ABSL_FLAG(bool, json, false, "one JSON object per line");
 ABSL_FLAG(std::string, op, "sum",
           "sum (what the yardsticks compute) or average (Horovod's default: a sum, then a division)");
 ABSL_FLAG(bool, baseline, true, "also time raw Gloo on one buffer of the same bytes");
+ABSL_FLAG(int, measure_last, 0,
+          "report the median of only the last N measured steps (0: all), e.g. after autotune settled");
 ABSL_FLAG(int, latency_iterations, 0,
           "instead of the profile: allreduce one float32 this many times, one at a time, and report "
           "p50/p99 latency");
@@ -182,6 +184,10 @@ int Main() {
       }
     }
     if (step >= warmup) times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  if (const int last = absl::GetFlag(FLAGS_measure_last);
+      last > 0 && static_cast<size_t>(last) < times.size()) {
+    times.erase(times.begin(), times.end() - last);
   }
   absl::StatusOr<double> ours = MaxOverRanks(c, Median(times), "bench.max.ours");
   if (!ours.ok()) return 1;

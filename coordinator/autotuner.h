@@ -27,10 +27,11 @@ struct AutotuneParameters {
   bool operator==(const AutotuneParameters&) const = default;
 };
 
-// Search ranges (log scale): fusion threshold 64 KiB .. 256 MiB, cycle time 0.5 .. 50 ms.
+// Search ranges (log scale): fusion threshold 64 KiB .. 256 MiB, cycle time 1 .. 50 ms (Horovod's
+// lower bound: below it, ranks send more, smaller request batches and fuse less).
 inline constexpr int64_t kAutotuneMinFusionBytes = int64_t{64} << 10;
 inline constexpr int64_t kAutotuneMaxFusionBytes = int64_t{256} << 20;
-inline constexpr double kAutotuneMinCycleMs = 0.5;
+inline constexpr double kAutotuneMinCycleMs = 1.0;
 inline constexpr double kAutotuneMaxCycleMs = 50.0;
 
 struct AutotuneOptions {

@@ -351,6 +351,9 @@ Response Negotiator::MakeResponse(const std::vector<Pending*>& tensors) const {
   return out;
 }
 
+// Most distinct tensor names counted for NegotiatorStats::distinct_tensors.
+constexpr size_t kMaxDistinctTensors = size_t{1} << 20;
+
 std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
   absl::MutexLock lock(&mu_);
   if (!DueLocked(now)) return std::nullopt;
@@ -431,7 +434,10 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
       }
       ++stats_.cache_misses;
       // A cache hit was negotiated (and counted) before; a miss may be new.
-      if (p->request.type == RequestType::kAllreduce || p->request.type == RequestType::kBroadcast) {
+      // Bounded: a job that names every call anew (Horovod's "allreduce.noname.N") has no steps.
+      if ((p->request.type == RequestType::kAllreduce ||
+           p->request.type == RequestType::kBroadcast) &&
+          seen_.size() < kMaxDistinctTensors) {
         seen_.insert(p->request.name);
         stats_.distinct_tensors = static_cast<int64_t>(seen_.size());
       }

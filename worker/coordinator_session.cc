@@ -25,10 +25,12 @@ absl::Status FromGrpc(const grpc::Status& s) {
 }  // namespace
 
 CoordinatorSession::CoordinatorSession(std::shared_ptr<grpc::Channel> channel,
-                                       v1::RegisterWorkerRequest registration, Listener* listener)
+                                       v1::RegisterWorkerRequest registration, Listener* listener,
+                                       absl::Duration write_timeout)
     : stub_(v1::WorkerService::NewStub(std::move(channel))),
       registration_(std::move(registration)),
-      listener_(listener) {}
+      listener_(listener),
+      write_timeout_(write_timeout) {}
 
 CoordinatorSession::~CoordinatorSession() { Stop(); }
 
@@ -47,6 +49,17 @@ void CoordinatorSession::Start() {
       Send(m).IgnoreError();
     }
   });
+  watchdog_ = std::thread([this] {
+    while (!stopping_) {
+      SleepUnless(stopping_, std::min(write_timeout_ / 4, absl::Milliseconds(250)));
+      const int64_t started = write_started_ns_.load();
+      if (started == 0 || absl::Now() - absl::FromUnixNanos(started) < write_timeout_) continue;
+      spdlog::warn("a write to the coordinator has not completed in {}: cancelling the session",
+                   absl::FormatDuration(write_timeout_));
+      absl::MutexLock lock(&mu_);
+      if (context_ != nullptr) context_->TryCancel();
+    }
+  });
 }
 
 void CoordinatorSession::Stop() {
@@ -57,6 +70,7 @@ void CoordinatorSession::Stop() {
   }
   if (thread_.joinable()) thread_.join();
   if (heartbeat_.joinable()) heartbeat_.join();
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 std::string CoordinatorSession::worker_id() const {
@@ -70,10 +84,18 @@ bool CoordinatorSession::connected() const {
 }
 
 absl::Status CoordinatorSession::Send(const v1::WorkerMessage& message) {
-  absl::MutexLock lock(&mu_);
-  if (stream_ == nullptr) return absl::UnavailableError("not connected to the coordinator");
   absl::MutexLock write_lock(&write_mu_);
-  if (!stream_->Write(message)) return absl::UnavailableError("session stream closed");
+  grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream;
+  {
+    // Not held while writing: Stop() and the watchdog take it to cancel a stuck write.
+    absl::MutexLock lock(&mu_);
+    stream = stream_;
+  }
+  if (stream == nullptr) return absl::UnavailableError("not connected to the coordinator");
+  write_started_ns_.store(absl::ToUnixNanos(absl::Now()));
+  const bool written = stream->Write(message);
+  write_started_ns_.store(0);
+  if (!written) return absl::UnavailableError("session stream closed");
   return absl::OkStatus();
 }
 
@@ -81,14 +103,24 @@ grpc::Status CoordinatorSession::RunSession() {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream;
   bool opened = false;
+  std::string worker_id;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return grpc::Status::CANCELLED;
     context_ = &context;
     stream = stub_->Session(&context);
+    worker_id = worker_id_;
+  }
+  {
+    // Outside mu_, so the watchdog can cancel it: a coordinator that accepted the connection may
+    // still not read.
+    absl::MutexLock write_lock(&write_mu_);
     v1::WorkerMessage open;
-    open.mutable_open()->set_worker_id(worker_id_);
+    open.mutable_open()->set_worker_id(worker_id);
+    write_started_ns_.store(absl::ToUnixNanos(absl::Now()));
     opened = stream->Write(open);
+    write_started_ns_.store(0);
+    absl::MutexLock lock(&mu_);
     if (opened) stream_ = stream.get();
   }
   v1::CoordinatorMessage m;
@@ -102,6 +134,11 @@ grpc::Status CoordinatorSession::RunSession() {
   {
     absl::MutexLock lock(&mu_);
     stream_ = nullptr;
+  }
+  {
+    // A write in progress returns once the stream has ended (cancelled, if it was stuck); only then
+    // may the stream go.
+    absl::MutexLock write_lock(&write_mu_);
   }
   grpc::Status status = stream->Finish();
   absl::MutexLock lock(&mu_);

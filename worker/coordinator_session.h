@@ -2,6 +2,10 @@
 // reconnection with exponential backoff (100 ms doubling to 5 s). A session that the coordinator ends
 // with NOT_FOUND or FAILED_PRECONDITION (lease expired) makes the worker register again.
 //
+// A write that the coordinator does not take within the write timeout (it stopped reading: hung, or
+// its host unreachable while TCP keeps retrying) cancels the session, which then reconnects: Send()
+// never blocks for longer than that.
+//
 // Thread-safe. One thread runs the connection; the listener is called from it and must not block.
 #pragma once
 
@@ -13,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "ringmaster/v1/worker.grpc.pb.h"
 
@@ -30,14 +35,15 @@ class CoordinatorSession {
 
   // `listener` is borrowed and must outlive Stop().
   CoordinatorSession(std::shared_ptr<grpc::Channel> channel, v1::RegisterWorkerRequest registration,
-                     Listener* listener);
+                     Listener* listener, absl::Duration write_timeout = absl::Seconds(10));
   ~CoordinatorSession();
 
   void Start();
   // Ends the session and joins its threads.
   void Stop();
 
-  // UNAVAILABLE while not connected.
+  // UNAVAILABLE while not connected, or when the write timed out (the session is then cancelled).
+  // Messages are written one at a time, in the order of the calls.
   absl::Status Send(const v1::WorkerMessage& message);
   std::string worker_id() const;
   bool connected() const;
@@ -50,17 +56,22 @@ class CoordinatorSession {
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   const v1::RegisterWorkerRequest registration_;
   Listener* const listener_;
+  const absl::Duration write_timeout_;
   std::thread thread_;
   std::thread heartbeat_;
+  std::thread watchdog_;
   std::atomic<bool> stopping_{false};
+  // When the write in progress started (unix ns), 0 when none: the watchdog's input.
+  std::atomic<int64_t> write_started_ns_{0};
 
+  // Held for a whole write (writes go one at a time); the stream is not destroyed while it is held.
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream_
       ABSL_GUARDED_BY(mu_) = nullptr;
-  absl::Mutex write_mu_ ABSL_ACQUIRED_AFTER(mu_);
 };
 
 }  // namespace ringmaster

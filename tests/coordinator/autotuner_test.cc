@@ -31,7 +31,7 @@ TEST(AutotunerTest, ParameterMappingRoundTrips) {
   EXPECT_EQ(Autotuner::UnitToFusion(0), 64 * 1024);
   EXPECT_EQ(Autotuner::UnitToFusion(1), 256 * kMiB);
   EXPECT_EQ(Autotuner::UnitToFusion(Autotuner::FusionToUnit(32 * kMiB)), 32 * kMiB);
-  EXPECT_DOUBLE_EQ(Autotuner::UnitToCycle(0), 0.5);
+  EXPECT_DOUBLE_EQ(Autotuner::UnitToCycle(0), 1.0);
   EXPECT_DOUBLE_EQ(Autotuner::UnitToCycle(1), 50);
   EXPECT_DOUBLE_EQ(Autotuner::UnitToCycle(Autotuner::CycleToUnit(5)), 5);
   EXPECT_EQ(Autotuner::FusionToUnit(0), 0);  // fusion off maps to the low end
