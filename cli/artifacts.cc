@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/knobs.h"
 
 namespace ringmaster::cli {
 
@@ -24,6 +25,11 @@ grpc::Status FetchArtifacts(v1::JobService::Stub& stub, const Global& g, const s
                         absl::StrCat("cannot create ", dir, ": ", error.message()));
   }
   for (const v1::Artifact& a : list.artifacts()) {
+    // Names come from the server: never let one write outside `dir`.
+    if (absl::Status s = ValidateArtifactName("artifact name", a.name()); !s.ok()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat("the coordinator listed a bad artifact: ", s.message()));
+    }
     const std::string path = (fs::path(dir) / a.name()).string();
     const std::string part = (fs::path(dir) / absl::StrCat(".", a.name(), ".part")).string();
     std::ofstream out(part, std::ios::binary | std::ios::trunc);

@@ -107,9 +107,9 @@ absl::Status ValidateKnobs(const Knobs& k) {
   if (k.autotune_steps_per_sample < 1 || k.autotune_steps_per_sample > 100'000) {
     return OutOfBounds("autotune_steps_per_sample", k.autotune_steps_per_sample, "[1, 100000]");
   }
-  if (k.autotune_bayes_opt_max_samples < 1 || k.autotune_bayes_opt_max_samples > 1000) {
+  if (k.autotune_bayes_opt_max_samples < 1 || k.autotune_bayes_opt_max_samples > 100) {
     return OutOfBounds("autotune_bayes_opt_max_samples", k.autotune_bayes_opt_max_samples,
-                       "[1, 1000]");
+                       "[1, 100]");
   }
   if (!(k.autotune_gaussian_process_noise >= 0 && k.autotune_gaussian_process_noise <= 100)) {
     return OutOfBounds("autotune_gaussian_process_noise", k.autotune_gaussian_process_noise,
@@ -122,6 +122,10 @@ absl::Status ValidateKnobs(const Knobs& k) {
   }
   if (!k.timeline.empty()) {
     if (absl::Status s = ValidateArtifactName("knobs.timeline", k.timeline); !s.ok()) return s;
+    if (k.timeline == k.autotune_log) {
+      return absl::InvalidArgumentError(absl::StrCat("knobs.autotune_log = '", k.autotune_log,
+                                                     "' names the same file as knobs.timeline"));
+    }
   }
   for (size_t i = 0; i < k.autotune_fixed.size(); ++i) {
     const std::string& name = k.autotune_fixed[i];

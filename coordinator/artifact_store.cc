@@ -1,5 +1,7 @@
 #include "coordinator/artifact_store.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -15,7 +17,8 @@ namespace fs = std::filesystem;
 
 std::string DefaultArtifactsDir() {
   const char* tmp = std::getenv("TMPDIR");
-  return absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/ringmaster-artifacts");
+  return absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/ringmaster-artifacts-",
+                      getuid());
 }
 
 std::string ArtifactStore::JobDir(const std::string& job_id) const {
@@ -28,6 +31,11 @@ std::string ArtifactStore::PathOf(const std::string& job_id, const std::string& 
 
 absl::Status ArtifactStore::Reset(const std::string& job_id) const {
   std::error_code error;
+  // The root is private to the coordinator's user (it may live in a shared /tmp).
+  if (fs::create_directories(root_, error)) {
+    fs::permissions(root_, fs::perms::owner_all, fs::perm_options::replace, error);
+  }
+  error.clear();
   fs::remove_all(JobDir(job_id), error);
   if (!fs::create_directories(JobDir(job_id), error) && error) {
     return absl::UnavailableError(

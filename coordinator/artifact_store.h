@@ -18,7 +18,8 @@ struct ArtifactInfo {
   int64_t size_bytes = 0;
 };
 
-// Where artifacts go when not configured: $TMPDIR/ringmaster-artifacts (TMPDIR defaults to /tmp).
+// Where artifacts go when not configured: $TMPDIR/ringmaster-artifacts-<uid> (TMPDIR defaults to
+// /tmp), created private to the user.
 std::string DefaultArtifactsDir();
 
 class ArtifactStore {

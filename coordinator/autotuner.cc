@@ -96,8 +96,10 @@ void Autotuner::Log(const AutotuneParameters& p, double score) {
 AutotuneParameters Autotuner::Next() {
   if (scored_ >= options_.max_samples) {
     phase_ = AutotunePhase::kDone;
+    // The setting actually measured (the start may lie outside the search range, where its point
+    // was clamped).
     double mean;
-    best_ = FromPoint(optimizer_.Best(&mean));
+    best_ = sampled_[optimizer_.BestIndex(&mean)];
     best_score_ = mean;
     Log(best_, best_score_);
     return best_;
@@ -137,6 +139,7 @@ std::optional<AutotuneParameters> Autotuner::Observe(int64_t bytes, int64_t tens
   }
   Log(current_, score);
   optimizer_.AddSample(ToPoint(current_), score);
+  sampled_.push_back(current_);
   ++scored_;
   if (score > best_score_) {
     best_score_ = score;

@@ -96,6 +96,7 @@ class Autotuner {
   const AutotuneOptions options_;
   int dimensions_ = 0;
   BayesianOptimizer optimizer_;
+  std::vector<AutotuneParameters> sampled_;  // parallel to the optimizer's samples
   AutotunePhase phase_ = AutotunePhase::kWarmup;
   int warmup_left_;
   AutotuneParameters current_;

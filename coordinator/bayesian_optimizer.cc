@@ -45,14 +45,14 @@ double GaussianProcess::Kernel(const Point& a, const Point& b, double length) co
   return std::exp(-d2 / (2 * length * length));
 }
 
-double GaussianProcess::Factor(double length, std::vector<double>* chol,
+double GaussianProcess::Factor(double length, double jitter, std::vector<double>* chol,
                                std::vector<double>* alpha) const {
   const int n = static_cast<int>(x_.size());
   std::vector<double>& l = *chol;
   l.assign(static_cast<size_t>(n) * n, 0.0);
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j <= i; ++j) {
-      double s = Kernel(x_[i], x_[j], length) + (i == j ? noise_ + 1e-8 : 0.0);
+      double s = Kernel(x_[i], x_[j], length) + (i == j ? noise_ + jitter : 0.0);
       for (int k = 0; k < j; ++k) s -= l[i * n + k] * l[j * n + k];
       if (i == j) {
         if (s <= 0) return -std::numeric_limits<double>::infinity();
@@ -83,16 +83,23 @@ void GaussianProcess::Fit(const std::vector<Point>& x, const std::vector<double>
   if (y_scale_ < 1e-12 * std::max(1.0, std::abs(y_mean_))) y_scale_ = 1.0;
   y_.resize(y.size());
   for (size_t i = 0; i < y.size(); ++i) y_[i] = (y[i] - y_mean_) / y_scale_;
-  double best = -std::numeric_limits<double>::infinity();
+  chol_.clear();  // Predict() falls back to the prior if no factorisation succeeds
+  alpha_.clear();
   std::vector<double> chol, alpha;
-  for (double length : kLengthScales) {
-    const double likelihood = Factor(length, &chol, &alpha);
-    if (likelihood > best) {
-      best = likelihood;
-      length_scale_ = length;
-      chol_ = chol;
-      alpha_ = alpha;
+  // Nearly repeated points (or zero noise) can make the kernel matrix numerically singular: add
+  // diagonal jitter until it factorises.
+  for (double jitter : {1e-8, 1e-6, 1e-4, 1e-2, 1.0}) {
+    double best = -std::numeric_limits<double>::infinity();
+    for (double length : kLengthScales) {
+      const double likelihood = Factor(length, jitter, &chol, &alpha);
+      if (likelihood > best) {
+        best = likelihood;
+        length_scale_ = length;
+        chol_ = chol;
+        alpha_ = alpha;
+      }
     }
+    if (!chol_.empty()) return;
   }
 }
 
@@ -141,18 +148,23 @@ double BayesianOptimizer::ExpectedImprovement(const Point& p, double best) const
 }
 
 Point BayesianOptimizer::Best(double* score) {
-  size_t best = 0;
+  const int i = BestIndex(score);
+  return i < 0 ? Point(dimensions_, 0.5) : x_[i];
+}
+
+int BayesianOptimizer::BestIndex(double* score) {
+  int best = -1;
   double best_mean = -std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < x_.size(); ++i) {
     double mean, stddev;
     gp_.Predict(x_[i], &mean, &stddev);
     if (mean > best_mean) {
       best_mean = mean;
-      best = i;
+      best = static_cast<int>(i);
     }
   }
   if (score != nullptr) *score = best_mean;
-  return x_.empty() ? Point(dimensions_, 0.5) : x_[best];
+  return best;
 }
 
 Point BayesianOptimizer::Suggest() {

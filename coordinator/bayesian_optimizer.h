@@ -30,9 +30,10 @@ class GaussianProcess {
 
  private:
   double Kernel(const Point& a, const Point& b, double length) const;
-  // Cholesky factor of K + noise*I for `length`, alpha = K^-1 y; returns the log marginal likelihood
-  // (or -inf when the factorisation fails).
-  double Factor(double length, std::vector<double>* chol, std::vector<double>* alpha) const;
+  // Cholesky factor of K + (noise + jitter) I for `length`, alpha = K^-1 y; returns the log marginal
+  // likelihood (or -inf when the factorisation fails).
+  double Factor(double length, double jitter, std::vector<double>* chol,
+                std::vector<double>* alpha) const;
 
   const double noise_;
   std::vector<Point> x_;
@@ -58,6 +59,8 @@ class BayesianOptimizer {
   // The sampled point with the highest posterior mean (robust to a lucky noisy sample), and that
   // mean. REQUIRES: at least one sample.
   Point Best(double* score = nullptr);
+  // The same as an index into the samples, in the order added; -1 with no samples.
+  int BestIndex(double* score = nullptr);
 
   int samples() const { return static_cast<int>(x_.size()); }
 

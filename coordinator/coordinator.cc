@@ -172,6 +172,21 @@ void Coordinator::Schedule() {
 
 absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState state,
                                         std::string reason, const std::string& except_worker) {
+  // The job's artifacts are complete before it turns terminal, so a user who sees it end and fetches
+  // them gets them whole (what ranks still send is dropped).
+  std::shared_ptr<Runtime> running;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = runtimes_.find(job_id); it != runtimes_.end()) running = it->second;
+  }
+  if (running != nullptr) {
+    absl::MutexLock flush_lock(&running->flush_mu);
+    if (running->timeline != nullptr) {
+      running->timeline->Negotiation(running->negotiator->DrainTimeline());
+      running->timeline->Close();
+    }
+    if (running->autotune_log != nullptr) std::fflush(running->autotune_log.get());
+  }
   absl::StatusOr<Job> job = jobs_.Transition(job_id, state, reason);
   if (!job.ok()) return job;
   if (state == JobState::kFailed) {
@@ -191,15 +206,6 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
       if (r.worker_id == except_worker) continue;
       if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendStopJob(job_id, reason);
     }
-  }
-  if (ended != nullptr) {
-    // The job's artifacts are complete now (what ranks still send is dropped).
-    absl::MutexLock flush_lock(&ended->flush_mu);
-    if (ended->timeline != nullptr) {
-      ended->timeline->Negotiation(ended->negotiator->DrainTimeline());
-      ended->timeline->Close();
-    }
-    if (ended->autotune_log != nullptr) std::fflush(ended->autotune_log.get());
   }
   for (const RankInfo& r : job->ranks) workers_.Release(r.worker_id);
   rendezvous_.DropScope(RendezvousStore::Scope(job_id, job->epoch),
@@ -321,12 +327,12 @@ void Coordinator::Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now)
   runtime->cache_hits->Increment(stats.cache_hits - runtime->reported.cache_hits);
   runtime->cache_misses->Increment(stats.cache_misses - runtime->reported.cache_misses);
   runtime->reported = stats;
-  const auto [bytes, tensors] = RecordThroughput(*runtime, *output, now);
+  const auto [bytes, allreduced] = RecordThroughput(*runtime, *output, now);
   if (runtime->timeline != nullptr) {
     runtime->timeline->Negotiation(runtime->negotiator->DrainTimeline());
     if (!output->responses.empty()) runtime->timeline->Cycle(now);
   }
-  if (runtime->autotuner != nullptr) Autotune(*runtime, bytes, tensors, now);
+  if (runtime->autotuner != nullptr) Autotune(*runtime, bytes, allreduced, now);
   auto cycle = std::make_shared<CycleBroadcast>();
   cycle->job_id = runtime->job_id;
   cycle->output = *std::move(output);
@@ -342,21 +348,23 @@ std::pair<int64_t, int64_t> Coordinator::RecordThroughput(Runtime& runtime,
                                                           const CycleOutput& output,
                                                           absl::Time now) {
   Runtime::Totals& t = runtime.totals;
-  int64_t bytes = 0, tensors = 0;
+  int64_t bytes = 0, tensors = 0, allreduced = 0;
   for (const Response& r : output.responses) {
     if (r.type != Response::Type::kAllreduce && r.type != Response::Type::kBroadcast) continue;
     for (int64_t n : r.tensor_sizes) bytes += n * DataTypeSize(r.dtype);
     tensors += static_cast<int64_t>(r.names.size());
+    if (r.type == Response::Type::kAllreduce) allreduced += static_cast<int64_t>(r.names.size());
   }
   t.bytes += bytes;
   t.tensors += tensors;
+  t.allreduced += allreduced;
   ++t.cycles;
   t.time = now;
   if (runtime.window.empty() || now - runtime.window.back().time >= absl::Seconds(1)) {
     runtime.window.push_back(t);
     while (runtime.window.size() > 11) runtime.window.pop_front();
   }
-  return {bytes, tensors};
+  return {bytes, allreduced};
 }
 
 void Coordinator::StartObservers(const Job& job, Runtime& runtime) {
@@ -366,10 +374,9 @@ void Coordinator::StartObservers(const Job& job, Runtime& runtime) {
   if (tune_cache && options.cache_capacity == 0) options.cache_capacity = kDefaultCacheCapacity;
   runtime.negotiator = std::make_unique<Negotiator>(std::move(options));
   if (k.cache_capacity == 0) runtime.negotiator->SetCacheEnabled(false);
-  if (!k.timeline.empty() || !k.autotune_log.empty()) {
-    if (absl::Status s = artifacts_.Reset(job.id); !s.ok()) {
-      spdlog::error("job {}: {}", job.id, s.message());
-    }
+  // Always: a job id reused by a later coordinator run must not show the earlier job's files.
+  if (absl::Status s = artifacts_.Reset(job.id); !s.ok()) {
+    spdlog::error("job {}: {}", job.id, s.message());
   }
   if (!k.timeline.empty()) {
     absl::StatusOr<std::unique_ptr<Timeline>> timeline =
@@ -404,14 +411,21 @@ void Coordinator::StartObservers(const Job& job, Runtime& runtime) {
                     std::strerror(errno));
     }
   }
-  Autotune(runtime, 0, 0, clock_->Now());  // writes the log's header
+  // The log's header now; the first sample starts with the job's first negotiation cycle (not at
+  // scheduling, which would count process start-up against the starting setting).
+  for (const std::string& line : runtime.autotuner->TakeLog()) {
+    if (runtime.autotune_log != nullptr) {
+      std::fprintf(runtime.autotune_log.get(), "%s\n", line.c_str());
+    }
+  }
+  if (runtime.autotune_log != nullptr) std::fflush(runtime.autotune_log.get());
 }
 
-void Coordinator::Autotune(Runtime& runtime, int64_t bytes, int64_t tensors, absl::Time now) {
+void Coordinator::Autotune(Runtime& runtime, int64_t bytes, int64_t allreduced, absl::Time now) {
   Autotuner& tuner = *runtime.autotuner;
   const AutotunePhase before = tuner.status().phase;
   std::optional<AutotuneParameters> change =
-      tuner.Observe(bytes, tensors, runtime.negotiator->stats().distinct_tensors, now);
+      tuner.Observe(bytes, allreduced, runtime.negotiator->stats().distinct_tensors, now);
   if (change.has_value()) {
     runtime.negotiator->SetParameters(
         change->fusion_threshold_bytes,
@@ -498,9 +512,9 @@ absl::StatusOr<Job> Coordinator::GetJob(const std::string& id) const {
     if (seconds > 0) {
       out.bytes_per_second = (now.bytes - then.bytes) / seconds;
       out.cycles_per_second = (now.cycles - then.cycles) / seconds;
-      const double tensors_per_second = (now.tensors - then.tensors) / seconds;
+      const double allreduced_per_second = (now.allreduced - then.allreduced) / seconds;
       if (const int64_t distinct = runtime->negotiator->stats().distinct_tensors; distinct > 0) {
-        out.steps_per_second = tensors_per_second / static_cast<double>(distinct);
+        out.steps_per_second = allreduced_per_second / static_cast<double>(distinct);
       }
     }
   }

@@ -215,6 +215,7 @@ class Coordinator {
       absl::Time time;
       int64_t bytes = 0;
       int64_t tensors = 0;
+      int64_t allreduced = 0;  // allreduce tensors alone: steps count in these
       int64_t cycles = 0;
     };
     Totals totals ABSL_GUARDED_BY(flush_mu);
@@ -246,15 +247,15 @@ class Coordinator {
                                                       int32_t rank);
   absl::Status CheckScope(const std::string& job_id, int64_t epoch) const;
   void Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now);
-  // Adds the cycle to the job's totals; returns the bytes and tensors of allreduce and broadcast
-  // it carried.
+  // Adds the cycle to the job's totals; returns the bytes of allreduce and broadcast it carried,
+  // and its number of allreduce tensors.
   static std::pair<int64_t, int64_t> RecordThroughput(Runtime& runtime, const CycleOutput& output,
                                                       absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime.flush_mu);
   // Sets up the job's timeline and autotuner (when its knobs ask for them).
   void StartObservers(const Job& job, Runtime& runtime);
   // Feeds the autotuner one cycle and applies what it decides.
-  static void Autotune(Runtime& runtime, int64_t bytes, int64_t tensors, absl::Time now)
+  static void Autotune(Runtime& runtime, int64_t bytes, int64_t allreduced, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime.flush_mu);
   void Housekeeping(absl::Time now);
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

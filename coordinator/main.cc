@@ -23,7 +23,7 @@ ABSL_FLAG(double, lease_seconds, 10, "a worker without a heartbeat for this long
 ABSL_FLAG(double, heartbeat_interval_seconds, 2, "how often workers are told to heartbeat");
 ABSL_FLAG(std::string, artifacts_dir, "",
           "where jobs' timelines and autotune logs are kept, as DIR/JOB_ID/NAME (empty: "
-          "$TMPDIR/ringmaster-artifacts, TMPDIR defaulting to /tmp)");
+          "$TMPDIR/ringmaster-artifacts-UID, TMPDIR defaulting to /tmp)");
 
 namespace {
 

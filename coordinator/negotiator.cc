@@ -434,10 +434,10 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
       }
       ++stats_.cache_misses;
       // A cache hit was negotiated (and counted) before; a miss may be new.
-      // Bounded: a job that names every call anew (Horovod's "allreduce.noname.N") has no steps.
-      if ((p->request.type == RequestType::kAllreduce ||
-           p->request.type == RequestType::kBroadcast) &&
-          seen_.size() < kMaxDistinctTensors) {
+      // Allreduces only: broadcasts are mostly one-off (parameters at the start) and would make a
+      // "step" look longer than it is. Bounded: a job that names every call anew (Horovod's
+      // "allreduce.noname.N") has no steps.
+      if (p->request.type == RequestType::kAllreduce && seen_.size() < kMaxDistinctTensors) {
         seen_.insert(p->request.name);
         stats_.distinct_tensors = static_cast<int64_t>(seen_.size());
       }

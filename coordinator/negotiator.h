@@ -50,7 +50,7 @@ struct NegotiatorStats {
   int64_t cache_hits = 0;          // ready tensors first requested by cache id
   int64_t cache_misses = 0;        // ready tensors first requested in full
   int64_t requests = 0;            // tensor requests received, full or by id
-  // Different allreduce/broadcast tensor names negotiated so far: a training step's worth.
+  // Different allreduce tensor names negotiated so far: a training step's worth.
   int64_t distinct_tensors = 0;
 };
 
@@ -148,7 +148,7 @@ class Negotiator {
   ResponseCache cache_ ABSL_GUARDED_BY(mu_);
   bool cache_enabled_ ABSL_GUARDED_BY(mu_) = true;
   std::vector<uint32_t> evicted_ ABSL_GUARDED_BY(mu_);  // by SetCacheEnabled(false), not yet told
-  absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);  // distinct allreduce/broadcast names
+  absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);  // distinct allreduce names
   const bool record_timeline_;
   std::vector<NegotiationEvent> timeline_ ABSL_GUARDED_BY(mu_);
   absl::node_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);

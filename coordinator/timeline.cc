@@ -224,8 +224,13 @@ void Timeline::Run() {
         stable_.store(at + static_cast<int64_t>(out.size()));
         any_event_ = true;
       } else {
+        // A partial write (a full disk) must not leave the file invalid: cut it back to the last
+        // complete event and close the array again.
         spdlog::error("timeline {}: write failed ({}); no more events are recorded", path_,
                       std::strerror(errno));
+        if (ftruncate(fd_, at) != 0 || !WriteAllAt(fd_, kTail, at)) {
+          spdlog::error("timeline {}: could not restore its end ({})", path_, std::strerror(errno));
+        }
         failed = true;
       }
     }

@@ -64,11 +64,11 @@ class Timeline {
 
  private:
   struct Item {
-    enum class Kind { kNegotiation, kExecution, kCycle } kind;
-    std::vector<NegotiationEvent> negotiation;
+    enum class Kind { kNegotiation, kExecution, kCycle } kind = Kind::kNegotiation;
+    std::vector<NegotiationEvent> negotiation = {};
     int32_t rank = 0;
-    std::vector<ExecutionSpan> execution;
-    absl::Time time;
+    std::vector<ExecutionSpan> execution = {};
+    absl::Time time = {};
   };
 
   Timeline(std::string path, int fd, std::string title, bool mark_cycles, absl::Time start);

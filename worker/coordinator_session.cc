@@ -22,6 +22,14 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+// A clock that never steps (the wall clock may, and must not cancel a healthy write). Never 0.
+int64_t MonotonicNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+             .count() +
+         1;
+}
+
 }  // namespace
 
 CoordinatorSession::CoordinatorSession(std::shared_ptr<grpc::Channel> channel,
@@ -53,11 +61,15 @@ void CoordinatorSession::Start() {
     while (!stopping_) {
       SleepUnless(stopping_, std::min(write_timeout_ / 4, absl::Milliseconds(250)));
       const int64_t started = write_started_ns_.load();
-      if (started == 0 || absl::Now() - absl::FromUnixNanos(started) < write_timeout_) continue;
+      if (started == 0 || MonotonicNanos() - started < absl::ToInt64Nanoseconds(write_timeout_)) {
+        continue;
+      }
+      absl::MutexLock lock(&mu_);
+      // Still the same write (not one that finished meanwhile and a newer one that started).
+      if (write_started_ns_.load() != started || context_ == nullptr) continue;
       spdlog::warn("a write to the coordinator has not completed in {}: cancelling the session",
                    absl::FormatDuration(write_timeout_));
-      absl::MutexLock lock(&mu_);
-      if (context_ != nullptr) context_->TryCancel();
+      context_->TryCancel();
     }
   });
 }
@@ -92,7 +104,7 @@ absl::Status CoordinatorSession::Send(const v1::WorkerMessage& message) {
     stream = stream_;
   }
   if (stream == nullptr) return absl::UnavailableError("not connected to the coordinator");
-  write_started_ns_.store(absl::ToUnixNanos(absl::Now()));
+  write_started_ns_.store(MonotonicNanos());
   const bool written = stream->Write(message);
   write_started_ns_.store(0);
   if (!written) return absl::UnavailableError("session stream closed");
@@ -117,7 +129,7 @@ grpc::Status CoordinatorSession::RunSession() {
     absl::MutexLock write_lock(&write_mu_);
     v1::WorkerMessage open;
     open.mutable_open()->set_worker_id(worker_id);
-    write_started_ns_.store(absl::ToUnixNanos(absl::Now()));
+    write_started_ns_.store(MonotonicNanos());
     opened = stream->Write(open);
     write_started_ns_.store(0);
     absl::MutexLock lock(&mu_);

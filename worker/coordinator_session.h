@@ -61,7 +61,7 @@ class CoordinatorSession {
   std::thread heartbeat_;
   std::thread watchdog_;
   std::atomic<bool> stopping_{false};
-  // When the write in progress started (unix ns), 0 when none: the watchdog's input.
+  // When the write in progress started (steady clock, ns), 0 when none: the watchdog's input.
   std::atomic<int64_t> write_started_ns_{0};
 
   // Held for a whole write (writes go one at a time); the stream is not destroyed while it is held.

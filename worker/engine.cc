@@ -536,10 +536,10 @@ absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<O
   for (int part = 1; part < parts; ++part) helpers.emplace_back(run, part);
   run(0);
   for (auto& t : helpers) t.join();
+  activities.End("GLOO_ALLREDUCE");  // failed or not: the timeline shows where the time went
   for (const absl::Status& status : statuses) {
     if (!status.ok()) return status;
   }
-  activities.End("GLOO_ALLREDUCE");
   if (buffer == fusion_buffer_.data()) {
     int64_t at = 0;
     for (size_t i = 0; i < ops.size(); ++i) {

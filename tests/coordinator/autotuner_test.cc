@@ -19,7 +19,7 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 struct Driver {
   Autotuner& tuner;
   absl::Time now = absl::FromUnixSeconds(1000);
-  std::vector<AutotuneParameters> changes;
+  std::vector<AutotuneParameters> changes = {};
 
   void Step(int64_t bytes, int64_t distinct, absl::Duration step) {
     now += step;

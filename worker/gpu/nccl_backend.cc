@@ -1,0 +1,287 @@
+#include "worker/gpu/nccl_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "worker/gpu/nccl_mapping.h"
+#include "worker/gpu/watchdog.h"
+
+namespace ringmaster {
+namespace {
+
+absl::Status CudaStatus(cudaError_t e, absl::string_view what, absl::string_view where) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("CUDA ", what, " on ", where, " failed: ", cudaGetErrorString(e)));
+}
+
+// Waits with a short spin, then short sleeps: completion latency stays in microseconds without
+// burning a core on long collectives.
+void Pause(int* spins) {
+  if (++*spins < 200) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
+ public:
+  NcclCommunicator(NcclBackendOptions options) : options_(std::move(options)) {}
+
+  ~NcclCommunicator() override {
+    if (comm_ != nullptr) {
+      // A healthy communicator may be finalized and destroyed; a failed one is only ever aborted.
+      if (watchdog_ != nullptr && watchdog_->state() == Watchdog::State::kHealthy) {
+        watchdog_->PeerLost("the communicator is being released");
+      }
+    }
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init() {
+    const std::string& where = options_.where;
+    if (absl::Status s = CheckCudaDevice(options_.device); !s.ok()) return s;
+    if (absl::Status s = CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice", where);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                    "stream creation", where);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CudaStatus(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming),
+                                    "event creation", where);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CudaStatus(cudaMalloc(&scratch_, 16), "scratch allocation", where);
+        !s.ok()) {
+      return s;
+    }
+    ncclGetVersion(&version_);
+    // The unique id: rank 0 makes it, everyone reads it from the epoch's store.
+    ncclUniqueId id;
+    const std::string key = absl::StrCat(options_.prefix, "unique_id");
+    if (options_.rank == 0) {
+      if (absl::Status s = NcclStatus(ncclGetUniqueId(&id), "unique id", where); !s.ok()) return s;
+      if (absl::Status s = options_.store->Set(
+              key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      absl::StatusOr<std::vector<std::string>> values =
+          options_.store->Wait({key}, options_.timeout);
+      if (!values.ok()) {
+        return absl::Status(values.status().code(),
+                            absl::StrCat("NCCL rendezvous of ", where, ": ",
+                                         values.status().message()));
+      }
+      if ((*values)[0].size() != sizeof(id)) {
+        return absl::InternalError(absl::StrCat("NCCL unique id from the store has ",
+                                                (*values)[0].size(), " bytes, not ", sizeof(id)));
+      }
+      std::memcpy(&id, (*values)[0].data(), sizeof(id));
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&comm_, options_.size, id, options_.rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      return NcclStatus(r, "communicator setup", where, LastError());
+    }
+    watchdog_ = std::make_unique<Watchdog>(this, where, options_.timeout);
+    const absl::Time deadline = absl::Now() + options_.timeout;
+    int spins = 0;
+    while (true) {
+      ncclResult_t state = ncclInProgress;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return absl::OkStatus();
+      if (state != ncclInProgress) {
+        absl::Status s = NcclStatus(state, "communicator setup", where, LastError());
+        watchdog_->PeerLost(std::string(s.message()));
+        return s;
+      }
+      if (absl::Now() > deadline) {
+        absl::Status s = absl::DeadlineExceededError(absl::StrCat(
+            "NCCL communicator setup on ", where, " did not complete in ",
+            absl::FormatDuration(options_.timeout), " (are all ", options_.size,
+            " ranks up, and can they reach each other? see NCCL_SOCKET_IFNAME)"));
+        watchdog_->PeerLost(std::string(s.message()));
+        return s;
+      }
+      Pause(&spins);
+    }
+  }
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  void* stream() const override { return stream_; }
+
+  absl::Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override {
+    absl::StatusOr<ncclDataType_t> type = ToNcclDataType(dtype);
+    if (!type.ok()) return type.status();
+    absl::StatusOr<NcclReduction> reduction =
+        ToNcclReduction(op, dtype, options_.size, version_);
+    if (!reduction.ok()) return reduction.status();
+    return Run("allreduce", [&] {
+      return ncclAllReduce(data, data, static_cast<size_t>(count), *type, reduction->op, comm_,
+                           stream_);
+    });
+  }
+
+  absl::Status Broadcast(void* data, int64_t bytes, int root) override {
+    return Run("broadcast", [&] {
+      return ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_);
+    });
+  }
+
+  absl::Status Allgatherv(const void* in, void* out, absl::Span<const int64_t> bytes) override {
+    if (static_cast<int>(bytes.size()) != options_.size) {
+      return absl::InvalidArgumentError(absl::StrCat("allgatherv: ", bytes.size(),
+                                                     " parts for ", options_.size, " ranks"));
+    }
+    // Parts of different sizes: one broadcast per rank, grouped into one NCCL launch.
+    return Run("allgather", [&] {
+      ncclGroupStart();
+      int64_t at = 0;
+      for (int r = 0; r < options_.size; ++r) {
+        uint8_t* dst = static_cast<uint8_t*>(out) + at;
+        const void* src = r == options_.rank ? in : dst;
+        ncclBroadcast(src, dst, static_cast<size_t>(bytes[r]), ncclUint8, r, comm_, stream_);
+        at += bytes[r];
+      }
+      return ncclGroupEnd();
+    });
+  }
+
+  absl::Status Barrier() override {
+    return Run("barrier", [&] {
+      return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_);
+    });
+  }
+
+  void Abort(const std::string& why) override {
+    if (watchdog_ != nullptr) watchdog_->PeerLost(why);
+  }
+
+  // WatchedCommunicator.
+  absl::Status AsyncError() override {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) return NcclStatus(r, "error query", options_.where, LastError());
+    if (state == ncclSuccess || state == ncclInProgress) return absl::OkStatus();
+    return NcclStatus(state, "communicator", options_.where, LastError());
+  }
+  void Abort() override { ncclCommAbort(comm_); }
+
+ private:
+  std::string LastError() const { return comm_ != nullptr ? ncclGetLastError(comm_) : ""; }
+
+  // Enqueues with `enqueue` (polling a non-blocking communicator until the call is enqueued), then
+  // waits for the stream's event under the watchdog.
+  template <typename F>
+  absl::Status Run(const char* what, F enqueue) {
+    if (absl::Status s = watchdog_->OpStarted(what, absl::Now()); !s.ok()) return s;
+    absl::Status status = RunLocked(what, enqueue);
+    watchdog_->OpFinished();
+    return status;
+  }
+
+  template <typename F>
+  absl::Status RunLocked(const char* what, F enqueue) {
+    ncclResult_t r = enqueue();
+    int spins = 0;
+    while (r == ncclInProgress) {
+      if (auto failed = watchdog_->Check(absl::Now())) return *failed;
+      if (watchdog_->state() == Watchdog::State::kAborted) return watchdog_->failure();
+      ncclCommGetAsyncError(comm_, &r);
+      Pause(&spins);
+    }
+    if (r != ncclSuccess) return NcclStatus(r, what, options_.where, LastError());
+    if (absl::Status s = CudaStatus(cudaEventRecord(event_, stream_), "event record",
+                                    options_.where);
+        !s.ok()) {
+      return s;
+    }
+    spins = 0;
+    while (true) {
+      const cudaError_t e = cudaEventQuery(event_);
+      if (e == cudaSuccess) return absl::OkStatus();
+      if (e != cudaErrorNotReady) return CudaStatus(e, what, options_.where);
+      if (auto failed = watchdog_->Check(absl::Now())) return *failed;
+      if (watchdog_->state() == Watchdog::State::kAborted) return watchdog_->failure();
+      Pause(&spins);
+    }
+  }
+
+  const NcclBackendOptions options_;
+  int version_ = 0;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+  void* scratch_ = nullptr;
+  std::unique_ptr<Watchdog> watchdog_;
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+absl::Status CheckCudaDevice(int device) {
+  int n = 0;
+  const cudaError_t count = cudaGetDeviceCount(&n);
+  if (count != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda:", device, " cannot be used: ", cudaGetErrorString(count)));
+  }
+  if (device < 0 || device >= n) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda:", device, " does not exist: this process sees ", n, " CUDA device",
+        n == 1 ? "" : "s", " (check CUDA_VISIBLE_DEVICES and the container's GPU access)"));
+  }
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda:", device, " cannot be used: ", cudaGetErrorString(e)));
+  }
+  // Creating the context is what fails for a device that is busy in exclusive-process mode.
+  if (cudaError_t e = cudaFree(nullptr); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda:", device, " cannot be used: ", cudaGetErrorString(e),
+        e == cudaErrorDevicesUnavailable ? " (busy: another process holds it in exclusive mode)"
+                                         : ""));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<NcclBackend>> CreateNcclBackend(NcclBackendOptions options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NCCL backend: rank ", options.rank, " of ", options.size));
+  }
+  if (options.store == nullptr) return absl::InvalidArgumentError("NCCL backend: no store");
+  if (options.where.empty()) {
+    options.where = absl::StrCat("rank ", options.rank, " (cuda:", options.device, ")");
+  }
+  auto backend = std::make_unique<NcclCommunicator>(std::move(options));
+  if (absl::Status s = backend->Init(); !s.ok()) return s;
+  return backend;
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,58 @@
+// The GPU communicator: NCCL among the ranks of one job epoch, one CUDA stream per communicator,
+// behind the same Backend interface as Gloo; `data` pointers are device memory.
+//
+// Setup: rank 0 generates the NCCL unique id and publishes it through the epoch's rendezvous store
+// (the coordinator relays it); every rank creates its communicator non-blocking
+// (ncclCommInitRankConfig with blocking = 0) and polls it until ready or `timeout`, then aborts it:
+// DEADLINE_EXCEEDED naming the rank. Collectives are enqueued on the stream and completed by polling
+// a CUDA event (no cudaStreamSynchronize); while waiting, the watchdog (watchdog.h) polls NCCL's
+// asynchronous error and the deadline, and on failure aborts the communicator (ncclCommAbort, never a
+// blocking destroy) so the wait returns with the rank and host named.
+//
+// Not thread-safe (see Backend) except Abort(), which any thread may call (e.g. when the coordinator
+// reports a lost peer).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/backend.h"
+#include "worker/key_value_store.h"
+
+namespace ringmaster {
+
+struct NcclBackendOptions {
+  int rank = 0;
+  int size = 1;
+  int device = 0;  // CUDA device ordinal
+  std::shared_ptr<KeyValueStore> store;
+  std::string prefix = "nccl/";  // rendezvous key prefix, distinct per communicator
+  // Names this rank in errors, e.g. "rank 3 (host-b, cuda:1)".
+  std::string where;
+  // Bounds the rendezvous, the communicator's setup and every collective.
+  absl::Duration timeout = absl::Seconds(30);
+};
+
+class NcclBackend : public Backend {
+ public:
+  // Aborts the communicator (from any thread): the collective in flight and every later one fail
+  // with UNAVAILABLE carrying `why`.
+  virtual void Abort(const std::string& why) = 0;
+  // The stream collectives are enqueued on (a cudaStream_t).
+  virtual void* stream() const = 0;
+};
+
+// FAILED_PRECONDITION when `options.device` is absent or cannot be used (busy in exclusive mode,
+// out of memory); the rendezvous or setup failure otherwise.
+absl::StatusOr<std::unique_ptr<NcclBackend>> CreateNcclBackend(NcclBackendOptions options);
+
+// Number of CUDA devices visible to this process (0 without a driver or device).
+int CudaDeviceCount();
+
+// OK when `device` can be used by this process: FAILED_PRECONDITION with CUDA's reason otherwise
+// (absent, busy or prohibited by the compute mode, driver missing).
+absl::Status CheckCudaDevice(int device);
+
+}  // namespace ringmaster
