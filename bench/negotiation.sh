@@ -2,18 +2,23 @@
 # Negotiation benchmark, as recorded in docs/benchmarks.md: the logic alone (N ranks in one process),
 # then N simulated workers against a coordinator in its own process, reporting the coordinator's own
 # CPU time per step next to the wall-clock step time (client and server share this machine's cores).
+# The simulated ranks run on gRPC's callback client API (--clients callback, little client CPU), or
+# with two threads each (--clients threads, as bench/sim_worker.h).
 #   bench/negotiation.sh [--profile bench/profiles/resnet50.json] [--ranks 2,16,128,1024] [--steps 50]
+#                        [--clients callback|threads]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/build/bin"
 profile="$root/bench/profiles/resnet50.json"
 ranks="2,16,128,1024"
 steps=50
+clients=callback
 while (($#)); do
   case $1 in
     --profile) profile=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --clients) clients=$2; shift 2 ;;
     *) echo "negotiation.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -41,7 +46,7 @@ for n in "${counts[@]}"; do
   ((n > 128)) && s=$((steps / 5 > 5 ? steps / 5 : 5))
   before=$(awk '{print $14 + $15}' /proc/$pid/stat)
   line=$("$bin/ringmaster-negotiation-bench" --coordinator "127.0.0.1:$port" --mode grpc \
-    --profile "$profile" --ranks "$n" --steps "$s" --warmup 5)
+    --clients "$clients" --profile "$profile" --ranks "$n" --steps "$s" --warmup 5)
   after=$(awk '{print $14 + $15}' /proc/$pid/stat)
   cpu_ms=$(awk -v d=$((after - before)) -v t="$ticks" -v k=$((s + 5)) 'BEGIN {printf "%.3f", d / t * 1000 / k}')
   echo "$line  coordinator-cpu/step=${cpu_ms} ms"

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bench/callback_ranks.h"
 #include "bench/profile.h"
 #include "bench/sim_worker.h"
 #include "common/flags.h"
@@ -39,6 +40,9 @@ ABSL_FLAG(std::string, coordinator, "", "coordinator address; empty: start one i
 ABSL_FLAG(int, processes_per_host, 8, "simulated workers per host name");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
 ABSL_FLAG(int, cache_capacity, 1024, "response cache capacity (0: every request in full)");
+ABSL_FLAG(std::string, clients, "callback",
+          "how the simulated ranks run: callback (all streams driven by gRPC's callback API, little "
+          "client CPU) or threads (a SimWorker with its own threads per rank)");
 
 namespace ringmaster {
 namespace {
@@ -170,8 +174,75 @@ class Gang {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// Registers the benchmark's job of `ranks` ranks; exits on failure.
+void RegisterBenchJob(const std::shared_ptr<grpc::Channel>& channel, const ModelProfile& profile,
+                      int ranks) {
+  auto jobs = v1::JobService::NewStub(channel);
+  v1::RegisterJobRequest request;
+  request.mutable_spec()->set_name(absl::StrCat("negotiation-bench-", profile.model, "-", ranks));
+  request.mutable_spec()->set_np(ranks);
+  request.mutable_spec()->add_command("(simulated)");
+  request.mutable_spec()->mutable_knobs()->set_cache_capacity(absl::GetFlag(FLAGS_cache_capacity));
+  v1::RegisterJobResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  if (grpc::Status s = jobs->RegisterJob(&context, request, &response); !s.ok()) {
+    std::fprintf(stderr, "grpc: RegisterJob: %s\n", s.error_message().c_str());
+    std::exit(1);
+  }
+}
+
+std::vector<v1::TensorRequest> ProfileRequests(const ModelProfile& profile) {
+  std::vector<v1::TensorRequest> tensors;
+  for (const auto& t : profile.tensors) {
+    v1::TensorRequest r;
+    r.set_name(t.name);
+    r.set_type(v1::REQUEST_TYPE_ALLREDUCE);
+    r.set_dtype(v1::DATA_TYPE_FLOAT32);
+    for (int64_t d : t.shape) r.add_shape(d);
+    tensors.push_back(std::move(r));
+  }
+  return tensors;
+}
+
+Result RunGrpcCallback(const ModelProfile& profile, int ranks, int warmup, int steps,
+                       const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto connected = CallbackRanks::Connect(channel, ranks,
+                                          std::max(1, absl::GetFlag(FLAGS_processes_per_host)),
+                                          absl::Seconds(30));
+  if (!connected.ok()) {
+    std::fprintf(stderr, "grpc: %s\n", connected.status().ToString().c_str());
+    std::exit(1);
+  }
+  CallbackRanks& sim = **connected;
+  RegisterBenchJob(channel, profile, ranks);
+  if (absl::Status s = sim.WaitAssignments(absl::Seconds(30)); !s.ok()) {
+    std::fprintf(stderr, "grpc: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+  const std::vector<v1::TensorRequest> tensors = ProfileRequests(profile);
+  Result result{absl::GetFlag(FLAGS_cache_capacity) > 0 ? "grpc" : "grpc-nocache", ranks, {}};
+  for (int step = 0; step < warmup + steps; ++step) {
+    const absl::Time start = absl::Now();
+    if (absl::Status s = sim.Step(tensors, absl::Seconds(60)); !s.ok()) {
+      std::fprintf(stderr, "grpc: step %d: %s\n", step, s.ToString().c_str());
+      std::exit(1);
+    }
+    if (step >= warmup) result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  sim.Close();
+  absl::SleepFor(absl::Milliseconds(200));  // let the EXITED updates go out before the streams end
+  return result;
+}
+
 Result RunGrpc(const ModelProfile& profile, int ranks, int warmup, int steps,
                const std::string& address) {
+  if (absl::GetFlag(FLAGS_clients) == "callback") {
+    return RunGrpcCallback(profile, ranks, warmup, steps, address);
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);

@@ -311,6 +311,10 @@ absl::Status Coordinator::SubmitRequests(const std::string& worker_id, RequestBa
   const absl::Time now = clock_->Now();
   (*runtime)->negotiator->Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now);
   Flush(*runtime, now);
+  // A cycle that is not due yet (some ranks have not submitted) must be flushed at its deadline.
+  if (const absl::Time next = (*runtime)->negotiator->NextDeadline(); next != absl::InfiniteFuture()) {
+    WakeTicker(next);
+  }
   return absl::OkStatus();
 }
 
@@ -708,6 +712,23 @@ void Coordinator::Tick() {
   for (const auto& runtime : runtimes) Flush(runtime, now);
   SettleFailures(now, "");
   if (housekeeping) Housekeeping(now);
+}
+
+void Coordinator::WaitForTick(absl::Time deadline) {
+  absl::MutexLock lock(&tick_mu_);
+  tick_wake_ = std::min(tick_wake_, deadline);  // keeps a wake-up asked for while ticking
+  while (absl::Now() < tick_wake_) {
+    tick_cv_.WaitWithDeadline(&tick_mu_, tick_wake_);
+  }
+  tick_wake_ = absl::InfiniteFuture();
+}
+
+void Coordinator::WakeTicker(absl::Time when) {
+  absl::MutexLock lock(&tick_mu_);
+  if (when < tick_wake_) {
+    tick_wake_ = when;
+    tick_cv_.Signal();
+  }
 }
 
 absl::Time Coordinator::NextDeadline() const {

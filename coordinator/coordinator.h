@@ -181,6 +181,13 @@ class Coordinator {
   // The earliest negotiation deadline of any job (InfiniteFuture when none).
   absl::Time NextDeadline() const;
 
+  // For the server's ticker thread: blocks until `deadline` (real time), or until a negotiation
+  // cycle falls due earlier (SubmitRequests wakes it), or WakeTicker(). The ticker thus sleeps until
+  // there is work instead of polling.
+  void WaitForTick(absl::Time deadline);
+  // Makes WaitForTick() return by `when`.
+  void WakeTicker(absl::Time when);
+
   // Graceful server stop: tells every connected worker to shut down and fails pending rendezvous
   // waits with UNAVAILABLE.
   void Shutdown(const std::string& reason);
@@ -271,6 +278,10 @@ class Coordinator {
   RendezvousStore rendezvous_;
   LogStore logs_;
   const ArtifactStore artifacts_;
+
+  absl::Mutex tick_mu_;
+  absl::CondVar tick_cv_;
+  absl::Time tick_wake_ ABSL_GUARDED_BY(tick_mu_) = absl::InfiniteFuture();
 
   // Serialises scheduling decisions (read idle workers, assign, start), which span registries.
   absl::Mutex schedule_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -12,7 +12,9 @@
 namespace ringmaster {
 
 // The ticker's period bounds how late a cycle-time flush can be; full readiness flushes at once.
-constexpr auto kTickPeriod = std::chrono::microseconds(250);
+// The ticker wakes at the next negotiation deadline, or after this long for housekeeping (leases,
+// stalls, rendezvous timeouts, pending failures): it sleeps when there is nothing to do.
+constexpr absl::Duration kMaxTickPeriod = absl::Milliseconds(10);
 
 CoordinatorServer::CoordinatorServer(CoordinatorOptions options)
     : coordinator_(std::make_unique<Coordinator>(std::move(options))),
@@ -50,12 +52,14 @@ absl::StatusOr<int> CoordinatorServer::StartMetrics(const std::string& address) 
 void CoordinatorServer::TickLoop() {
   while (!stopping_.load(std::memory_order_acquire)) {
     coordinator_->Tick();
-    std::this_thread::sleep_for(kTickPeriod);
+    coordinator_->WaitForTick(
+        std::min(coordinator_->NextDeadline(), absl::Now() + kMaxTickPeriod));
   }
 }
 
 void CoordinatorServer::Stop(absl::Duration grace) {
   if (stopping_.exchange(true)) return;
+  if (coordinator_ != nullptr) coordinator_->WakeTicker(absl::InfinitePast());
   if (ticker_.joinable()) ticker_.join();
   metrics_server_.reset();
   if (server_ == nullptr) return;

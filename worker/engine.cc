@@ -329,8 +329,6 @@ void Engine::Process(v1::ResponseList& list, absl::Time arrived) {
       Complete(op, absl::FailedPreconditionError(e.error_message()));
     }
   }
-  v1::WorkerMessage message;
-  v1::TimelineSpans& spans = *message.mutable_timeline();
   for (const v1::Response& r : list.responses()) {
     const int n = std::max(r.names_size(), r.cache_ids_size());
     std::vector<std::string> names(n);
@@ -342,31 +340,35 @@ void Engine::Process(v1::ResponseList& list, absl::Time arrived) {
       }
     }
     Activities activities(options_.timeline && r.type() != v1::Response::TYPE_ERROR &&
-                          r.type() != v1::Response::TYPE_JOIN);
+                              r.type() != v1::Response::TYPE_JOIN,
+                          arrived);
     // Waiting behind the earlier responses of the list.
     activities.End("QUEUE");
     Execute(r, names, activities);
-    if (options_.timeline && activities.ends().size() > 1) {
-      v1::ExecutionSpan* span = spans.add_spans();
-      for (const std::string& name : names) {
-        if (!name.empty()) span->add_tensors(name);
-      }
-      const char* ops[] = {"", "ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN", "BARRIER", "ERROR"};
-      span->set_op(ops[std::clamp<int>(r.type(), 0, 6)]);
-      span->set_start_unix_us(absl::ToUnixMicros(arrived));
-      for (const auto& [activity, end] : activities.ends()) {
-        span->add_activities(activity);
-        span->add_activity_end_unix_us(end);
-      }
-      if (span->tensors_size() == 0) spans.mutable_spans()->RemoveLast();
-    }
   }
-  if (spans.spans_size() > 0) {
-    spans.set_job_id(options_.job_id);
-    spans.set_epoch(options_.epoch);
-    spans.set_rank(options_.rank);
-    options_.send(message);
+}
+
+void Engine::SendSpan(const v1::Response& r, const std::vector<std::string>& names,
+                      Activities& activities) {
+  if (!options_.timeline || activities.ends().size() < 2) return;
+  v1::WorkerMessage message;
+  v1::TimelineSpans& spans = *message.mutable_timeline();
+  spans.set_job_id(options_.job_id);
+  spans.set_epoch(options_.epoch);
+  spans.set_rank(options_.rank);
+  v1::ExecutionSpan* span = spans.add_spans();
+  for (const std::string& name : names) {
+    if (!name.empty()) span->add_tensors(name);
   }
+  if (span->tensors_size() == 0) return;
+  const char* ops[] = {"", "ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN", "BARRIER", "ERROR"};
+  span->set_op(ops[std::clamp<int>(r.type(), 0, 6)]);
+  span->set_start_unix_us(absl::ToUnixMicros(activities.arrived()));
+  for (const auto& [activity, end] : activities.ends()) {
+    span->add_activities(activity);
+    span->add_activity_end_unix_us(end);
+  }
+  options_.send(message);
 }
 
 void Engine::Execute(const v1::Response& r, const std::vector<std::string>& names,
@@ -427,6 +429,9 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
     status = absl::InternalError(absl::StrCat("unknown response type ", r.type()));
   }
   if (status.ok() && backend_ != nullptr) Record(r, ops, absl::Now() - started);
+  // Before completing: a rank that finishes at once and exits must not overtake its last span (the
+  // job, and its timeline, would end without it).
+  SendSpan(r, names, activities);
   for (size_t i = 0; i < ops.size(); ++i) Complete(ops[i], status, completions[i]);
   if (record_) {
     absl::MutexLock lock(&mu_);

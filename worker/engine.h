@@ -95,7 +95,8 @@ class Engine {
   // Activities of the response being executed, for the timeline (engine thread only).
   class Activities {
    public:
-    explicit Activities(bool on) : on_(on) {}
+    Activities(bool on, absl::Time arrived) : on_(on), arrived_(arrived) {}
+    absl::Time arrived() const { return arrived_; }
     // The activity that ends now.
     void End(const char* name) {
       if (on_) ends_.emplace_back(name, absl::ToUnixMicros(absl::Now()));
@@ -104,6 +105,7 @@ class Engine {
 
    private:
     const bool on_;
+    const absl::Time arrived_;  // when the response list reached the worker
     std::vector<std::pair<const char*, int64_t>> ends_;
   };
 
@@ -114,6 +116,9 @@ class Engine {
                Activities& activities);
   absl::Status ExecuteAllreduce(const v1::Response& r, const std::vector<Op*>& ops,
                                 Activities& activities);
+  // Reports the executed response's activities for the timeline (when the job has one).
+  void SendSpan(const v1::Response& r, const std::vector<std::string>& names,
+                Activities& activities);
   absl::Status ExecuteAllgather(const v1::Response& r, const std::vector<Op*>& ops,
                                 std::vector<v1::LocalCompletion>* out);
   // Removes the named ops from the table (nullptr for names this rank does not have, e.g. joined).

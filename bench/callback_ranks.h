@@ -1,0 +1,48 @@
+// Simulated ranks for the negotiation benchmark that cost the benchmark machine little: every rank
+// holds a real Session stream (RegisterWorker, the Session protocol, request batches by cache id
+// once cached), but all of them are driven through gRPC's callback client API by gRPC's own few
+// threads, instead of two threads per rank (SimWorker). On a small machine that shares its cores
+// with the coordinator under test, thread-per-rank clients spend more CPU on context switches than
+// the coordinator spends negotiating; real ranks run on other machines.
+//
+// Not a general client: no collectives, no resends (the cache never evicts at these sizes), one job.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "ringmaster/v1/worker.grpc.pb.h"
+
+namespace ringmaster {
+
+class CallbackRanks {
+ public:
+  // Registers `ranks` workers (host names sim-0, sim-1, ... of `per_host` each) and opens their
+  // sessions.
+  static absl::StatusOr<std::unique_ptr<CallbackRanks>> Connect(
+      std::shared_ptr<grpc::Channel> channel, int ranks, int per_host, absl::Duration timeout);
+  ~CallbackRanks();
+
+  // Waits for every worker's assignment (after a job of `ranks` ranks was registered) and reports
+  // each rank STARTED.
+  absl::Status WaitAssignments(absl::Duration timeout);
+
+  // One step: every rank submits `tensors` in one batch (by cache id when cached) and the call
+  // returns once every rank has received an answer for every tensor.
+  absl::Status Step(const std::vector<v1::TensorRequest>& tensors, absl::Duration timeout);
+
+  // Reports every rank EXITED and ends the sessions.
+  void Close();
+
+ private:
+  class Rank;
+  CallbackRanks() = default;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+};
+
+}  // namespace ringmaster
