@@ -4,6 +4,8 @@
 
 #include <map>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
@@ -11,6 +13,9 @@
 #include "spdlog/spdlog.h"
 #include "worker/gloo_backend.h"
 #include "worker/rendezvous_client.h"
+#ifdef RINGMASTER_HAVE_NCCL
+#include "worker/gpu/nccl_backend.h"
+#endif
 
 extern char** environ;
 
@@ -38,9 +43,23 @@ Daemon::~Daemon() {
 
 absl::Status Daemon::Start() {
   if (options_.device != "cpu") {
+    int ordinal = -1;
+    if (!absl::StartsWith(options_.device, "cuda:") ||
+        !absl::SimpleAtoi(options_.device.substr(5), &ordinal) || ordinal < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device '", options_.device, "' is not cpu or cuda:N"));
+    }
+#ifdef RINGMASTER_HAVE_NCCL
+    // An absent or busy GPU is refused here, at start, with CUDA's reason.
+    if (absl::Status s = CheckCudaDevice(ordinal); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("--device ", options_.device, ": ",
+                                                        s.message()));
+    }
+#endif
     return absl::FailedPreconditionError(absl::StrCat(
         "--device ", options_.device,
-        ": this build serves CPU slots only (the NCCL data plane is not available yet)"));
+        ": this worker daemon serves CPU slots only for now; the NCCL backend is built, but the "
+        "CUDA IPC path between training processes and the daemon is not (see docs/gpu.md)"));
   }
   DaemonOptions& o = const_cast<DaemonOptions&>(options_);
   if (o.host_name.empty()) o.host_name = DefaultHostName();

@@ -185,3 +185,16 @@ def test_processes_started_elsewhere_attach_to_their_daemons(cluster, tmp_path):
     assert all("want=1.5" in o for o in outputs), outputs
     assert cluster.wait_state(job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 10)["state"] == \
         "JOB_STATE_SUCCEEDED"
+
+
+@pytest.mark.parametrize("device,message", [
+    ("gpu0", "--device 'gpu0' is not cpu or cuda:N"),
+    # Absent on every machine: refused at start with CUDA's reason (or, in a build without CUDA,
+    # because this daemon serves CPU slots only), before it ever registers.
+    ("cuda:4096", "--device cuda:4096: "),
+])
+def test_a_bad_or_absent_device_is_refused_at_daemon_start(device, message):
+    r = subprocess.run([os.path.join(BIN, "ringmaster-worker"), "--coordinator", "127.0.0.1:1",
+                        "--device", device], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr

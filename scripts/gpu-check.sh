@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU check: one command for a machine with NVIDIA GPUs. Builds Release with CUDA into
+# build-gpu/ (the GPU targets only), runs the gpu-labelled tests (and the NCCL mapping tests), then
+# ringmaster-gpu-bench on the ResNet-50 profile — the fused allreduce (pack kernel -> NCCL backend ->
+# unpack kernel) against a raw ncclAllReduce of the same bytes, and pack/unpack against cudaMemcpy
+# device-to-device — and prints a summary table last. World size = the visible GPUs (NCCL refuses
+# two ranks on one GPU). About 5 minutes on one GPU, most of it the build.
+#
+#   scripts/gpu-check.sh                 build here (installs missing Debian packages first)
+#   scripts/gpu-check.sh --bundle DIR    run prebuilt binaries from DIR (scripts/gpu-bundle.sh made
+#                                        it on a build machine), for GPU machines without the build
+#                                        dependencies; NCCL comes from the machine (pip's nvidia-nccl
+#                                        or /usr/local/cuda)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bundle=""
+while (($#)); do
+  case $1 in
+    --bundle) bundle=$2; shift 2 ;;
+    *) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+tests="nccl_mapping_test gpu_kernels_test nccl_backend_test fusion_layout_test watchdog_test"
+start=$(date +%s)
+if [[ -z $bundle ]]; then
+  "$root/scripts/install-deps.sh" || exit 1
+  arch=${CUDA_ARCHITECTURES:-native}
+  cmake -S "$root" -B "$root/build-gpu" -DCMAKE_BUILD_TYPE=Release -DRINGMASTER_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" >/dev/null || exit 1
+  # shellcheck disable=SC2086
+  cmake --build "$root/build-gpu" -j "$(nproc)" --target $tests ringmaster-gpu-bench || exit 1
+  bin="$root/build-gpu/bin"
+  profiles="$root/bench/profiles"
+else
+  bin="$bundle/bin"
+  profiles="$bundle/profiles"
+  nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)
+  export LD_LIBRARY_PATH="$bundle/lib${nccl_lib:+:$nccl_lib}:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+echo "== GPUs"
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>&1 || true
+
+echo "== tests"
+passed=0; failed=0; skipped=0; failures=""
+for t in $tests; do
+  out=$("$bin/$t" 2>&1); rc=$?
+  echo "$out" | grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' | sed "s/^/$t: /"
+  p=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p'); passed=$((passed + ${p:-0}))
+  s=$(echo "$out" | sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p'); skipped=$((skipped + ${s:-0}))
+  if ((rc != 0)); then
+    failed=$((failed + 1)); failures="$failures $t"
+    echo "$out" | grep -B2 -A8 'Failure' | head -40
+  fi
+done
+
+echo "== benchmark"
+bench_out=$("$bin/ringmaster-gpu-bench" --profile "$profiles/resnet50.json" --steps 30 --warmup 5 2>&1); bench_rc=$?
+echo "$bench_out"
+
+echo
+echo "== summary ($(($(date +%s) - start)) s)"
+printf '%-44s %s\n' "gpu tests" "$passed passed, $skipped skipped, $failed binaries failed${failures:+ (${failures# })}"
+if ((bench_rc == 0)); then
+  echo "$bench_out" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    if not line.startswith("{"): continue
+    r = json.loads(line)
+    if r["bench"] == "fused_allreduce":
+        print(f"{\"fused allreduce, %d GPU(s), %s\" % (r[\"gpus\"], r[\"profile\"]):44} "
+              f"{r[\"fused_ms\"]:.3f} ms vs raw NCCL {r[\"raw_nccl_ms\"]:.3f} ms: "
+              f"{r[\"ratio\"]:.3f} of raw bandwidth (target >= 0.95)")
+    else:
+        print(f"{\"pack + unpack vs cudaMemcpy D2D\":44} {r[\"pack_unpack_gbs\"]:.0f} GB/s vs "
+              f"{r[\"memcpy_d2d_gbs\"]:.0f} GB/s: {r[\"ratio\"]:.3f} (target >= 0.8)")
+'
+else
+  printf '%-44s %s\n' "benchmark" "did not run (exit $bench_rc)"
+fi
+((failed == 0 && bench_rc == 0))
