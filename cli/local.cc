@@ -80,6 +80,8 @@ struct LocalOptions {
   int metrics_port_base = 0;
   // Where the job's artifacts go when it ends.
   std::string artifacts_output = ".";
+  // Worker i serves cuda:(i mod processes-per-host) instead of the CPU.
+  bool gpus = false;
 };
 
 // The directory of the running executable, where the coordinator and worker binaries are built too.
@@ -222,8 +224,11 @@ class LocalRun {
       sockets_.push_back(absl::StrCat("/tmp/ringmaster-", getpid(), "-", i, ".sock"));
       // The worker's own stdout goes to our stderr: our stdout carries only the job's output.
       std::vector<std::string> argv = {worker, "--coordinator", absl::StrCat("127.0.0.1:", port_),
-                                       "--device", "cpu", "--host-name", host, "--socket",
-                                       sockets_.back()};
+                                       "--device",
+                                       // --gpus: one GPU per rank of a simulated host.
+                                       options_.gpus ? absl::StrCat("cuda:", i % options_.per_host)
+                                                     : std::string("cpu"),
+                                       "--host-name", host, "--socket", sockets_.back()};
       if (options_.metrics_port_base > 0) {
         const int metrics_port = options_.metrics_port_base + 1 + i;
         argv.insert(argv.end(), {"--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port)});
@@ -419,6 +424,10 @@ int Local(const Global& g, Args& args) {
         Usage(absl::StrCat("--metrics-port-base ", options.metrics_port_base,
                            " is out of bounds [1, 61438]"));
       }
+      return true;
+    }
+    if (flag == "--gpus") {
+      options.gpus = true;
       return true;
     }
     if (flag == "--artifacts-output") {

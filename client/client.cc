@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -16,6 +17,9 @@
 #include "common/framing.h"
 #include "common/shared_memory.h"
 #include "ringmaster/v1/local.pb.h"
+#ifdef RINGMASTER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace ringmaster {
 namespace {
@@ -40,12 +44,90 @@ absl::StatusOr<int> Dial(const std::string& path) {
   return fd;
 }
 
+// A GPU slot's client side: the daemon's device arena (opened once from its IPC handle), the events
+// the daemon records when collectives are done (opened once), and the events this process records
+// when tensors are ready (created here, shared once).
+struct DeviceSide {
+  int device = -1;
+  uint8_t* base = nullptr;
+#ifdef RINGMASTER_HAVE_CUDA
+  std::vector<cudaEvent_t> done;
+  std::vector<cudaEvent_t> ready;
+#endif
+  std::vector<uint8_t> ready_busy;  // per ready event: in use until its op completes
+  size_t next_ready = 0;
+};
+
+constexpr int kReadyEvents = 1024;
+
+#ifdef RINGMASTER_HAVE_CUDA
+absl::Status CudaError(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();
+  return absl::UnavailableError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(e)));
+}
+
+// Opens the daemon's arena and events, creates this process's ready events and shares them.
+absl::StatusOr<std::unique_ptr<DeviceSide>> OpenDevice(int fd, const v1::LocalWelcome& w) {
+  auto side = std::make_unique<DeviceSide>();
+  side->device = w.device() - 1;
+  if (absl::Status s = CudaError(cudaSetDevice(side->device), "cudaSetDevice"); !s.ok()) return s;
+  cudaIpcMemHandle_t handle;
+  if (w.device_arena().size() != sizeof(handle)) {
+    return absl::InternalError("the worker's device arena handle has the wrong size");
+  }
+  std::memcpy(&handle, w.device_arena().data(), sizeof(handle));
+  void* base = nullptr;
+  if (absl::Status s = CudaError(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
+                                 "opening the worker's device arena (same GPU, shared IPC "
+                                 "namespace?)");
+      !s.ok()) {
+    return s;
+  }
+  side->base = static_cast<uint8_t*>(base);
+  for (const std::string& bytes : w.done_events()) {
+    cudaIpcEventHandle_t h;
+    if (bytes.size() != sizeof(h)) return absl::InternalError("bad done event handle");
+    std::memcpy(&h, bytes.data(), sizeof(h));
+    cudaEvent_t e;
+    if (absl::Status s = CudaError(cudaIpcOpenEventHandle(&e, h), "opening a done event"); !s.ok()) {
+      return s;
+    }
+    side->done.push_back(e);
+  }
+  v1::LocalRequest m;
+  for (int i = 0; i < kReadyEvents; ++i) {
+    cudaEvent_t e;
+    if (absl::Status s = CudaError(
+            cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess),
+            "creating a ready event");
+        !s.ok()) {
+      return s;
+    }
+    side->ready.push_back(e);
+    cudaIpcEventHandle_t h;
+    if (absl::Status s = CudaError(cudaIpcGetEventHandle(&h, e), "sharing a ready event");
+        !s.ok()) {
+      return s;
+    }
+    m.mutable_ready_events()->add_handles(std::string(reinterpret_cast<char*>(&h), sizeof(h)));
+  }
+  side->ready_busy.assign(kReadyEvents, 0);
+  if (absl::Status s = WriteFrame(fd, m); !s.ok()) return s;
+  return side;
+}
+#endif
+
 class ClientImpl : public Client {
  public:
-  ClientImpl(int fd, v1::LocalWelcome welcome, std::unique_ptr<SharedMemory> arena)
+  ClientImpl(int fd, v1::LocalWelcome welcome, std::unique_ptr<SharedMemory> arena,
+             std::unique_ptr<DeviceSide> device)
       : fd_(fd),
         arena_(std::move(arena)),
+        device_(std::move(device)),
+        base_(device_ != nullptr ? device_->base : arena_->data()),
         allocator_(0, static_cast<size_t>(welcome.client_bytes())) {
+    topology_.device = device_ != nullptr ? device_->device : -1;
     topology_.job_id = welcome.job_id();
     topology_.rank = welcome.rank();
     topology_.size = welcome.size();
@@ -63,13 +145,15 @@ class ClientImpl : public Client {
 
   void* Allocate(size_t bytes) override {
     absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
-    return offset.ok() ? arena_->data() + *offset : nullptr;
+    return offset.ok() ? base_ + *offset : nullptr;
   }
 
   void Free(void* data) override {
     if (data == nullptr) return;
-    allocator_.Free(static_cast<uint8_t*>(data) - arena_->data()).IgnoreError();
+    allocator_.Free(static_cast<uint8_t*>(data) - base_).IgnoreError();
   }
+
+  void SetCudaStream(void* stream) override { stream_ = stream; }
 
   absl::StatusOr<Handle> AllreduceAsync(const std::string& name, void* data, DataType dtype,
                                         absl::Span<const int64_t> shape, ReduceOp op,
@@ -210,6 +294,7 @@ class ClientImpl : public Client {
     int64_t elem = 0;
     AllgatherOutput gathered;
     int last_joined_rank = -1;
+    int ready_slot = -1;  // GPU: the ready event in use until completion
   };
 
   static v1::TensorRequest Request(const std::string& name, v1::RequestType type, DataType dtype,
@@ -235,7 +320,7 @@ class ClientImpl : public Client {
     op.copy_out = copy_out;
     op.elem = elem;
     op.allgather = request.type() == v1::REQUEST_TYPE_ALLGATHER;
-    const auto* base = arena_->data();
+    const uint8_t* base = base_;
     const auto* p = static_cast<const uint8_t*>(data);
     if (data != nullptr && p >= base && p + bytes <= base + allocator_.end()) {
       op.offset = static_cast<size_t>(p - base);  // already in the arena: zero copy
@@ -244,10 +329,23 @@ class ClientImpl : public Client {
       if (!offset.ok()) return offset.status();
       op.offset = *offset;
       op.staged = true;
-      std::memcpy(arena_->data() + op.offset, data, bytes);
+      if (absl::Status s = CopyIn(base_ + op.offset, data, bytes); !s.ok()) {
+        allocator_.Free(op.offset).IgnoreError();
+        return s;
+      }
     }
     v1::LocalRequest m;
     v1::LocalEnqueue* e = m.mutable_enqueue();
+    if (device_ != nullptr) {
+      request.set_device(device_->device);
+      absl::StatusOr<int> slot = RecordReady();
+      if (!slot.ok()) {
+        if (op.staged) allocator_.Free(op.offset).IgnoreError();
+        return slot.status();
+      }
+      op.ready_slot = *slot;
+      e->set_ready_event(*slot >= 0 ? *slot + 1 : 0);
+    }
     *e->mutable_request() = std::move(request);
     e->set_offset(static_cast<int64_t>(op.offset));
     Handle handle;
@@ -278,6 +376,10 @@ class ClientImpl : public Client {
   }
 
   void ReadLoop() {
+#ifdef RINGMASTER_HAVE_CUDA
+    // Completions queue stream waits and copies from this thread: on the slot's device.
+    if (device_ != nullptr) cudaSetDevice(device_->device);
+#endif
     v1::LocalReply reply;
     absl::Status status;
     while ((status = ReadFrame(fd_, &reply)).ok()) {
@@ -307,22 +409,121 @@ class ClientImpl : public Client {
     if (it == ops_.end()) return;
     Op& op = it->second;
     op.status = absl::Status(static_cast<absl::StatusCode>(c.code()), c.message());
+    if (device_ != nullptr) {
+      if (op.ready_slot >= 0) device_->ready_busy[op.ready_slot] = 0;
+      absl::Status waited = WaitDone(c.done_event());
+      if (op.status.ok()) op.status = waited;
+    }
     if (op.status.ok() && op.allgather) {
       op.gathered.shape.assign(c.output_shape().begin(), c.output_shape().end());
       int64_t n = op.elem;
       for (int64_t d : op.gathered.shape) n *= d;
-      const uint8_t* src = arena_->data() + c.output_offset();
-      op.gathered.data.assign(src, src + n);
+      op.gathered.data.resize(static_cast<size_t>(n));
+      absl::Status copied = CopyOutNow(op.gathered.data.data(), base_ + c.output_offset(), n);
+      if (op.status.ok()) op.status = copied;
       release_offset_ref = c.output_offset();
     }
     if (op.staged) {
-      if (op.status.ok() && op.copy_out) std::memcpy(op.user, arena_->data() + op.offset, op.bytes);
+      if (op.status.ok() && op.copy_out) {
+        absl::Status copied = CopyOut(op.user, base_ + op.offset, op.bytes);
+        if (op.status.ok()) op.status = copied;
+      }
       allocator_.Free(op.offset).IgnoreError();
       op.staged = false;
     }
     op.last_joined_rank = c.last_joined_rank();
     op.done = true;
   }
+
+  // Host: memcpy. GPU: an asynchronous copy on the caller's stream (host or device source).
+  absl::Status CopyIn(uint8_t* arena_dst, const void* src, size_t bytes) {
+    if (device_ == nullptr) {
+      std::memcpy(arena_dst, src, bytes);
+      return absl::OkStatus();
+    }
+#ifdef RINGMASTER_HAVE_CUDA
+    return CudaError(cudaMemcpyAsync(arena_dst, src, bytes, cudaMemcpyDefault, Stream()),
+                     "staging a tensor into the arena");
+#else
+    return absl::InternalError("no CUDA in this build");
+#endif
+  }
+
+  // The result back to the caller's memory, ordered after the collective on the caller's stream.
+  absl::Status CopyOut(void* dst, const uint8_t* arena_src, size_t bytes) {
+    if (device_ == nullptr) {
+      std::memcpy(dst, arena_src, bytes);
+      return absl::OkStatus();
+    }
+#ifdef RINGMASTER_HAVE_CUDA
+    return CudaError(cudaMemcpyAsync(dst, arena_src, bytes, cudaMemcpyDefault, Stream()),
+                     "copying a result out of the arena");
+#else
+    return absl::InternalError("no CUDA in this build");
+#endif
+  }
+
+  // Into host memory, complete when this returns (allgather outputs).
+  absl::Status CopyOutNow(void* dst, const uint8_t* arena_src, int64_t bytes) {
+    if (device_ == nullptr) {
+      std::memcpy(dst, arena_src, static_cast<size_t>(bytes));
+      return absl::OkStatus();
+    }
+#ifdef RINGMASTER_HAVE_CUDA
+    absl::Status s = CopyOut(dst, arena_src, static_cast<size_t>(bytes));
+    if (!s.ok()) return s;
+    return CudaError(cudaStreamSynchronize(Stream()), "copying an allgather output");
+#else
+    return absl::InternalError("no CUDA in this build");
+#endif
+  }
+
+  // GPU: records a free ready event on the caller's stream (the tensor is ready once the work
+  // queued so far is done); returns its index, or -1 after synchronizing the stream when every
+  // event is in use.
+  absl::StatusOr<int> RecordReady() {
+#ifdef RINGMASTER_HAVE_CUDA
+    absl::MutexLock lock(&mu_);
+    for (size_t tried = 0; tried < device_->ready.size(); ++tried) {
+      const size_t i = device_->next_ready;
+      device_->next_ready = (i + 1) % device_->ready.size();
+      if (device_->ready_busy[i]) continue;
+      device_->ready_busy[i] = 1;
+      if (absl::Status s = CudaError(cudaEventRecord(device_->ready[i], Stream()),
+                                     "recording a ready event");
+          !s.ok()) {
+        device_->ready_busy[i] = 0;
+        return s;
+      }
+      return static_cast<int>(i);
+    }
+    if (absl::Status s = CudaError(cudaStreamSynchronize(Stream()), "synchronizing the stream");
+        !s.ok()) {
+      return s;
+    }
+    return -1;
+#else
+    return absl::InternalError("no CUDA in this build");
+#endif
+  }
+
+  // GPU: makes the caller's stream wait for the daemon's done event (1-based; 0: none).
+  absl::Status WaitDone(int32_t done_event) {
+#ifdef RINGMASTER_HAVE_CUDA
+    if (done_event <= 0) return absl::OkStatus();
+    if (done_event > static_cast<int32_t>(device_->done.size())) {
+      return absl::InternalError(absl::StrCat("done event ", done_event, " was not shared"));
+    }
+    return CudaError(cudaStreamWaitEvent(Stream(), device_->done[done_event - 1], 0),
+                     "waiting for the worker's done event");
+#else
+    return absl::OkStatus();
+#endif
+  }
+
+#ifdef RINGMASTER_HAVE_CUDA
+  cudaStream_t Stream() const { return static_cast<cudaStream_t>(stream_.load()); }
+#endif
 
   void FailAll(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
@@ -337,6 +538,9 @@ class ClientImpl : public Client {
 
   const int fd_;
   std::unique_ptr<SharedMemory> arena_;
+  std::unique_ptr<DeviceSide> device_;  // GPU slots
+  uint8_t* const base_;                 // the arena the client allocates in (host or device)
+  std::atomic<void*> stream_{nullptr};  // GPU: cudaStream_t; nullptr: the legacy default stream
   ArenaAllocator allocator_;
   Topology topology_;
   std::thread reader_;
@@ -387,7 +591,23 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path,
           close(*fd);
           return arena.status();
         }
-        return std::unique_ptr<Client>(new ClientImpl(*fd, reply.welcome(), *std::move(arena)));
+        std::unique_ptr<DeviceSide> device;
+        if (reply.welcome().device() > 0) {
+#ifdef RINGMASTER_HAVE_CUDA
+          absl::StatusOr<std::unique_ptr<DeviceSide>> opened = OpenDevice(*fd, reply.welcome());
+          if (!opened.ok()) {
+            close(*fd);
+            return opened.status();
+          }
+          device = *std::move(opened);
+#else
+          close(*fd);
+          return absl::FailedPreconditionError(
+              "the worker serves a GPU, but this client was built without CUDA");
+#endif
+        }
+        return std::unique_ptr<Client>(
+            new ClientImpl(*fd, reply.welcome(), *std::move(arena), std::move(device)));
       }
       if (last.ok()) {
         last = absl::Status(static_cast<absl::StatusCode>(reply.completion().code()),

@@ -21,6 +21,7 @@ while (($#)); do
   esac
 done
 tests="nccl_mapping_test gpu_kernels_test nccl_backend_test fusion_layout_test watchdog_test"
+whole="ringmaster ringmaster-coordinator ringmaster-worker gpu_collectives_check"
 start=$(date +%s)
 if [[ -z $bundle ]]; then
   "$root/scripts/install-deps.sh" || exit 1
@@ -28,12 +29,14 @@ if [[ -z $bundle ]]; then
   cmake -S "$root" -B "$root/build-gpu" -DCMAKE_BUILD_TYPE=Release -DRINGMASTER_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$arch" >/dev/null || exit 1
   # shellcheck disable=SC2086
-  cmake --build "$root/build-gpu" -j "$(nproc)" --target $tests ringmaster-gpu-bench || exit 1
+  cmake --build "$root/build-gpu" -j "$(nproc)" --target $tests $whole ringmaster-gpu-bench || exit 1
   bin="$root/build-gpu/bin"
   profiles="$root/bench/profiles"
+  whole_path="$root/tests/worker/gpu/gpu_whole_path.sh"
 else
   bin="$bundle/bin"
   profiles="$bundle/profiles"
+  whole_path="$bundle/tests/gpu_whole_path.sh"
   nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)
   export LD_LIBRARY_PATH="$bundle/lib${nccl_lib:+:$nccl_lib}:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
@@ -53,6 +56,10 @@ for t in $tests; do
   fi
 done
 
+echo "== the whole path: ringmaster local --gpus, client -> daemon (CUDA IPC) -> NCCL"
+whole_out=$(sh "$whole_path" "$bin" "$profiles/resnet50.json" 2>&1); whole_rc=$?
+echo "$whole_out" | tail -40
+
 echo "== benchmark"
 bench_out=$("$bin/ringmaster-gpu-bench" --profile "$profiles/resnet50.json" --steps 30 --warmup 5 2>&1); bench_rc=$?
 echo "$bench_out"
@@ -60,21 +67,33 @@ echo "$bench_out"
 echo
 echo "== summary ($(($(date +%s) - start)) s)"
 printf '%-44s %s\n' "gpu tests" "$passed passed, $skipped skipped, $failed binaries failed${failures:+ (${failures# })}"
-if ((bench_rc == 0)); then
-  echo "$bench_out" | python3 -c '
+case $whole_rc in
+  0) whole_result="passed: $(echo "$whole_out" | grep -c 'all checks passed') ranks" ;;
+  77) whole_result="skipped (no GPU)" ;;
+  *) whole_result="FAILED (exit $whole_rc)" ;;
+esac
+printf '%-44s %s\n' "whole path (client -> daemon -> NCCL)" "$whole_result"
+results=$(mktemp)
+{
+  echo "$whole_out" | grep '^\[0\] {' | sed 's/^\[0\] //'
+  ((bench_rc == 0)) && echo "$bench_out" | grep '^{'
+} >"$results"
+python3 - "$results" <<'PY'
 import json, sys
-for line in sys.stdin:
-    if not line.startswith("{"): continue
+for line in open(sys.argv[1]):
     r = json.loads(line)
-    if r["bench"] == "fused_allreduce":
-        print(f"{\"fused allreduce, %d GPU(s), %s\" % (r[\"gpus\"], r[\"profile\"]):44} "
-              f"{r[\"fused_ms\"]:.3f} ms vs raw NCCL {r[\"raw_nccl_ms\"]:.3f} ms: "
-              f"{r[\"ratio\"]:.3f} of raw bandwidth (target >= 0.95)")
-    else:
-        print(f"{\"pack + unpack vs cudaMemcpy D2D\":44} {r[\"pack_unpack_gbs\"]:.0f} GB/s vs "
-              f"{r[\"memcpy_d2d_gbs\"]:.0f} GB/s: {r[\"ratio\"]:.3f} (target >= 0.8)")
-'
-else
-  printf '%-44s %s\n' "benchmark" "did not run (exit $bench_rc)"
-fi
-((failed == 0 && bench_rc == 0))
+    if r["bench"] == "whole_path":
+        label = "whole path, %d GPU(s), %s step" % (r["gpus"], r["profile"])
+        print("%-44s %.3f ms, bus bandwidth %.1f GB/s" % (label, r["step_ms"], r["busbw_gbs"]))
+    elif r["bench"] == "fused_allreduce":
+        label = "fused allreduce, %d GPU(s), %s" % (r["gpus"], r["profile"])
+        print("%-44s %.3f ms vs raw NCCL %.3f ms: %.3f of raw bandwidth (target >= 0.95)"
+              % (label, r["fused_ms"], r["raw_nccl_ms"], r["ratio"]))
+    elif r["bench"] == "pack_unpack":
+        print("%-44s %.0f GB/s vs %.0f GB/s: %.3f (target >= 0.8)"
+              % ("pack + unpack vs cudaMemcpy D2D", r["pack_unpack_gbs"], r["memcpy_d2d_gbs"],
+                 r["ratio"]))
+PY
+rm -f "$results"
+((bench_rc == 0)) || printf '%-44s %s\n' "benchmark" "did not run (exit $bench_rc)"
+((failed == 0 && bench_rc == 0 && (whole_rc == 0 || whole_rc == 77)))

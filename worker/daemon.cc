@@ -14,6 +14,7 @@
 #include "worker/gloo_backend.h"
 #include "worker/rendezvous_client.h"
 #ifdef RINGMASTER_HAVE_NCCL
+#include "worker/gpu/gpu_job.h"
 #include "worker/gpu/nccl_backend.h"
 #endif
 
@@ -55,11 +56,12 @@ absl::Status Daemon::Start() {
       return absl::FailedPreconditionError(absl::StrCat("--device ", options_.device, ": ",
                                                         s.message()));
     }
-#endif
+    cuda_device_ = ordinal;
+#else
     return absl::FailedPreconditionError(absl::StrCat(
         "--device ", options_.device,
-        ": this worker daemon serves CPU slots only for now; the NCCL backend is built, but the "
-        "CUDA IPC path between training processes and the daemon is not (see docs/gpu.md)"));
+        ": this build has no CUDA/NCCL (configure with the CUDA toolkit and NCCL installed)"));
+#endif
   }
   DaemonOptions& o = const_cast<DaemonOptions&>(options_);
   if (o.host_name.empty()) o.host_name = DefaultHostName();
@@ -220,6 +222,14 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     }
   };
   e.metrics = options_.record_metrics ? &metrics_ : nullptr;
+  if (cuda_device_ >= 0) {
+    if (absl::Status s = StartDevice(*job, e); !s.ok()) {
+      SendRankUpdate(*job, v1::RANK_STATE_EXITED, 1,
+                     absl::StrCat("worker could not set up cuda:", cuda_device_, ": ", s.message()));
+      FinishJob(job);
+      return;
+    }
+  }
   job->engine = std::make_unique<Engine>(std::move(e));
   // Ready before the engine starts: responses can only follow the requests it will send, and must
   // find it (StartJob may run on a cleanup thread, not the session thread).
@@ -369,6 +379,52 @@ std::shared_ptr<Daemon::Job> Daemon::ServingJob() {
   return job_ != nullptr && job_->ready ? job_ : nullptr;
 }
 
+absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
+#ifdef RINGMASTER_HAVE_NCCL
+  const v1::Job& spec = job.assignment.job();
+  GpuJobOptions g;
+  g.device = cuda_device_;
+  g.rank = job.assignment.rank();
+  g.size = spec.spec().np();
+  g.arena_bytes = static_cast<int64_t>(options_.arena_bytes);
+  auto channel = channel_;
+  const v1::JobAssignment assignment = job.assignment;
+  const std::string where =
+      absl::StrCat("rank ", g.rank, " (", options_.host_name, ", cuda:", cuda_device_, ")");
+  const absl::Duration timeout = options_.collective_timeout;
+  const int device = cuda_device_;
+  g.make_backend = [channel, assignment, where, timeout, device]() {
+    NcclBackendOptions n;
+    n.rank = assignment.rank();
+    n.size = assignment.job().spec().np();
+    n.device = device;
+    n.store = std::make_shared<RendezvousClient>(channel, assignment.job().id(), assignment.epoch());
+    n.prefix = "nccl/0/";
+    n.where = where;
+    n.timeout = timeout;
+    return CreateNcclBackend(std::move(n));
+  };
+  absl::StatusOr<std::unique_ptr<GpuJob>> gpu = GpuJob::Create(std::move(g));
+  if (!gpu.ok()) return gpu.status();
+  job.device_arena_handle = (*gpu)->arena_handle();
+  job.done_event_handles = (*gpu)->done_event_handles();
+  e.arena = (*gpu)->arena();
+  e.device = gpu->get();
+  job.gpu = *std::move(gpu);
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError("this build has no CUDA/NCCL");
+#endif
+}
+
+absl::Status Daemon::OnReadyEvents(const v1::LocalReadyEvents& events) {
+  std::shared_ptr<Job> job = ServingJob();
+  if (job == nullptr || job->gpu == nullptr) {
+    return absl::FailedPreconditionError("no GPU job is being served");
+  }
+  return job->gpu->OpenReadyEvents({events.handles().begin(), events.handles().end()});
+}
+
 absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHello& hello) {
   std::shared_ptr<Job> job = ServingJob();
   if (job == nullptr || job->stopped) {
@@ -389,6 +445,11 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   w.set_arena_name(job->arena->name());
   w.set_arena_bytes(static_cast<int64_t>(job->arena->size()));
   w.set_client_bytes(static_cast<int64_t>(options_.arena_bytes / 4 * 3));
+  if (job->gpu != nullptr) {
+    w.set_device(cuda_device_ + 1);
+    w.set_device_arena(job->device_arena_handle);
+    for (const std::string& h : job->done_event_handles) w.add_done_events(h);
+  }
   if (!job->started.exchange(true)) SendRankUpdate(*job, v1::RANK_STATE_STARTED, 0, "");
   return Welcome{std::move(w), job->arena->fd()};
 }

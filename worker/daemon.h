@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -23,6 +24,7 @@
 #include "grpcpp/channel.h"
 #include "worker/child_process.h"
 #include "worker/coordinator_session.h"
+#include "worker/device_executor.h"
 #include "worker/engine.h"
 #include "worker/local_server.h"
 
@@ -63,11 +65,17 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   void OnEnqueue(const v1::LocalEnqueue& enqueue,
                  std::function<void(const v1::LocalCompletion&)> reply) override;
   void OnRelease(const v1::LocalRelease& release) override;
+  absl::Status OnReadyEvents(const v1::LocalReadyEvents& events) override;
   void OnDisconnect(bool welcomed) override;
 
  private:
   struct Job {
     v1::JobAssignment assignment;
+    // GPU slots: the device side (arena, events, NCCL); declared before the engine, which uses it,
+    // so it is destroyed after it.
+    std::unique_ptr<DeviceExecutor> gpu;
+    std::string device_arena_handle;
+    std::vector<std::string> done_event_handles;
     std::unique_ptr<SharedMemory> arena;
     std::unique_ptr<ArenaAllocator> outputs;
     std::unique_ptr<Engine> engine;
@@ -87,12 +95,15 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   void StopJob(const std::string& job_id, const absl::Status& reason);
   // Releases the job's resources once its rank is done. Runs on a thread of its own.
   void FinishJob(std::shared_ptr<Job> job);
+  // GPU slots: the job's device side (GpuJob) into `job`; the engine options point at it.
+  absl::Status StartDevice(Job& job, EngineOptions& e);
   void SendRankUpdate(const Job& job, v1::RankState state, int exit_code, const std::string& text);
   std::shared_ptr<Job> CurrentJob();
   // The current job once it is ready to serve (arena and engine built), else null.
   std::shared_ptr<Job> ServingJob();
 
   const DaemonOptions options_;
+  int cuda_device_ = -1;  // the GPU served (--device cuda:N), -1 for a CPU slot
   MetricsRegistry metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -188,6 +188,9 @@ void Engine::OnResponses(v1::ResponseList list) {
 }
 
 void Engine::Abort(const absl::Status& status) {
+  // A collective stuck on a lost peer must return: abort the communicator (never a blocking
+  // destroy); the engine thread's wait then fails.
+  if (options_.device != nullptr && !status.ok()) options_.device->Abort(std::string(status.message()));
   absl::flat_hash_map<std::string, std::unique_ptr<Op>> ops;
   {
     absl::MutexLock lock(&mu_);
@@ -210,7 +213,19 @@ void Engine::Stop() {
 }
 
 void Engine::Loop() {
-  for (int i = 0; options_.make_backend && i < std::max(1, options_.communicators); ++i) {
+  if (options_.device != nullptr) {
+    backend_status_ = options_.device->Setup();
+    device_ready_ = backend_status_.ok();
+    if (!device_ready_) {
+      spdlog::error("job {} {}: communicator: {}", options_.job_id, RankName(),
+                    backend_status_.ToString());
+      Abort(absl::UnavailableError(absl::StrCat("communicator setup failed on ", RankName(), ": ",
+                                                backend_status_.message())));
+    }
+  }
+  for (int i = 0; options_.device == nullptr && options_.make_backend &&
+                  i < std::max(1, options_.communicators);
+       ++i) {
     absl::StatusOr<std::unique_ptr<Backend>> backend = options_.make_backend(i);
     if (backend.ok()) {
       backends_.push_back(*std::move(backend));
@@ -400,7 +415,11 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
   absl::Status status;
   std::vector<v1::LocalCompletion> completions(ops.size());
   const absl::Time started = absl::Now();
-  if (backend_ == nullptr) {
+  if (options_.device != nullptr) {
+    status = device_ready_ ? ExecuteOnDevice(r, ops, &completions, activities)
+                           : absl::UnavailableError(absl::StrCat("no communicator on ", RankName(),
+                                                                 ": ", backend_status_.message()));
+  } else if (backend_ == nullptr) {
     status = absl::UnavailableError(absl::StrCat("no communicator on ", RankName(), ": ",
                                                  backend_status_.message()));
   } else if (r.type() == v1::Response::TYPE_ALLREDUCE) {
@@ -428,7 +447,7 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
   } else {
     status = absl::InternalError(absl::StrCat("unknown response type ", r.type()));
   }
-  if (status.ok() && backend_ != nullptr) Record(r, ops, absl::Now() - started);
+  if (status.ok() && (backend_ != nullptr || device_ready_)) Record(r, ops, absl::Now() - started);
   // Before completing: a rank that finishes at once and exits must not overtake its last span (the
   // job, and its timeline, would end without it).
   SendSpan(r, names, activities);
@@ -554,6 +573,92 @@ absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<O
     }
     activities.End("MEMCPY_OUT_FUSION_BUFFER");
   }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::ExecuteOnDevice(const v1::Response& r, const std::vector<Op*>& ops,
+                                     std::vector<v1::LocalCompletion>* completions,
+                                     Activities& activities) {
+  DeviceExecutor& device = *options_.device;
+  const auto dtype = static_cast<DataType>(r.dtype());
+  const int64_t elem = DataTypeSize(dtype);
+  auto tensor = [&](size_t i, int64_t count) {
+    DeviceExecutor::Tensor t;
+    t.count = count;
+    if (ops[i] != nullptr) {
+      t.offset = ops[i]->enqueue.offset();
+      t.ready_event = ops[i]->enqueue.ready_event();
+    }
+    return t;
+  };
+  absl::StatusOr<int32_t> done = 0;
+  switch (r.type()) {
+    case v1::Response::TYPE_ALLREDUCE: {
+      std::vector<DeviceExecutor::Tensor> tensors;
+      for (size_t i = 0; i < ops.size(); ++i) {
+        tensors.push_back(
+            tensor(i, i < static_cast<size_t>(r.tensor_sizes_size()) ? r.tensor_sizes(i) : 0));
+      }
+      done = device.Allreduce(tensors, dtype, static_cast<ReduceOp>(r.reduce_op()),
+                              r.prescale_factor() == 0 ? 1.0 : r.prescale_factor(),
+                              r.postscale_factor() == 0 ? 1.0 : r.postscale_factor());
+      activities.End("NCCL_ALLREDUCE");
+      break;
+    }
+    case v1::Response::TYPE_BROADCAST: {
+      const int64_t count = r.tensor_sizes_size() > 0 ? r.tensor_sizes(0) : 0;
+      done = device.Broadcast(tensor(0, count), count * elem, r.root_rank());
+      activities.End("NCCL_BCAST");
+      break;
+    }
+    case v1::Response::TYPE_ALLGATHER: {
+      const int size = options_.size;
+      if (static_cast<size_t>(r.tensor_sizes_size()) < ops.size() * size) {
+        return absl::InvalidArgumentError(absl::StrCat("allgather response has ",
+                                                       r.tensor_sizes_size(), " sizes for ",
+                                                       ops.size(), " tensors on ", size, " ranks"));
+      }
+      for (size_t t = 0; t < ops.size() && done.ok(); ++t) {
+        int64_t row = elem;
+        std::vector<int64_t> shape;
+        if (ops[t] != nullptr) {
+          const auto& s = ops[t]->enqueue.request().shape();
+          shape.assign(s.begin(), s.end());
+          for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+        }
+        std::vector<int64_t> bytes(size);
+        int64_t rows = 0;
+        for (int k = 0; k < size; ++k) {
+          const int64_t first = r.tensor_sizes(static_cast<int>(t) * size + k);
+          bytes[k] = first * row;
+          rows += first;
+        }
+        absl::StatusOr<size_t> out = options_.outputs->Allocate(rows * row);
+        if (!out.ok()) return out.status();
+        done = device.Allgather(tensor(t, rows > 0 ? bytes[options_.rank] / elem : 0),
+                                static_cast<int64_t>(*out), bytes);
+        if (!done.ok() || ops[t] == nullptr) {
+          options_.outputs->Free(*out).IgnoreError();
+          continue;
+        }
+        (*completions)[t].set_output_offset(static_cast<int64_t>(*out));
+        (*completions)[t].add_output_shape(rows);
+        for (size_t d = 1; d < shape.size(); ++d) (*completions)[t].add_output_shape(shape[d]);
+      }
+      activities.End("NCCL_ALLGATHER");
+      break;
+    }
+    case v1::Response::TYPE_BARRIER: {
+      absl::Status s = device.Barrier();
+      activities.End("NCCL_BARRIER");
+      if (!s.ok()) return s;
+      break;
+    }
+    default:
+      return absl::InternalError(absl::StrCat("unknown response type ", r.type()));
+  }
+  if (!done.ok()) return done.status();
+  for (v1::LocalCompletion& c : *completions) c.set_done_event(*done);
   return absl::OkStatus();
 }
 

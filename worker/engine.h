@@ -27,6 +27,7 @@
 #include "ringmaster/v1/local.pb.h"
 #include "ringmaster/v1/worker.pb.h"
 #include "worker/backend.h"
+#include "worker/device_executor.h"
 #include "worker/worker_cache.h"
 
 namespace ringmaster {
@@ -48,6 +49,9 @@ struct EngineOptions {
   // communicators-1. Large allreduces are split across the communicators and run concurrently, so
   // the reduction arithmetic uses several cores (as NCCL's channels and PyTorch's Gloo threads do).
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(int index)> make_backend;
+  // GPU ranks: collectives run here instead (borrowed; outlives the engine), on tensors in the
+  // device arena (`arena` is then the device arena's base, never dereferenced on the host).
+  DeviceExecutor* device = nullptr;
   int communicators = 2;
   // Allreduces smaller than this use communicator 0 alone.
   int64_t split_bytes = int64_t{4} << 20;
@@ -121,6 +125,9 @@ class Engine {
                 Activities& activities);
   absl::Status ExecuteAllgather(const v1::Response& r, const std::vector<Op*>& ops,
                                 std::vector<v1::LocalCompletion>* out);
+  absl::Status ExecuteOnDevice(const v1::Response& r, const std::vector<Op*>& ops,
+                               std::vector<v1::LocalCompletion>* completions,
+                               Activities& activities);
   // Removes the named ops from the table (nullptr for names this rank does not have, e.g. joined).
   std::vector<Op*> Take(const std::vector<std::string>& names) ABSL_LOCKS_EXCLUDED(mu_);
   void Complete(Op* op, const absl::Status& status, v1::LocalCompletion completion = {});
@@ -148,6 +155,7 @@ class Engine {
   std::vector<std::unique_ptr<Backend>> backends_;  // engine thread only
   Backend* backend_ = nullptr;  // backends_[0]
   absl::Status backend_status_;       // engine thread only
+  bool device_ready_ = false;         // engine thread only: options_.device set up
   std::vector<uint8_t> fusion_buffer_;  // engine thread only
   int64_t fusion_threshold_ = 0;        // engine thread only: as the last response list said
   WorkerCache cache_;  // engine thread only

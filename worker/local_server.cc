@@ -116,6 +116,12 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
       case v1::LocalRequest::kRelease:
         handler_->OnRelease(request.release());
         break;
+      case v1::LocalRequest::kReadyEvents:
+        if (absl::Status s = handler_->OnReadyEvents(request.ready_events()); !s.ok()) {
+          spdlog::warn("local connection: ready events refused: {}", s.ToString());
+          connection->Shutdown();
+        }
+        break;
       case v1::LocalRequest::KIND_NOT_SET:
         break;
     }

@@ -36,6 +36,10 @@ class LocalServer {
     virtual void OnEnqueue(const v1::LocalEnqueue& enqueue,
                            std::function<void(const v1::LocalCompletion&)> reply) = 0;
     virtual void OnRelease(const v1::LocalRelease& release) = 0;
+    // GPU daemons: the training process's interprocess ready events. An error closes the connection.
+    virtual absl::Status OnReadyEvents(const v1::LocalReadyEvents& events) {
+      return absl::FailedPreconditionError("this worker daemon serves a CPU slot: no CUDA events");
+    }
     // A connection closed; `welcomed` when it was a training process that received a welcome.
     virtual void OnDisconnect(bool welcomed) = 0;
   };

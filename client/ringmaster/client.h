@@ -35,6 +35,13 @@ struct Topology {
   int cross_rank = 0;
   int cross_size = 1;
   std::string host;
+  // The CUDA device this rank's daemon serves, or -1 for a CPU slot. On a GPU slot, Allocate() returns
+  // device memory (in the arena the daemon shares through CUDA IPC), tensors passed in are device
+  // (or host) pointers, and work is ordered on the CUDA stream set with SetCudaStream() (default:
+  // the legacy default stream) through interprocess events: Wait() returns once the stream is made
+  // to wait for the result, so kernels the caller then enqueues on it see the result. The calling
+  // thread's current CUDA device must be this one.
+  int device = -1;
 };
 
 struct AllgatherOutput {
@@ -56,6 +63,9 @@ class Client {
 
   // Memory in the shared arena (64-byte aligned), or nullptr when it is full. Free() returns it.
   virtual void* Allocate(size_t bytes) = 0;
+  // GPU slots: the cudaStream_t that tensors are produced and consumed on (nullptr: the legacy
+  // default stream). Ignored on CPU slots.
+  virtual void SetCudaStream(void* stream) {}
   virtual void Free(void* data) = 0;
 
   // `data` holds the input and receives the result; it must stay valid until the operation

@@ -39,8 +39,10 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
 
   ~NcclCommunicator() override {
     if (comm_ != nullptr) {
-      // A healthy communicator may be finalized and destroyed; a failed one is only ever aborted.
-      if (watchdog_ != nullptr && watchdog_->state() == Watchdog::State::kHealthy) {
+      // Released by aborting: never a blocking destroy (a peer may be gone).
+      if (watchdog_ == nullptr) {
+        ncclCommAbort(comm_);
+      } else {
         watchdog_->PeerLost("the communicator is being released");
       }
     }
@@ -201,15 +203,28 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
 
   template <typename F>
   absl::Status RunLocked(const char* what, F enqueue) {
-    ncclResult_t r = enqueue();
+    // Every call on the communicator goes through the watchdog, which may abort (and free) it from
+    // another thread.
+    ncclResult_t r = ncclSuccess;
+    std::string detail;
+    if (!watchdog_->WithCommunicator([&] {
+          r = enqueue();
+          if (r != ncclSuccess && r != ncclInProgress) detail = LastError();
+        })) {
+      return watchdog_->failure();
+    }
     int spins = 0;
     while (r == ncclInProgress) {
       if (auto failed = watchdog_->Check(absl::Now())) return *failed;
-      if (watchdog_->state() == Watchdog::State::kAborted) return watchdog_->failure();
-      ncclCommGetAsyncError(comm_, &r);
+      if (!watchdog_->WithCommunicator([&] {
+            ncclCommGetAsyncError(comm_, &r);
+            if (r != ncclSuccess && r != ncclInProgress) detail = LastError();
+          })) {
+        return watchdog_->failure();
+      }
       Pause(&spins);
     }
-    if (r != ncclSuccess) return NcclStatus(r, what, options_.where, LastError());
+    if (r != ncclSuccess) return NcclStatus(r, what, options_.where, detail);
     if (absl::Status s = CudaStatus(cudaEventRecord(event_, stream_), "event record",
                                     options_.where);
         !s.ok()) {

@@ -80,6 +80,16 @@ void Watchdog::PeerLost(const std::string& why) {
       absl::StrCat("NCCL communicator of ", where_, " aborted: ", why)));
 }
 
+bool Watchdog::WithCommunicator(const std::function<void()>& use) {
+  absl::MutexLock comm_lock(&comm_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ == State::kAborted) return false;
+  }
+  use();
+  return true;
+}
+
 Watchdog::State Watchdog::state() const {
   absl::MutexLock lock(&mu_);
   return state_;

@@ -57,6 +57,10 @@ class Watchdog {
   // The coordinator says a peer is gone (or the job stopped): abort with `why`.
   void PeerLost(const std::string& why);
 
+  // Runs `use` (a call on the communicator) unless it has been aborted, never concurrently with the
+  // abort; returns whether it ran. Every call on the communicator from other code goes through it.
+  bool WithCommunicator(const std::function<void()>& use);
+
   State state() const;
   // OK while healthy; the failure after.
   absl::Status failure() const;

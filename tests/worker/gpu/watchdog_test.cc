@@ -100,6 +100,16 @@ TEST(WatchdogTest, APeerLostAbortsWithTheCoordinatorsReason) {
   EXPECT_EQ(comm.queries, 0);
 }
 
+TEST(WatchdogTest, CallsOnTheCommunicatorStopOnceItIsAborted) {
+  FakeCommunicator comm;
+  Watchdog w(&comm, kWhere, absl::Seconds(30));
+  int calls = 0;
+  EXPECT_TRUE(w.WithCommunicator([&] { ++calls; }));
+  w.PeerLost("stop");
+  EXPECT_FALSE(w.WithCommunicator([&] { ++calls; }));
+  EXPECT_EQ(calls, 1);
+}
+
 TEST(WatchdogTest, ConcurrentFailuresAbortExactlyOnce) {
   FakeCommunicator comm;
   comm.error = absl::InternalError("boom");

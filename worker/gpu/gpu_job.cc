@@ -1,0 +1,277 @@
+#include "worker/gpu/gpu_job.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "worker/gpu/fusion_kernels.h"
+#include "worker/gpu/fusion_layout.h"
+#include "worker/gpu/nccl_mapping.h"
+
+namespace ringmaster {
+namespace {
+
+absl::Status Cuda(cudaError_t e, absl::string_view what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();  // clear it
+  return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(e)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GpuJob>> GpuJob::Create(GpuJobOptions options) {
+  std::unique_ptr<GpuJob> job(new GpuJob(std::move(options)));
+  if (absl::Status s = job->Init(); !s.ok()) return s;
+  return job;
+}
+
+absl::Status GpuJob::Init() {
+  if (absl::Status s = CheckCudaDevice(options_.device); !s.ok()) return s;
+  void* arena = nullptr;
+  if (cudaError_t e = cudaMalloc(&arena, static_cast<size_t>(options_.arena_bytes));
+      e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat("cannot allocate the ", options_.arena_bytes,
+                                                      "-byte device arena on cuda:",
+                                                      options_.device, ": ",
+                                                      cudaGetErrorString(e)));
+  }
+  arena_ = static_cast<uint8_t*>(arena);
+  cudaIpcMemHandle_t handle;
+  if (absl::Status s = Cuda(cudaIpcGetMemHandle(&handle, arena_), "arena IPC handle"); !s.ok()) {
+    return s;
+  }
+  arena_handle_.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  for (int i = 0; i < options_.done_events; ++i) {
+    cudaEvent_t event;
+    if (absl::Status s = Cuda(cudaEventCreateWithFlags(
+                                  &event, cudaEventDisableTiming | cudaEventInterprocess),
+                              "event creation");
+        !s.ok()) {
+      return s;
+    }
+    done_events_.push_back(event);
+    cudaIpcEventHandle_t h;
+    if (absl::Status s = Cuda(cudaIpcGetEventHandle(&h, event), "event IPC handle"); !s.ok()) {
+      return s;
+    }
+    done_handles_.emplace_back(reinterpret_cast<const char*>(&h), sizeof(h));
+  }
+  return absl::OkStatus();
+}
+
+GpuJob::~GpuJob() {
+  cudaSetDevice(options_.device);  // this may be any thread
+  if (backend_ != nullptr) {
+    live_backend_.store(nullptr);
+    backend_.reset();  // aborts its communicator (never a blocking destroy)
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (void* e : ready_events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+    for (void* e : retired_events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  }
+  for (void* e : done_events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  if (scratch_ != nullptr) cudaFree(scratch_);
+  if (arena_ != nullptr) cudaFree(arena_);
+}
+
+absl::Status GpuJob::Setup() {
+  if (absl::Status s = Cuda(cudaSetDevice(options_.device), "cudaSetDevice"); !s.ok()) return s;
+  ncclGetVersion(&nccl_version_);
+  absl::StatusOr<std::unique_ptr<NcclBackend>> backend = options_.make_backend();
+  if (!backend.ok()) return backend.status();
+  backend_ = *std::move(backend);
+  stream_ = backend_->stream();
+  live_backend_.store(backend_.get());
+  std::string aborted;
+  {
+    absl::MutexLock lock(&mu_);
+    aborted = aborted_;
+  }
+  if (!aborted.empty()) backend_->Abort(aborted);
+  return absl::OkStatus();
+}
+
+void GpuJob::Abort(const std::string& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_.empty()) aborted_ = why;
+  }
+  if (NcclBackend* b = live_backend_.load()) b->Abort(why);
+}
+
+absl::Status GpuJob::OpenReadyEvents(const std::vector<std::string>& handles) {
+  if (handles.size() > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(handles.size(), " ready events; at most 4096"));
+  }
+  // Called on a connection's thread: the CUDA device is per thread.
+  if (absl::Status s = Cuda(cudaSetDevice(options_.device), "cudaSetDevice"); !s.ok()) return s;
+  std::vector<void*> opened;
+  for (const std::string& bytes : handles) {
+    cudaIpcEventHandle_t h;
+    if (bytes.size() != sizeof(h)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a ready event handle has ", bytes.size(), " bytes, not ", sizeof(h)));
+    }
+    std::memcpy(&h, bytes.data(), sizeof(h));
+    cudaEvent_t event;
+    if (absl::Status s = Cuda(cudaIpcOpenEventHandle(&event, h), "opening a ready event");
+        !s.ok()) {
+      for (void* e : opened) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+      return s;
+    }
+    opened.push_back(event);
+  }
+  absl::MutexLock lock(&mu_);
+  // The engine may still hold an event of the previous connection: retire, destroy at the end.
+  for (void* e : ready_events_) retired_events_.push_back(e);
+  ready_events_ = std::move(opened);
+  return absl::OkStatus();
+}
+
+absl::Status GpuJob::WaitReady(const std::vector<Tensor>& tensors) {
+  std::vector<void*> waits;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Tensor& t : tensors) {
+      if (t.ready_event <= 0) continue;
+      if (t.ready_event > static_cast<int32_t>(ready_events_.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ready event ", t.ready_event, " was not shared (", ready_events_.size(), " were)"));
+      }
+      waits.push_back(ready_events_[t.ready_event - 1]);
+    }
+  }
+  for (void* e : waits) {
+    if (absl::Status s = Cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_),
+                                                  static_cast<cudaEvent_t>(e), 0),
+                              "waiting for a tensor's ready event");
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> GpuJob::Scratch(int64_t bytes) {
+  if (bytes <= scratch_bytes_) return scratch_;
+  if (scratch_ != nullptr) {
+    // Work queued on the stream may still use it.
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    cudaFree(scratch_);
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+  }
+  void* p = nullptr;
+  if (absl::Status s = Cuda(cudaMalloc(&p, static_cast<size_t>(bytes)), "fusion buffer"); !s.ok()) {
+    return s;
+  }
+  scratch_ = static_cast<uint8_t*>(p);
+  scratch_bytes_ = bytes;
+  return scratch_;
+}
+
+absl::StatusOr<int32_t> GpuJob::RecordDone() {
+  const int i = next_done_;
+  next_done_ = (next_done_ + 1) % static_cast<int>(done_events_.size());
+  if (absl::Status s = Cuda(cudaEventRecord(static_cast<cudaEvent_t>(done_events_[i]),
+                                            static_cast<cudaStream_t>(stream_)),
+                            "recording the done event");
+      !s.ok()) {
+    return s;
+  }
+  return i + 1;
+}
+
+absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, DataType dtype,
+                                          ReduceOp op, double prescale, double postscale) {
+  if (absl::Status s = WaitReady(tensors); !s.ok()) return s;
+  absl::StatusOr<NcclReduction> reduction =
+      ToNcclReduction(op, dtype, options_.size, nccl_version_);
+  if (!reduction.ok()) return reduction.status();
+  const int64_t elem = DataTypeSize(dtype);
+  auto stream = static_cast<cudaStream_t>(stream_);
+  bool contiguous = !tensors.empty();
+  int64_t total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    total += tensors[i].count;
+    if (tensors[i].offset < 0 ||
+        (i > 0 && tensors[i - 1].offset + tensors[i - 1].count * elem != tensors[i].offset)) {
+      contiguous = false;
+    }
+  }
+  const bool post = postscale != 1.0 || reduction->divide_by > 1;
+  if (contiguous) {
+    // Already one buffer: scale in place (if at all) and reduce there.
+    uint8_t* data = arena_ + tensors[0].offset;
+    if (prescale != 1.0) {
+      if (absl::Status s = ScaledCopy({{data, data, total}}, dtype, prescale, 1, stream); !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = backend_->Allreduce(data, total, dtype, op); !s.ok()) return s;
+    if (post) {
+      if (absl::Status s = ScaledCopy({{data, data, total}}, dtype, postscale,
+                                      reduction->divide_by, stream);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return RecordDone();
+  }
+  std::vector<int64_t> bytes;
+  for (const Tensor& t : tensors) bytes.push_back(t.count * elem);
+  absl::StatusOr<FusionLayout> layout = PlanFusion(bytes, elem);
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<uint8_t*> fusion = Scratch(layout->total_bytes);
+  if (!fusion.ok()) return fusion.status();
+  std::vector<DeviceSegment> pack, unpack;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    uint8_t* slot = *fusion + layout->offsets[i];
+    // A joined rank (no tensor) contributes zeros.
+    pack.push_back({tensors[i].offset >= 0 ? arena_ + tensors[i].offset : nullptr, slot,
+                    tensors[i].count});
+    if (tensors[i].offset >= 0) {
+      unpack.push_back({slot, arena_ + tensors[i].offset, tensors[i].count});
+    }
+  }
+  if (absl::Status s = ScaledCopy(pack, dtype, prescale, 1, stream); !s.ok()) return s;
+  if (absl::Status s = backend_->Allreduce(*fusion, layout->Elements(elem), dtype, op); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ScaledCopy(unpack, dtype, postscale, reduction->divide_by, stream);
+      !s.ok()) {
+    return s;
+  }
+  return RecordDone();
+}
+
+absl::StatusOr<int32_t> GpuJob::Broadcast(const Tensor& tensor, int64_t bytes, int root) {
+  if (absl::Status s = WaitReady({tensor}); !s.ok()) return s;
+  uint8_t* data;
+  if (tensor.offset >= 0) {
+    data = arena_ + tensor.offset;
+  } else {  // joined: take part with scratch memory
+    absl::StatusOr<uint8_t*> scratch = Scratch(bytes);
+    if (!scratch.ok()) return scratch.status();
+    data = *scratch;
+  }
+  if (absl::Status s = backend_->Broadcast(data, bytes, root); !s.ok()) return s;
+  return RecordDone();
+}
+
+absl::StatusOr<int32_t> GpuJob::Allgather(const Tensor& in, int64_t out_offset,
+                                          const std::vector<int64_t>& bytes) {
+  if (absl::Status s = WaitReady({in}); !s.ok()) return s;
+  const uint8_t* src = in.offset >= 0 ? arena_ + in.offset : arena_ + out_offset;
+  if (absl::Status s = backend_->Allgatherv(src, arena_ + out_offset, bytes); !s.ok()) return s;
+  return RecordDone();
+}
+
+absl::Status GpuJob::Barrier() { return backend_->Barrier(); }
+
+}  // namespace ringmaster

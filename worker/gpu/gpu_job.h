@@ -1,0 +1,85 @@
+// One GPU rank's device side of a job (DeviceExecutor): the device arena shared with the training
+// process once through a CUDA IPC memory handle, the interprocess events that order the two
+// processes' streams, the device fusion buffer, and the NCCL communicator. The daemon creates it when
+// the job starts (arena and events); the engine thread sets up the communicator and executes.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/device_executor.h"
+#include "worker/gpu/nccl_backend.h"
+
+namespace ringmaster {
+
+struct GpuJobOptions {
+  int device = 0;
+  int rank = 0;
+  int size = 1;
+  int64_t arena_bytes = 0;
+  // Interprocess events the daemon records when collectives are done (reused round robin: a stream
+  // wait captures an event's record at the time it is enqueued).
+  int done_events = 1024;
+  // Creates the communicator; called on the engine thread by Setup().
+  std::function<absl::StatusOr<std::unique_ptr<NcclBackend>>()> make_backend;
+};
+
+class GpuJob final : public DeviceExecutor {
+ public:
+  // Allocates the arena and the events on `options.device`. FAILED_PRECONDITION (with CUDA's reason)
+  // when the device or the memory is not available.
+  static absl::StatusOr<std::unique_ptr<GpuJob>> Create(GpuJobOptions options);
+  ~GpuJob() override;
+
+  uint8_t* arena() const { return arena_; }  // device memory
+  // cudaIpcMemHandle_t of the arena, and cudaIpcEventHandle_t of each done event, as bytes.
+  const std::string& arena_handle() const { return arena_handle_; }
+  const std::vector<std::string>& done_event_handles() const { return done_handles_; }
+
+  absl::Status Setup() override;
+  absl::Status OpenReadyEvents(const std::vector<std::string>& handles) override;
+  absl::StatusOr<int32_t> Allreduce(const std::vector<Tensor>& tensors, DataType dtype, ReduceOp op,
+                                    double prescale, double postscale) override;
+  absl::StatusOr<int32_t> Broadcast(const Tensor& tensor, int64_t bytes, int root) override;
+  absl::StatusOr<int32_t> Allgather(const Tensor& in, int64_t out_offset,
+                                    const std::vector<int64_t>& bytes) override;
+  absl::Status Barrier() override;
+  void Abort(const std::string& why) override;
+
+ private:
+  explicit GpuJob(GpuJobOptions options) : options_(std::move(options)) {}
+  absl::Status Init();
+  // Makes the device stream wait for the tensors' ready events.
+  absl::Status WaitReady(const std::vector<Tensor>& tensors);
+  // At least `bytes` of device scratch (the fusion buffer).
+  absl::StatusOr<uint8_t*> Scratch(int64_t bytes);
+  // Records the next done event on the stream; returns its 1-based index.
+  absl::StatusOr<int32_t> RecordDone();
+
+  const GpuJobOptions options_;
+  uint8_t* arena_ = nullptr;
+  std::string arena_handle_;
+  std::vector<void*> done_events_;  // cudaEvent_t
+  std::vector<std::string> done_handles_;
+  int next_done_ = 0;  // engine thread only
+
+  std::unique_ptr<NcclBackend> backend_;  // engine thread only, after Setup()
+  std::atomic<NcclBackend*> live_backend_{nullptr};  // for Abort() from other threads
+  void* stream_ = nullptr;  // cudaStream_t, the backend's
+  int nccl_version_ = 0;
+  uint8_t* scratch_ = nullptr;
+  int64_t scratch_bytes_ = 0;
+
+  absl::Mutex mu_;
+  std::vector<void*> ready_events_ ABSL_GUARDED_BY(mu_);  // opened from the training process
+  std::vector<void*> retired_events_ ABSL_GUARDED_BY(mu_);  // of an earlier connection
+  std::string aborted_ ABSL_GUARDED_BY(mu_);  // why, if Abort() came before Setup()
+};
+
+}  // namespace ringmaster
