@@ -180,7 +180,9 @@ def mpi_threads_supported():
 
 
 def nccl_built():
-    return False
+    """Whether this build has the NCCL data plane (worker daemons serving GPUs)."""
+    from ringmaster import _ringmaster
+    return bool(_ringmaster.CUDA_BUILT)
 
 
 def ddl_built():
@@ -192,7 +194,8 @@ def ccl_built():
 
 
 def cuda_built():
-    return False
+    from ringmaster import _ringmaster
+    return bool(_ringmaster.CUDA_BUILT)
 
 
 def rocm_built():

@@ -110,6 +110,8 @@ class PyClient {
 
   const Topology& topology() const { return client_->topology(); }
 
+  void SetCudaStream(uintptr_t stream) { client_->SetCudaStream(reinterpret_cast<void*>(stream)); }
+
   // An ArenaBuffer of `bytes`, or None when the arena is full.
   py::object Allocate(size_t bytes) {
     void* data = client_->Allocate(bytes == 0 ? 1 : bytes);
@@ -253,7 +255,8 @@ PYBIND11_MODULE(_ringmaster, m) {
       .def_readonly("local_size", &Topology::local_size)
       .def_readonly("cross_rank", &Topology::cross_rank)
       .def_readonly("cross_size", &Topology::cross_size)
-      .def_readonly("host", &Topology::host);
+      .def_readonly("host", &Topology::host)
+      .def_readonly("device", &Topology::device);
 
   py::class_<ArenaBuffer>(m, "ArenaBuffer", py::buffer_protocol())
       .def_buffer([](ArenaBuffer& b) {
@@ -294,5 +297,13 @@ PYBIND11_MODULE(_ringmaster, m) {
       .def("take_allgather", &PyClient::TakeAllgather, py::arg("handle"))
       .def("join", &PyClient::Join)
       .def("barrier", &PyClient::Barrier)
+      .def("set_cuda_stream", &PyClient::SetCudaStream, py::arg("stream"),
+           "GPU slots: the cudaStream_t (as an integer; 0: the legacy default stream) that tensors "
+           "are produced and consumed on.")
       .def("shutdown", &PyClient::Shutdown);
+#ifdef RINGMASTER_HAVE_CUDA
+  m.attr("CUDA_BUILT") = true;
+#else
+  m.attr("CUDA_BUILT") = false;
+#endif
 }

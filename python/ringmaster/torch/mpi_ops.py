@@ -186,9 +186,18 @@ def _check_dense(tensor):
         raise ValueError(f"ringmaster: {tensor.layout} tensors are not supported")
 
 
+def _gpu_slot(c):
+    return c.topology.device >= 0
+
+
 def _daemon_buffer(tensor):
-    """(a contiguous CPU tensor for the daemon, a function that writes it back into `tensor` or
-    None when it is `tensor` itself)."""
+    """(a contiguous tensor for the daemon, a function that writes it back into `tensor` or None
+    when it is `tensor` itself). On a GPU slot a contiguous CUDA tensor goes as it is: the client
+    stages it into the device arena on the tensor's current stream (no host copy)."""
+    c = _basics.client()
+    if tensor.device.type == "cuda" and tensor.is_contiguous() and _gpu_slot(c):
+        c.set_cuda_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
+        return tensor, None
     if tensor.device.type == "cpu" and tensor.is_contiguous():
         return tensor, None
     buf = tensor.detach().to("cpu", copy=True).contiguous()
@@ -214,8 +223,8 @@ def _arena_empty(shape, dtype):
     shape = torch.Size(shape)
     numel = shape.numel()
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0:
-        return None
+    if nbytes == 0 or _gpu_slot(_basics.client()):
+        return None  # on a GPU slot the arena is device memory: no CPU tensor can view it
     buf = _basics.client().allocate(nbytes)
     if buf is None:
         return None
