@@ -53,6 +53,16 @@ struct DeviceSide {
 #ifdef RINGMASTER_HAVE_CUDA
   std::vector<cudaEvent_t> done;
   std::vector<cudaEvent_t> ready;
+
+  // A process that outlives its job must not keep the arena mapped (nor leak events).
+  ~DeviceSide() {
+    if (device < 0) return;
+    cudaSetDevice(device);
+    cudaDeviceSynchronize();  // nothing may still use the arena or the events
+    for (cudaEvent_t e : done) cudaEventDestroy(e);
+    for (cudaEvent_t e : ready) cudaEventDestroy(e);
+    if (base != nullptr) cudaIpcCloseMemHandle(base);
+  }
 #endif
   std::vector<uint8_t> ready_busy;  // per ready event: in use until its op completes
   size_t next_ready = 0;
@@ -71,6 +81,17 @@ absl::Status CudaError(cudaError_t e, const char* what) {
 absl::StatusOr<std::unique_ptr<DeviceSide>> OpenDevice(int fd, const v1::LocalWelcome& w) {
   auto side = std::make_unique<DeviceSide>();
   side->device = w.device() - 1;
+  // The same GPU as the daemon's, whatever this process's CUDA_VISIBLE_DEVICES.
+  if (!w.device_pci_bus_id().empty()) {
+    int ordinal = -1;
+    if (absl::Status s = CudaError(cudaDeviceGetByPCIBusId(&ordinal, w.device_pci_bus_id().c_str()),
+                                   "finding the worker's GPU by its PCI bus id (is it visible to "
+                                   "this process?)");
+        !s.ok()) {
+      return s;
+    }
+    side->device = ordinal;
+  }
   if (absl::Status s = CudaError(cudaSetDevice(side->device), "cudaSetDevice"); !s.ok()) return s;
   cudaIpcMemHandle_t handle;
   if (w.device_arena().size() != sizeof(handle)) {
@@ -423,7 +444,10 @@ class ClientImpl : public Client {
       if (op.status.ok()) op.status = copied;
       release_offset_ref = c.output_offset();
     }
-    if (op.staged) {
+    if (op.staged && (op.status.ok() || device_ == nullptr)) {
+      // GPU: freed right after the copy out was queued; a later staging copy into the same memory
+      // is queued on the same stream, hence after it. After a failure the memory stays allocated:
+      // the daemon may still write it (as in FailAll).
       if (op.status.ok() && op.copy_out) {
         absl::Status copied = CopyOut(op.user, base_ + op.offset, op.bytes);
         if (op.status.ok()) op.status = copied;

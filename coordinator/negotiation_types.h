@@ -45,6 +45,8 @@ struct Response {
   // Allreduce/broadcast: elements per tensor. Allgather: first dimension of tensor t on rank r at
   // t * size + r.
   std::vector<int64_t> tensor_sizes;
+  // Allgather: elements per first-dimension row of each tensor.
+  std::vector<int64_t> row_elements;
   std::string error_message;
   int32_t last_joined_rank = -1;
 };

@@ -344,6 +344,10 @@ Response Negotiator::MakeResponse(const std::vector<Pending*>& tensors) const {
     out.names.push_back(p->request.name);
     if (out.type == Response::Type::kAllgather) {
       out.tensor_sizes.insert(out.tensor_sizes.end(), p->first_dims.begin(), p->first_dims.end());
+      out.row_elements.push_back(
+          p->request.shape.empty()
+              ? 1
+              : NumElements(absl::MakeConstSpan(p->request.shape).subspan(1)));
     } else if (out.type != Response::Type::kError) {
       out.tensor_sizes.push_back(NumElements(p->request.shape));
     }

@@ -393,7 +393,8 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
       absl::StrCat("rank ", g.rank, " (", options_.host_name, ", cuda:", cuda_device_, ")");
   const absl::Duration timeout = options_.collective_timeout;
   const int device = cuda_device_;
-  g.make_backend = [channel, assignment, where, timeout, device]() {
+  auto cancelled = std::make_shared<std::shared_ptr<std::atomic<bool>>>();
+  g.make_backend = [channel, assignment, where, timeout, device, cancelled]() {
     NcclBackendOptions n;
     n.rank = assignment.rank();
     n.size = assignment.job().spec().np();
@@ -402,10 +403,13 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
     n.prefix = "nccl/0/";
     n.where = where;
     n.timeout = timeout;
+    n.cancelled = *cancelled;
     return CreateNcclBackend(std::move(n));
   };
   absl::StatusOr<std::unique_ptr<GpuJob>> gpu = GpuJob::Create(std::move(g));
   if (!gpu.ok()) return gpu.status();
+  *cancelled = (*gpu)->cancelled();
+  job.device_pci_bus_id = (*gpu)->pci_bus_id();
   job.device_arena_handle = (*gpu)->arena_handle();
   job.done_event_handles = (*gpu)->done_event_handles();
   e.arena = (*gpu)->arena();
@@ -447,6 +451,7 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   w.set_client_bytes(static_cast<int64_t>(options_.arena_bytes / 4 * 3));
   if (job->gpu != nullptr) {
     w.set_device(cuda_device_ + 1);
+    w.set_device_pci_bus_id(job->device_pci_bus_id);
     w.set_device_arena(job->device_arena_handle);
     for (const std::string& h : job->done_event_handles) w.add_done_events(h);
   }

@@ -75,6 +75,7 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     // so it is destroyed after it.
     std::unique_ptr<DeviceExecutor> gpu;
     std::string device_arena_handle;
+    std::string device_pci_bus_id;
     std::vector<std::string> done_event_handles;
     std::unique_ptr<SharedMemory> arena;
     std::unique_ptr<ArenaAllocator> outputs;

@@ -456,7 +456,10 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
     absl::MutexLock lock(&mu_);
     series_.queue_depth->Set(static_cast<double>(ops_.size()));
   }
-  if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) {
+  // A failed collective leaves the communicator unusable, and on a GPU any failure may leave this
+  // rank out of step with its peers (NCCL matches calls by order): fail everything else too.
+  if (!status.ok() &&
+      (status.code() != absl::StatusCode::kInvalidArgument || options_.device != nullptr)) {
     // The communicator is unusable after a failed collective: fail everything else too.
     Abort(status);
   }
@@ -576,6 +579,14 @@ absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<O
   return absl::OkStatus();
 }
 
+int64_t Engine::RowBytes(const v1::Response& r, size_t t, const std::vector<int64_t>& shape,
+                         int64_t elem) {
+  if (t < static_cast<size_t>(r.row_elements_size())) return r.row_elements(t) * elem;
+  int64_t row = elem;
+  for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+  return row;
+}
+
 absl::Status Engine::ExecuteOnDevice(const v1::Response& r, const std::vector<Op*>& ops,
                                      std::vector<v1::LocalCompletion>* completions,
                                      Activities& activities) {
@@ -619,13 +630,12 @@ absl::Status Engine::ExecuteOnDevice(const v1::Response& r, const std::vector<Op
                                                        ops.size(), " tensors on ", size, " ranks"));
       }
       for (size_t t = 0; t < ops.size() && done.ok(); ++t) {
-        int64_t row = elem;
         std::vector<int64_t> shape;
         if (ops[t] != nullptr) {
           const auto& s = ops[t]->enqueue.request().shape();
           shape.assign(s.begin(), s.end());
-          for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
         }
+        const int64_t row = RowBytes(r, t, shape, elem);
         std::vector<int64_t> bytes(size);
         int64_t rows = 0;
         for (int k = 0; k < size; ++k) {
@@ -634,7 +644,10 @@ absl::Status Engine::ExecuteOnDevice(const v1::Response& r, const std::vector<Op
           rows += first;
         }
         absl::StatusOr<size_t> out = options_.outputs->Allocate(rows * row);
-        if (!out.ok()) return out.status();
+        if (!out.ok()) {
+          done = out.status();
+          break;
+        }
         done = device.Allgather(tensor(t, rows > 0 ? bytes[options_.rank] / elem : 0),
                                 static_cast<int64_t>(*out), bytes);
         if (!done.ok() || ops[t] == nullptr) {
@@ -657,7 +670,14 @@ absl::Status Engine::ExecuteOnDevice(const v1::Response& r, const std::vector<Op
     default:
       return absl::InternalError(absl::StrCat("unknown response type ", r.type()));
   }
-  if (!done.ok()) return done.status();
+  if (!done.ok()) {
+    // Outputs allocated for earlier tensors go back to the arena.
+    for (v1::LocalCompletion& c : *completions) {
+      if (c.output_shape_size() > 0) options_.outputs->Free(c.output_offset()).IgnoreError();
+      c.clear_output_shape();
+    }
+    return done.status();
+  }
   for (v1::LocalCompletion& c : *completions) c.set_done_event(*done);
   return absl::OkStatus();
 }
@@ -678,15 +698,14 @@ absl::Status Engine::ExecuteAllgather(const v1::Response& r, const std::vector<O
     }
   };
   for (size_t t = 0; t < ops.size(); ++t) {
-    // Row size from this rank's own shape; a joined rank (no op) contributes zero rows and keeps
-    // nothing, so its row size does not matter.
-    int64_t row = elem;
+    // Row size from the response (every rank the same; a joined rank has no shape of its own),
+    // else from this rank's shape.
     std::vector<int64_t> shape;
     if (ops[t] != nullptr) {
       const auto& s = ops[t]->enqueue.request().shape();
       shape.assign(s.begin(), s.end());
-      for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
     }
+    const int64_t row = RowBytes(r, t, shape, elem);
     std::vector<int64_t> bytes(size);
     int64_t rows = 0;
     for (int k = 0; k < size; ++k) {

@@ -125,6 +125,9 @@ class Engine {
                 Activities& activities);
   absl::Status ExecuteAllgather(const v1::Response& r, const std::vector<Op*>& ops,
                                 std::vector<v1::LocalCompletion>* out);
+  // Bytes per first-dimension row of allgather tensor `t`: from the response, else `shape`.
+  static int64_t RowBytes(const v1::Response& r, size_t t, const std::vector<int64_t>& shape,
+                          int64_t elem);
   absl::Status ExecuteOnDevice(const v1::Response& r, const std::vector<Op*>& ops,
                                std::vector<v1::LocalCompletion>* completions,
                                Activities& activities);

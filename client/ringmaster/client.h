@@ -64,7 +64,7 @@ class Client {
   // Memory in the shared arena (64-byte aligned), or nullptr when it is full. Free() returns it.
   virtual void* Allocate(size_t bytes) = 0;
   // GPU slots: the cudaStream_t that tensors are produced and consumed on (nullptr: the legacy
-  // default stream). Ignored on CPU slots.
+  // default stream). Change it only with no operation in flight. Ignored on CPU slots.
   virtual void SetCudaStream(void* stream) {}
   virtual void Free(void* data) = 0;
 

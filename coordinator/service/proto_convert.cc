@@ -273,6 +273,7 @@ void ToProto(const Response& in, v1::Response* out) {
   out->set_root_rank(in.root_rank);
   out->set_device(in.device);
   for (int64_t s : in.tensor_sizes) out->add_tensor_sizes(s);
+  for (int64_t s : in.row_elements) out->add_row_elements(s);
   out->set_error_message(in.error_message);
   out->set_last_joined_rank(in.last_joined_rank);
 }
@@ -289,6 +290,7 @@ void FromProto(const v1::Response& in, Response* out) {
   out->root_rank = in.root_rank();
   out->device = in.device();
   out->tensor_sizes.assign(in.tensor_sizes().begin(), in.tensor_sizes().end());
+  out->row_elements.assign(in.row_elements().begin(), in.row_elements().end());
   out->error_message = in.error_message();
   out->last_joined_rank = in.last_joined_rank();
 }

@@ -345,6 +345,8 @@ TEST_F(NegotiatorTest, AllgatherTensorSizesHoldEachRanksFirstDimension) {
   EXPECT_THAT(out->responses[0].names, ElementsAre("g", "h"));
   // Tensor t on rank r at t * size + r.
   EXPECT_THAT(out->responses[0].tensor_sizes, ElementsAre(1, 2, 3, 4, 5, 0));
+  // Elements per row of each tensor: what a joined rank (no shape of its own) moves per row.
+  EXPECT_THAT(out->responses[0].row_elements, ElementsAre(5, 1));
 }
 
 TEST_F(NegotiatorTest, AllgatherBytesCountEveryRanksRows) {

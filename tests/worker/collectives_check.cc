@@ -18,6 +18,7 @@
 
 namespace {
 
+using ringmaster::AllgatherOutput;
 using ringmaster::Client;
 using ringmaster::DataType;
 using ringmaster::Handle;
@@ -331,6 +332,18 @@ int main() {
     auto h = c.AllreduceAsync("while_others_joined", ones, DataType::kFloat32, {8}, ReduceOp::kSum);
     absl::Status s = h.ok() ? c.Wait(*h, absl::Seconds(30)) : h.status();
     Check(s.ok() && ones[0] == 1 && ones[7] == 1, absl::StrCat("allreduce with joined ranks: ", s.ToString()));
+    // A 2-D allgather while the others have joined: they move rows of the same size (the
+    // response tells them) and contribute none; the result is this rank's rows alone.
+    float* rows = static_cast<float*>(c.Allocate(3 * 4 * 4));
+    for (int i = 0; i < 12; ++i) rows[i] = static_cast<float>(i);
+    auto g = c.AllgatherAsync("rows_while_others_joined", rows, DataType::kFloat32, {3, 4});
+    absl::Status gs = g.ok() ? c.Wait(*g, absl::Seconds(30)) : g.status();
+    absl::StatusOr<AllgatherOutput> gathered =
+        gs.ok() ? c.TakeAllgather(*g) : absl::StatusOr<AllgatherOutput>(gs);
+    Check(gathered.ok() && gathered->shape == std::vector<int64_t>{3, 4} &&
+              gathered->data.size() == 48 &&
+              reinterpret_cast<const float*>(gathered->data.data())[11] == 11.0f,
+          absl::StrCat("2-D allgather with joined ranks: ", gathered.status().ToString()));
     auto last = c.Join();
     Check(last.ok() && *last == size - 1, "join (last)");
   }

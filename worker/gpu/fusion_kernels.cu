@@ -82,11 +82,12 @@ __global__ void ScaledCopyKernel(Batch batch, double scale, int divide_by) {
 template <typename T>
 absl::Status Launch(const std::vector<DeviceSegment>& segments, double scale, int divide_by,
                     cudaStream_t stream) {
-  for (size_t start = 0; start < segments.size(); start += kMaxSegmentsPerLaunch) {
+  size_t i = 0;
+  while (i < segments.size()) {
     Batch batch{};
     int64_t blocks = 0;
     batch.n = 0;
-    for (size_t i = start; i < segments.size() && batch.n < kMaxSegmentsPerLaunch; ++i) {
+    for (; i < segments.size() && batch.n < kMaxSegmentsPerLaunch; ++i) {
       if (segments[i].count <= 0) continue;
       batch.segments[batch.n] = segments[i];
       batch.first_block[batch.n] = blocks;

@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
 #include "worker/gpu/fusion_kernels.h"
 #include "worker/gpu/fusion_layout.h"
 #include "worker/gpu/nccl_mapping.h"
@@ -44,6 +46,10 @@ absl::Status GpuJob::Init() {
     return s;
   }
   arena_handle_.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  char bus_id[32] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), options_.device) == cudaSuccess) {
+    pci_bus_id_ = bus_id;
+  }
   for (int i = 0; i < options_.done_events; ++i) {
     cudaEvent_t event;
     if (absl::Status s = Cuda(cudaEventCreateWithFlags(
@@ -64,9 +70,25 @@ absl::Status GpuJob::Init() {
 
 GpuJob::~GpuJob() {
   cudaSetDevice(options_.device);  // this may be any thread
+  cancelled_->store(true);
   if (backend_ != nullptr) {
     live_backend_.store(nullptr);
-    backend_.reset();  // aborts its communicator (never a blocking destroy)
+    backend_.reset();  // finalizes its communicator, or aborts it (never a blocking destroy)
+  }
+  // cudaFree synchronizes the device: if work is stuck on the stream (waiting for a ready event of
+  // a training process that died), freeing would hang this daemon. Wait a bounded time; past it,
+  // leave the memory to the process's exit.
+  if (stream_ != nullptr) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (cudaStreamQuery(static_cast<cudaStream_t>(stream_)) == cudaErrorNotReady &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    if (cudaStreamQuery(static_cast<cudaStream_t>(stream_)) == cudaErrorNotReady) {
+      spdlog::error("cuda:{}: work is still queued after the job ended; its device memory stays "
+                    "allocated until the worker exits", options_.device);
+      return;
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -96,6 +118,7 @@ absl::Status GpuJob::Setup() {
 }
 
 void GpuJob::Abort(const std::string& why) {
+  cancelled_->store(true);  // a setup in progress gives up
   {
     absl::MutexLock lock(&mu_);
     if (aborted_.empty()) aborted_ = why;

@@ -41,6 +41,11 @@ class GpuJob final : public DeviceExecutor {
   // cudaIpcMemHandle_t of the arena, and cudaIpcEventHandle_t of each done event, as bytes.
   const std::string& arena_handle() const { return arena_handle_; }
   const std::vector<std::string>& done_event_handles() const { return done_handles_; }
+  // The GPU's PCI bus id ("0000:3B:00.0"): the training process finds the same GPU by it, whatever
+  // its CUDA_VISIBLE_DEVICES.
+  const std::string& pci_bus_id() const { return pci_bus_id_; }
+  // Set when the job stops: a communicator still being set up gives up (pass to the backend).
+  std::shared_ptr<std::atomic<bool>> cancelled() const { return cancelled_; }
 
   absl::Status Setup() override;
   absl::Status OpenReadyEvents(const std::vector<std::string>& handles) override;
@@ -65,6 +70,8 @@ class GpuJob final : public DeviceExecutor {
   const GpuJobOptions options_;
   uint8_t* arena_ = nullptr;
   std::string arena_handle_;
+  std::string pci_bus_id_;
+  const std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
   std::vector<void*> done_events_;  // cudaEvent_t
   std::vector<std::string> done_handles_;
   int next_done_ = 0;  // engine thread only

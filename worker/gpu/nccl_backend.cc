@@ -39,10 +39,10 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
 
   ~NcclCommunicator() override {
     if (comm_ != nullptr) {
-      // Released by aborting: never a blocking destroy (a peer may be gone).
       if (watchdog_ == nullptr) {
         ncclCommAbort(comm_);
-      } else {
+      } else if (!Finalize()) {
+        // Failed, or a peer is gone: abort (never a blocking destroy).
         watchdog_->PeerLost("the communicator is being released");
       }
     }
@@ -115,6 +115,12 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
         watchdog_->PeerLost(std::string(s.message()));
         return s;
       }
+      if (options_.cancelled != nullptr && options_.cancelled->load()) {
+        absl::Status s = absl::CancelledError(
+            absl::StrCat("NCCL communicator setup on ", where, " cancelled: the job stopped"));
+        watchdog_->PeerLost(std::string(s.message()));
+        return s;
+      }
       if (absl::Now() > deadline) {
         absl::Status s = absl::DeadlineExceededError(absl::StrCat(
             "NCCL communicator setup on ", where, " did not complete in ",
@@ -125,6 +131,36 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
       }
       Pause(&spins);
     }
+  }
+
+  // A healthy communicator is finalized (its last operations' traffic drained, so peers finish
+  // theirs) and destroyed, within the timeout; returns false when it must be aborted instead.
+  bool Finalize() {
+    bool finalized = false;
+    watchdog_->WithCommunicator([&] {
+      if (ncclCommFinalize(comm_) != ncclSuccess && !PollInProgress()) return;
+      finalized = true;
+    });
+    if (!finalized) return false;
+    bool destroyed = false;
+    watchdog_->WithCommunicator([&] {
+      destroyed = ncclCommDestroy(comm_) == ncclSuccess;
+    });
+    return destroyed;
+  }
+
+  // Polls a non-blocking call until it completes; false on an error or after the timeout.
+  bool PollInProgress() {
+    const absl::Time deadline = absl::Now() + options_.timeout;
+    int spins = 0;
+    while (absl::Now() < deadline) {
+      ncclResult_t state = ncclInProgress;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return true;
+      if (state != ncclInProgress) return false;
+      Pause(&spins);
+    }
+    return false;
   }
 
   int rank() const override { return options_.rank; }
@@ -233,7 +269,12 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
     spins = 0;
     while (true) {
       const cudaError_t e = cudaEventQuery(event_);
-      if (e == cudaSuccess) return absl::OkStatus();
+      if (e == cudaSuccess) {
+        // An abort from another thread also lets the event complete: the data are then partial.
+        if (watchdog_->state() == Watchdog::State::kAborted) return watchdog_->failure();
+        if (auto failed = watchdog_->Check(absl::Now())) return *failed;
+        return absl::OkStatus();
+      }
       if (e != cudaErrorNotReady) return CudaStatus(e, what, options_.where);
       if (auto failed = watchdog_->Check(absl::Now())) return *failed;
       if (watchdog_->state() == Watchdog::State::kAborted) return watchdog_->failure();
@@ -273,6 +314,16 @@ absl::Status CheckCudaDevice(int device) {
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
     return absl::FailedPreconditionError(
         absl::StrCat("cuda:", device, " cannot be used: ", cudaGetErrorString(e)));
+  }
+  // The daemon and the training process both need a context on the GPU.
+  int mode = cudaComputeModeDefault;
+  if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, device) == cudaSuccess &&
+      mode != cudaComputeModeDefault) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda:", device, " is in ",
+        mode == cudaComputeModeProhibited ? "prohibited" : "exclusive-process",
+        " compute mode: the worker daemon and the training process must both use it (set the "
+        "Default compute mode with nvidia-smi -c DEFAULT, or run MPS)"));
   }
   // Creating the context is what fails for a device that is busy in exclusive-process mode.
   if (cudaError_t e = cudaFree(nullptr); e != cudaSuccess) {

@@ -13,6 +13,7 @@
 // reports a lost peer).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -33,6 +34,8 @@ struct NcclBackendOptions {
   std::string where;
   // Bounds the rendezvous, the communicator's setup and every collective.
   absl::Duration timeout = absl::Seconds(30);
+  // Set from another thread to give up the communicator's setup (the job stopped meanwhile).
+  std::shared_ptr<std::atomic<bool>> cancelled;
 };
 
 class NcclBackend : public Backend {
