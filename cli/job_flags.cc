@@ -7,7 +7,22 @@
 
 namespace ringmaster::cli {
 
-v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag& extra) {
+namespace {
+
+// "dir/name.json" -> "name.json", remembering the path asked for.
+std::string ArtifactName(const std::string& value,
+                         std::map<std::string, std::string>* requested_paths) {
+  const size_t slash = value.find_last_of('/');
+  if (slash == std::string::npos) return value;
+  const std::string name = value.substr(slash + 1);
+  if (requested_paths != nullptr && !name.empty()) (*requested_paths)[name] = value;
+  return name;
+}
+
+}  // namespace
+
+v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag& extra,
+                         std::map<std::string, std::string>* requested_paths) {
   v1::JobSpec spec;
   Knobs knobs;
   if (absl::Status s = ApplyEnvironment(ProcessEnv(), &knobs); !s.ok()) {
@@ -112,8 +127,8 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
   k->set_autotune_steps_per_sample(knobs.autotune_steps_per_sample);
   k->set_autotune_bayes_opt_max_samples(knobs.autotune_bayes_opt_max_samples);
   k->set_autotune_gaussian_process_noise(knobs.autotune_gaussian_process_noise);
-  k->set_autotune_log(knobs.autotune_log);
-  k->set_timeline(knobs.timeline);
+  k->set_autotune_log(ArtifactName(knobs.autotune_log, requested_paths));
+  k->set_timeline(ArtifactName(knobs.timeline, requested_paths));
   k->set_timeline_mark_cycles(knobs.timeline_mark_cycles);
   k->set_stall_check_seconds(knobs.stall_check_seconds);
   k->set_stall_shutdown_seconds(knobs.stall_shutdown_seconds);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -80,6 +81,8 @@ struct LocalOptions {
   int metrics_port_base = 0;
   // Where the job's artifacts go when it ends.
   std::string artifacts_output = ".";
+  // Artifacts asked for as a path (--timeline /tmp/run/timeline.json): name -> that path.
+  std::map<std::string, std::string> artifact_paths;
   // Worker i serves cuda:(i mod processes-per-host) instead of the CPU.
   bool gpus = false;
 };
@@ -349,7 +352,22 @@ class LocalRun {
       std::fprintf(stderr, "ringmaster local: could not save the job's artifacts: %s\n",
                    Describe(s).c_str());
     }
-    for (const FetchedArtifact& f : fetched) {
+    for (FetchedArtifact& f : fetched) {
+      if (auto it = options_.artifact_paths.find(f.name); it != options_.artifact_paths.end()) {
+        std::error_code error;
+        std::filesystem::rename(f.path, it->second, error);
+        if (error) {  // another file system: copy
+          std::filesystem::copy_file(f.path, it->second,
+                                     std::filesystem::copy_options::overwrite_existing, error);
+          if (!error) std::filesystem::remove(f.path, error);
+        }
+        if (!error) {
+          f.path = it->second;
+        } else {
+          std::fprintf(stderr, "ringmaster local: could not write %s: %s\n", it->second.c_str(),
+                       error.message().c_str());
+        }
+      }
       std::fprintf(stderr, "ringmaster local: %s written to %s (%lld bytes)\n", f.name.c_str(),
                    f.path.c_str(), static_cast<long long>(f.size_bytes));
     }
@@ -410,6 +428,7 @@ class LocalRun {
 
 int Local(const Global& g, Args& args) {
   LocalOptions options;
+  std::map<std::string, std::string> requested_paths;
   v1::JobSpec spec = ParseJobSpec("local", args, [&](const std::string& flag, Args& a) {
     if (flag == "--coordinator-port") {
       options.port = Number<int>(flag, a.Value(flag));
@@ -441,7 +460,7 @@ int Local(const Global& g, Args& args) {
       return true;
     }
     return false;
-  });
+  }, &requested_paths);
   if (spec.command().empty()) {
     Usage("local needs a command: ringmaster local --np N -- CMD ARGS...");
   }
@@ -454,6 +473,7 @@ int Local(const Global& g, Args& args) {
     Usage(absl::StrCat("--processes-per-host ", spec.processes_per_host(), " is out of bounds [1, ",
                        spec.np(), "]"));
   }
+  options.artifact_paths = std::move(requested_paths);
   options.np = spec.np();
   options.per_host = spec.processes_per_host();
   if (spec.working_dir().empty()) {

@@ -196,7 +196,14 @@ void PrintJob(const v1::Job& job) {
 }
 
 int Submit(const Global& g, v1::JobService::Stub& stub, Args& args) {
-  v1::JobSpec spec = ParseJobSpec("submit", args);
+  std::map<std::string, std::string> requested_paths;
+  v1::JobSpec spec = ParseJobSpec("submit", args, nullptr, &requested_paths);
+  for (const auto& [name, path] : requested_paths) {
+    std::fprintf(stderr,
+                 "ringmaster: %s will be the job artifact '%s' (the coordinator keeps it): fetch it "
+                 "with `ringmaster artifacts JOB`\n",
+                 path.c_str(), name.c_str());
+  }
   v1::RegisterJobRequest request;
   *request.mutable_spec() = spec;
   v1::RegisterJobResponse response;

@@ -172,3 +172,17 @@ def test_autotune_reports_its_state_and_logs_every_sample(tmp_path):
         assert 0.0625 <= float(row[4]) <= 256 and float(row[5]) > 0
     # The first sample scores the starting setting: the default 128 MiB, cache on.
     assert rows[1][2] == "1" and float(rows[1][4]) == 128
+
+
+def test_a_timeline_given_as_a_path_lands_there_as_horovod_users_expect(tmp_path):
+    # HOROVOD_TIMELINE=/some/dir/timeline.json: the artifact is named timeline.json, and
+    # `ringmaster local` writes it to the path asked for when the job ends.
+    wanted = tmp_path / "runs" / "t1.json"
+    wanted.parent.mkdir()
+    env = dict(os.environ, HOROVOD_TIMELINE=str(wanted))
+    r = subprocess.run([RINGMASTER, "local", "--np", "2", "--", FUSED_LOOP, "5"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"t1.json written to {wanted}" in r.stderr
+    trace = json.loads(wanted.read_text())
+    assert any(e.get("name") == "NEGOTIATE_ALLREDUCE" for e in trace)
