@@ -80,8 +80,16 @@ results=$(mktemp)
 } >"$results"
 python3 - "$results" <<'PY'
 import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
+rows = [json.loads(line) for line in open(sys.argv[1])]
+whole = next((r for r in rows if r["bench"] == "whole_path"), None)
+raw = next((r for r in rows if r["bench"] == "fused_allreduce"), None)
+if whole and raw:
+    # The issue's yardstick: the fused allreduce through the whole path against a raw
+    # ncclAllReduce of the same bytes on the same GPUs (bus bandwidth ratio = time ratio).
+    print("%-44s %.3f of raw ncclAllReduce's bandwidth (%.3f ms vs %.3f ms; target >= 0.95)"
+          % ("whole path vs raw NCCL, %s" % whole["profile"], raw["raw_nccl_ms"] / whole["step_ms"],
+             whole["step_ms"], raw["raw_nccl_ms"]))
+for r in rows:
     if r["bench"] == "whole_path":
         label = "whole path, %d GPU(s), %s step" % (r["gpus"], r["profile"])
         print("%-44s %.3f ms, bus bandwidth %.1f GB/s" % (label, r["step_ms"], r["busbw_gbs"]))
