@@ -230,9 +230,7 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
     p.first_submit = now;
     if (request.type == RequestType::kAllgather) p.first_dims.assign(size_, 0);
     ++waiting_;
-    if (record_timeline_) {
-      timeline_.push_back({NegotiationEvent::Kind::kStart, request.name, request.type, rank, now});
-    }
+    RecordTimeline(NegotiationEvent::Kind::kStart, request, rank, now);
   } else if (p.submitted[rank] || p.ready) {
     RankError(rank, request.name,
               absl::StrCat("Tensor '", request.name, "' is already in flight on ", RankName(rank),
@@ -244,9 +242,7 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
   }
   p.submitted[rank] = 1;
   ++p.count;
-  if (record_timeline_) {
-    timeline_.push_back({NegotiationEvent::Kind::kRankReady, request.name, request.type, rank, now});
-  }
+  RecordTimeline(NegotiationEvent::Kind::kRankReady, request, rank, now);
   // first_dims exists only when the first rank asked for an allgather; a rank that asks for an
   // allgather against another type (a mismatch) must not index it.
   if (request.type == RequestType::kAllgather && !p.first_dims.empty()) {
@@ -266,10 +262,7 @@ bool Negotiator::AllSubmitted(const Pending& p) const {
 void Negotiator::MarkReady(Pending* p, absl::Time now) {
   p->ready = true;
   --waiting_;
-  if (record_timeline_) {
-    timeline_.push_back(
-        {NegotiationEvent::Kind::kEnd, p->request.name, p->request.type, -1, now});
-  }
+  RecordTimeline(NegotiationEvent::Kind::kEnd, p->request, -1, now);
   if (p->error.empty() && p->request.type == RequestType::kBroadcast &&
       joined_[p->request.root_rank] && !p->submitted[p->request.root_rank]) {
     p->error = absl::StrCat("Broadcast of tensor '", p->request.name, "' has root ",
@@ -553,6 +546,15 @@ void Negotiator::SetCacheEnabled(bool enabled) {
 bool Negotiator::cache_enabled() const {
   absl::MutexLock lock(&mu_);
   return cache_enabled_;
+}
+
+void Negotiator::RecordTimeline(NegotiationEvent::Kind kind, const TensorRequest& request,
+                                int32_t rank, absl::Time now) {
+  if (!record_timeline_) return;
+  // Ranks' batches take their time before they take the lock: one taken later may carry an earlier
+  // time. The timeline keeps events in the order they happened here, so times never go back.
+  last_timeline_time_ = std::max(last_timeline_time_, now);
+  timeline_.push_back({kind, request.name, request.type, rank, last_timeline_time_});
 }
 
 std::vector<NegotiationEvent> Negotiator::DrainTimeline() {

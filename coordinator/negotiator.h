@@ -130,6 +130,8 @@ class Negotiator {
   void Join(int rank, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllSubmitted(const Pending& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkReady(Pending* p, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordTimeline(NegotiationEvent::Kind kind, const TensorRequest& request, int32_t rank,
+                      absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RankError(int rank, const std::string& name, std::string message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool DueLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -151,6 +153,7 @@ class Negotiator {
   absl::flat_hash_set<std::string> seen_ ABSL_GUARDED_BY(mu_);  // distinct allreduce names
   const bool record_timeline_;
   std::vector<NegotiationEvent> timeline_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_timeline_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::node_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // pending tensors not yet ready
   std::vector<Unit> ready_ ABSL_GUARDED_BY(mu_);

@@ -1103,5 +1103,24 @@ TEST_F(NegotiatorTest, StatsCountRequestsCyclesAndTensors) {
   EXPECT_EQ(s.cache_misses, 2);
 }
 
+TEST_F(NegotiatorTest, TimelineEventsAreRecordedInOrderWithTimesThatNeverGoBack) {
+  NegotiatorOptions o = Options(2);
+  o.record_timeline = true;
+  Negotiator n(o);
+  const absl::Time t0 = clock_.Now();
+  // Rank 1's batch takes the lock first although rank 0's was stamped earlier (a race between the
+  // session threads): the events keep their order and the later one takes the earlier's time.
+  n.Submit(1, {Allreduce("w")}, {}, t0 + absl::Microseconds(200));
+  n.Submit(0, {Allreduce("w")}, {}, t0 + absl::Microseconds(100));
+  std::vector<std::string> events;
+  for (const NegotiationEvent& e : n.DrainTimeline()) {
+    events.push_back(absl::StrCat(static_cast<int>(e.kind), ":", e.name, ":", e.rank, "@",
+                                  absl::ToInt64Microseconds(e.time - t0)));
+  }
+  // kStart = 0, kRankReady = 1, kEnd = 2.
+  EXPECT_THAT(events, ElementsAre("0:w:1@200", "1:w:1@200", "1:w:0@200", "2:w:-1@200"));
+  EXPECT_THAT(n.DrainTimeline(), IsEmpty());
+}
+
 }  // namespace
 }  // namespace ringmaster
