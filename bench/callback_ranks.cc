@@ -81,16 +81,7 @@ class CallbackRanks::Rank : public grpc::ClientBidiReactor<v1::WorkerMessage, v1
     if (!assigned_.WaitForNotificationWithTimeout(timeout)) {
       return absl::DeadlineExceededError(absl::StrCat(worker_id_, ": no assignment"));
     }
-    v1::WorkerMessage started;
-    v1::RankUpdate* u = started.mutable_rank_update();
-    {
-      absl::MutexLock lock(&mu_);
-      u->set_job_id(assignment_.job().id());
-      u->set_epoch(assignment_.epoch());
-      u->set_rank(assignment_.rank());
-    }
-    u->set_state(v1::RANK_STATE_STARTED);
-    Write(std::move(started));
+    Write(RankUpdate(v1::RANK_STATE_STARTED));
     return absl::OkStatus();
   }
 
@@ -118,17 +109,17 @@ class CallbackRanks::Rank : public grpc::ClientBidiReactor<v1::WorkerMessage, v1
     Write(std::move(m));
   }
 
-  void Exit() {
+  void Exit() { Write(RankUpdate(v1::RANK_STATE_EXITED)); }
+
+  v1::WorkerMessage RankUpdate(v1::RankState state) {
     v1::WorkerMessage m;
     v1::RankUpdate* u = m.mutable_rank_update();
-    {
-      absl::MutexLock lock(&mu_);
-      u->set_job_id(assignment_.job().id());
-      u->set_epoch(assignment_.epoch());
-      u->set_rank(assignment_.rank());
-    }
-    u->set_state(v1::RANK_STATE_EXITED);
-    Write(std::move(m));
+    absl::MutexLock lock(&mu_);
+    u->set_job_id(assignment_.job().id());
+    u->set_epoch(assignment_.epoch());
+    u->set_rank(assignment_.rank());
+    u->set_state(state);
+    return m;
   }
 
   // Ends the call and waits (bounded) for OnDone: the reactor must outlive it.

@@ -255,19 +255,7 @@ Result RunGrpc(const ModelProfile& profile, int ranks, int warmup, int steps,
       std::exit(1);
     }
   }
-  auto jobs = v1::JobService::NewStub(channel);
-  v1::RegisterJobRequest request;
-  request.mutable_spec()->set_name(absl::StrCat("negotiation-bench-", profile.model, "-", ranks));
-  request.mutable_spec()->set_np(ranks);
-  request.mutable_spec()->add_command("(simulated)");
-  request.mutable_spec()->mutable_knobs()->set_cache_capacity(absl::GetFlag(FLAGS_cache_capacity));
-  v1::RegisterJobResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  if (grpc::Status s = jobs->RegisterJob(&context, request, &response); !s.ok()) {
-    std::fprintf(stderr, "grpc: RegisterJob: %s\n", s.error_message().c_str());
-    std::exit(1);
-  }
+  RegisterBenchJob(channel, profile, ranks);
   std::vector<v1::JobAssignment> assignments(ranks);
   for (int r = 0; r < ranks; ++r) {
     absl::StatusOr<v1::JobAssignment> a = workers[r]->WaitAssignment(absl::Seconds(30));
@@ -278,15 +266,7 @@ Result RunGrpc(const ModelProfile& profile, int ranks, int warmup, int steps,
     assignments[r] = *a;
     workers[r]->SendRankUpdate(*a, v1::RANK_STATE_STARTED, 0).IgnoreError();
   }
-  std::vector<v1::TensorRequest> tensors;
-  for (const auto& t : profile.tensors) {
-    v1::TensorRequest r;
-    r.set_name(t.name);
-    r.set_type(v1::REQUEST_TYPE_ALLREDUCE);
-    r.set_dtype(v1::DATA_TYPE_FLOAT32);
-    for (int64_t d : t.shape) r.add_shape(d);
-    tensors.push_back(std::move(r));
-  }
+  const std::vector<v1::TensorRequest> tensors = ProfileRequests(profile);
   std::atomic<bool> failed{false};
   Gang gang(ranks, [&](int r) {
     auto out = workers[r]->Negotiate(assignments[r], tensors, absl::Seconds(60), false);

@@ -350,7 +350,8 @@ class ClientImpl : public Client {
       if (!offset.ok()) return offset.status();
       op.offset = *offset;
       op.staged = true;
-      if (absl::Status s = CopyIn(base_ + op.offset, data, bytes); !s.ok()) {
+      if (absl::Status s = Copy(base_ + op.offset, data, bytes, "staging a tensor into the arena");
+          !s.ok()) {
         allocator_.Free(op.offset).IgnoreError();
         return s;
       }
@@ -412,10 +413,54 @@ class ClientImpl : public Client {
   }
 
   void Complete(const v1::LocalCompletion& c) {
+    Op* op;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = ops_.find(c.handle());
+      if (it == ops_.end() || it->second.done) return;
+      // Stable (node-based map), and only Wait() erases it, once it is done; FailAll() runs on
+      // this thread or after it has been joined.
+      op = &it->second;
+      if (device_ != nullptr && op->ready_slot >= 0) device_->ready_busy[op->ready_slot] = 0;
+    }
+    // Copies and stream waits (for an allgather output, a CUDA synchronisation) with mu_ released,
+    // so other threads' enqueues and waits go on meanwhile.
+    absl::Status status(static_cast<absl::StatusCode>(c.code()), c.message());
+    if (device_ != nullptr) {
+      absl::Status waited = WaitDone(c.done_event());
+      if (status.ok()) status = waited;
+    }
+    AllgatherOutput gathered;
     int64_t release_offset = -1;
-    CompleteLocked(c, &release_offset);
+    if (status.ok() && op->allgather) {
+      gathered.shape.assign(c.output_shape().begin(), c.output_shape().end());
+      int64_t n = op->elem;
+      for (int64_t d : gathered.shape) n *= d;
+      gathered.data.resize(static_cast<size_t>(n));
+      status = Copy(gathered.data.data(), base_ + c.output_offset(), static_cast<size_t>(n),
+                    "copying an allgather output", /*wait=*/true);
+      release_offset = c.output_offset();
+    }
+    const bool free_staged = op->staged && (status.ok() || device_ == nullptr);
+    if (free_staged) {
+      // GPU: freed right after the copy out was queued; a later staging copy into the same memory
+      // is queued on the same stream, hence after it. After a failure the memory stays allocated:
+      // the daemon may still write it (as in FailAll).
+      if (status.ok() && op->copy_out) {
+        status = Copy(op->user, base_ + op->offset, op->bytes, "copying a result out of the arena");
+      }
+      allocator_.Free(op->offset).IgnoreError();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      op->status = status;
+      op->gathered = std::move(gathered);
+      if (free_staged) op->staged = false;
+      op->last_joined_rank = c.last_joined_rank();
+      op->done = true;
+    }
     if (release_offset >= 0) {
-      // Give the daemon its output memory back, with mu_ released (a write may block).
+      // Give the daemon its output memory back (the write may block: no lock but the writer's).
       v1::LocalRequest release;
       release.mutable_release()->set_offset(release_offset);
       absl::MutexLock write_lock(&write_mu_);
@@ -423,80 +468,17 @@ class ClientImpl : public Client {
     }
   }
 
-  void CompleteLocked(const v1::LocalCompletion& c, int64_t* release_offset) {
-    int64_t& release_offset_ref = *release_offset;
-    absl::MutexLock lock(&mu_);
-    auto it = ops_.find(c.handle());
-    if (it == ops_.end()) return;
-    Op& op = it->second;
-    op.status = absl::Status(static_cast<absl::StatusCode>(c.code()), c.message());
-    if (device_ != nullptr) {
-      if (op.ready_slot >= 0) device_->ready_busy[op.ready_slot] = 0;
-      absl::Status waited = WaitDone(c.done_event());
-      if (op.status.ok()) op.status = waited;
-    }
-    if (op.status.ok() && op.allgather) {
-      op.gathered.shape.assign(c.output_shape().begin(), c.output_shape().end());
-      int64_t n = op.elem;
-      for (int64_t d : op.gathered.shape) n *= d;
-      op.gathered.data.resize(static_cast<size_t>(n));
-      absl::Status copied = CopyOutNow(op.gathered.data.data(), base_ + c.output_offset(), n);
-      if (op.status.ok()) op.status = copied;
-      release_offset_ref = c.output_offset();
-    }
-    if (op.staged && (op.status.ok() || device_ == nullptr)) {
-      // GPU: freed right after the copy out was queued; a later staging copy into the same memory
-      // is queued on the same stream, hence after it. After a failure the memory stays allocated:
-      // the daemon may still write it (as in FailAll).
-      if (op.status.ok() && op.copy_out) {
-        absl::Status copied = CopyOut(op.user, base_ + op.offset, op.bytes);
-        if (op.status.ok()) op.status = copied;
-      }
-      allocator_.Free(op.offset).IgnoreError();
-      op.staged = false;
-    }
-    op.last_joined_rank = c.last_joined_rank();
-    op.done = true;
-  }
-
-  // Host: memcpy. GPU: an asynchronous copy on the caller's stream (host or device source).
-  absl::Status CopyIn(uint8_t* arena_dst, const void* src, size_t bytes) {
+  // Host: memcpy. GPU: an asynchronous copy on the caller's stream (host or device memory either
+  // side), complete when this returns only with `wait`.
+  absl::Status Copy(void* dst, const void* src, size_t bytes, const char* what, bool wait = false) {
     if (device_ == nullptr) {
-      std::memcpy(arena_dst, src, bytes);
+      std::memcpy(dst, src, bytes);
       return absl::OkStatus();
     }
 #ifdef RINGMASTER_HAVE_CUDA
-    return CudaError(cudaMemcpyAsync(arena_dst, src, bytes, cudaMemcpyDefault, Stream()),
-                     "staging a tensor into the arena");
-#else
-    return absl::InternalError("no CUDA in this build");
-#endif
-  }
-
-  // The result back to the caller's memory, ordered after the collective on the caller's stream.
-  absl::Status CopyOut(void* dst, const uint8_t* arena_src, size_t bytes) {
-    if (device_ == nullptr) {
-      std::memcpy(dst, arena_src, bytes);
-      return absl::OkStatus();
-    }
-#ifdef RINGMASTER_HAVE_CUDA
-    return CudaError(cudaMemcpyAsync(dst, arena_src, bytes, cudaMemcpyDefault, Stream()),
-                     "copying a result out of the arena");
-#else
-    return absl::InternalError("no CUDA in this build");
-#endif
-  }
-
-  // Into host memory, complete when this returns (allgather outputs).
-  absl::Status CopyOutNow(void* dst, const uint8_t* arena_src, int64_t bytes) {
-    if (device_ == nullptr) {
-      std::memcpy(dst, arena_src, static_cast<size_t>(bytes));
-      return absl::OkStatus();
-    }
-#ifdef RINGMASTER_HAVE_CUDA
-    absl::Status s = CopyOut(dst, arena_src, static_cast<size_t>(bytes));
-    if (!s.ok()) return s;
-    return CudaError(cudaStreamSynchronize(Stream()), "copying an allgather output");
+    absl::Status s = CudaError(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, Stream()), what);
+    if (s.ok() && wait) s = CudaError(cudaStreamSynchronize(Stream()), what);
+    return s;
 #else
     return absl::InternalError("no CUDA in this build");
 #endif
@@ -507,25 +489,32 @@ class ClientImpl : public Client {
   // event is in use.
   absl::StatusOr<int> RecordReady() {
 #ifdef RINGMASTER_HAVE_CUDA
-    absl::MutexLock lock(&mu_);
-    for (size_t tried = 0; tried < device_->ready.size(); ++tried) {
-      const size_t i = device_->next_ready;
-      device_->next_ready = (i + 1) % device_->ready.size();
-      if (device_->ready_busy[i]) continue;
-      device_->ready_busy[i] = 1;
-      if (absl::Status s = CudaError(cudaEventRecord(device_->ready[i], Stream()),
-                                     "recording a ready event");
+    int slot = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t tried = 0; tried < device_->ready.size() && slot < 0; ++tried) {
+        const size_t i = device_->next_ready;
+        device_->next_ready = (i + 1) % device_->ready.size();
+        if (device_->ready_busy[i]) continue;
+        device_->ready_busy[i] = 1;
+        slot = static_cast<int>(i);
+      }
+    }
+    if (slot < 0) {  // every event in use: the tensor is ready once the stream has drained
+      if (absl::Status s = CudaError(cudaStreamSynchronize(Stream()), "synchronizing the stream");
           !s.ok()) {
-        device_->ready_busy[i] = 0;
         return s;
       }
-      return static_cast<int>(i);
+      return -1;
     }
-    if (absl::Status s = CudaError(cudaStreamSynchronize(Stream()), "synchronizing the stream");
+    if (absl::Status s = CudaError(cudaEventRecord(device_->ready[slot], Stream()),
+                                   "recording a ready event");
         !s.ok()) {
+      absl::MutexLock lock(&mu_);
+      device_->ready_busy[slot] = 0;
       return s;
     }
-    return -1;
+    return slot;
 #else
     return absl::InternalError("no CUDA in this build");
 #endif

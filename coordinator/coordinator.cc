@@ -174,18 +174,17 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
                                         std::string reason, const std::string& except_worker) {
   // The job's artifacts are complete before it turns terminal, so a user who sees it end and fetches
   // them gets them whole (what ranks still send is dropped).
-  std::shared_ptr<Runtime> running;
-  {
-    absl::MutexLock lock(&mu_);
-    if (auto it = runtimes_.find(job_id); it != runtimes_.end()) running = it->second;
-  }
+  std::shared_ptr<Runtime> running = RuntimeOf(job_id);
   if (running != nullptr) {
-    absl::MutexLock flush_lock(&running->flush_mu);
-    if (running->timeline != nullptr) {
-      running->timeline->Negotiation(running->negotiator->DrainTimeline());
-      running->timeline->Close();
+    {
+      // Under flush_mu, the last events queue in order behind those of earlier cycles.
+      absl::MutexLock flush_lock(&running->flush_mu);
+      if (running->timeline != nullptr) {
+        running->timeline->Negotiation(running->negotiator->DrainTimeline());
+      }
     }
-    if (running->autotune_log != nullptr) std::fflush(running->autotune_log.get());
+    // Writing them out (file I/O, joining the writer) holds no lock; what arrives later is dropped.
+    if (running->timeline != nullptr) running->timeline->Close();
   }
   absl::StatusOr<Job> job = jobs_.Transition(job_id, state, reason);
   if (!job.ok()) return job;
@@ -319,31 +318,46 @@ absl::Status Coordinator::SubmitRequests(const std::string& worker_id, RequestBa
 }
 
 void Coordinator::Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now) {
-  absl::MutexLock flush_lock(&runtime->flush_mu);
-  std::optional<CycleOutput> output = runtime->negotiator->Poll(now);
+  std::vector<std::string> log_lines;
+  FlushLocked(*runtime, now, &log_lines);
+  if (!log_lines.empty()) {
+    // Taken in FlushLocked, before flush_mu was released, so lines stay in order; the file I/O
+    // happens under this lock alone.
+    WriteAutotuneLog(*runtime, log_lines);
+    runtime->log_mu.Unlock();
+  }
+}
+
+void Coordinator::FlushLocked(Runtime& runtime, absl::Time now,
+                              std::vector<std::string>* log_lines) {
+  absl::MutexLock flush_lock(&runtime.flush_mu);
+  std::optional<CycleOutput> output = runtime.negotiator->Poll(now);
   if (!output) return;
   if (output->oldest_submit != absl::InfiniteFuture()) {
-    runtime->latency->Observe(absl::ToDoubleSeconds(now - output->oldest_submit));
+    runtime.latency->Observe(absl::ToDoubleSeconds(now - output->oldest_submit));
   }
-  runtime->cycles->Increment();
-  const NegotiatorStats stats = runtime->negotiator->stats();
-  runtime->tensors->Increment(stats.tensors_negotiated - runtime->reported.tensors_negotiated);
-  runtime->cache_hits->Increment(stats.cache_hits - runtime->reported.cache_hits);
-  runtime->cache_misses->Increment(stats.cache_misses - runtime->reported.cache_misses);
-  runtime->reported = stats;
-  const auto [bytes, allreduced] = RecordThroughput(*runtime, *output, now);
-  if (runtime->timeline != nullptr) {
-    runtime->timeline->Negotiation(runtime->negotiator->DrainTimeline());
-    if (!output->responses.empty()) runtime->timeline->Cycle(now);
+  runtime.cycles->Increment();
+  const NegotiatorStats stats = runtime.negotiator->stats();
+  runtime.tensors->Increment(stats.tensors_negotiated - runtime.reported.tensors_negotiated);
+  runtime.cache_hits->Increment(stats.cache_hits - runtime.reported.cache_hits);
+  runtime.cache_misses->Increment(stats.cache_misses - runtime.reported.cache_misses);
+  runtime.reported = stats;
+  const auto [bytes, allreduced] = RecordThroughput(runtime, *output, now);
+  if (runtime.timeline != nullptr) {
+    runtime.timeline->Negotiation(runtime.negotiator->DrainTimeline());
+    if (!output->responses.empty()) runtime.timeline->Cycle(now);
   }
-  if (runtime->autotuner != nullptr) Autotune(*runtime, bytes, allreduced, now);
+  if (runtime.autotuner != nullptr) {
+    *log_lines = Autotune(runtime, bytes, allreduced, now);
+    if (!log_lines->empty()) runtime.log_mu.Lock();  // released by Flush after writing
+  }
   auto cycle = std::make_shared<CycleBroadcast>();
-  cycle->job_id = runtime->job_id;
+  cycle->job_id = runtime.job_id;
   cycle->output = *std::move(output);
-  cycle->fusion_threshold_bytes = runtime->negotiator->fusion_threshold_bytes();
-  cycle->cycle_time_ms = absl::ToDoubleMilliseconds(runtime->negotiator->cycle_time());
+  cycle->fusion_threshold_bytes = runtime.negotiator->fusion_threshold_bytes();
+  cycle->cycle_time_ms = absl::ToDoubleMilliseconds(runtime.negotiator->cycle_time());
   absl::MutexLock lock(&mu_);
-  for (const RankInfo& r : runtime->ranks) {
+  for (const RankInfo& r : runtime.ranks) {
     if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendResponses(cycle, r.rank);
   }
 }
@@ -405,27 +419,34 @@ void Coordinator::StartObservers(const Job& job, Runtime& runtime) {
   a.tune_fusion_threshold = !Fixed(k, "fusion_threshold_bytes");
   a.tune_cycle_time = !Fixed(k, "cycle_time_ms");
   a.tune_cache = tune_cache;
-  absl::MutexLock lock(&runtime.flush_mu);
-  runtime.autotuner = std::make_unique<Autotuner>(a);
-  if (!k.autotune_log.empty()) {
-    const std::string path = artifacts_.PathOf(job.id, k.autotune_log);
-    runtime.autotune_log.reset(std::fopen(path.c_str(), "we"));
-    if (runtime.autotune_log == nullptr) {
-      spdlog::error("job {}: cannot create autotune log {}: {}", job.id, path,
-                    std::strerror(errno));
-    }
+  std::vector<std::string> header;
+  {
+    absl::MutexLock lock(&runtime.flush_mu);
+    runtime.autotuner = std::make_unique<Autotuner>(a);
+    // The first sample starts with the job's first negotiation cycle (not now, at scheduling,
+    // which would count process start-up against the starting setting).
+    header = runtime.autotuner->TakeLog();
   }
-  // The log's header now; the first sample starts with the job's first negotiation cycle (not at
-  // scheduling, which would count process start-up against the starting setting).
-  for (const std::string& line : runtime.autotuner->TakeLog()) {
-    if (runtime.autotune_log != nullptr) {
-      std::fprintf(runtime.autotune_log.get(), "%s\n", line.c_str());
-    }
+  if (k.autotune_log.empty()) return;
+  const std::string path = artifacts_.PathOf(job.id, k.autotune_log);
+  absl::MutexLock lock(&runtime.log_mu);
+  runtime.autotune_log.reset(std::fopen(path.c_str(), "we"));
+  if (runtime.autotune_log == nullptr) {
+    spdlog::error("job {}: cannot create autotune log {}: {}", job.id, path, std::strerror(errno));
   }
-  if (runtime.autotune_log != nullptr) std::fflush(runtime.autotune_log.get());
+  WriteAutotuneLog(runtime, header);
 }
 
-void Coordinator::Autotune(Runtime& runtime, int64_t bytes, int64_t allreduced, absl::Time now) {
+void Coordinator::WriteAutotuneLog(Runtime& runtime, const std::vector<std::string>& lines) {
+  if (runtime.autotune_log == nullptr) return;
+  for (const std::string& line : lines) {
+    std::fprintf(runtime.autotune_log.get(), "%s\n", line.c_str());
+  }
+  std::fflush(runtime.autotune_log.get());
+}
+
+std::vector<std::string> Coordinator::Autotune(Runtime& runtime, int64_t bytes, int64_t allreduced,
+                                               absl::Time now) {
   Autotuner& tuner = *runtime.autotuner;
   const AutotunePhase before = tuner.status().phase;
   std::optional<AutotuneParameters> change =
@@ -445,11 +466,7 @@ void Coordinator::Autotune(Runtime& runtime, int64_t bytes, int64_t allreduced, 
         status.current.fusion_threshold_bytes, status.current.cycle_time_ms,
         status.current.cache_enabled ? "on" : "off", status.best_score / 1e6);
   }
-  std::vector<std::string> lines = tuner.TakeLog();
-  if (runtime.autotune_log != nullptr && !lines.empty()) {
-    for (const std::string& line : lines) std::fprintf(runtime.autotune_log.get(), "%s\n", line.c_str());
-    std::fflush(runtime.autotune_log.get());
-  }
+  return tuner.TakeLog();
 }
 
 absl::Status Coordinator::RecordTimeline(const std::string& worker_id, const std::string& job_id,
@@ -466,22 +483,28 @@ absl::StatusOr<std::vector<ArtifactInfo>> Coordinator::ListArtifacts(
   if (absl::StatusOr<Job> job = jobs_.Get(job_id); !job.ok()) return job.status();
   std::vector<ArtifactInfo> list = artifacts_.List(job_id);
   // A timeline being written is listed at the size a read would serve.
-  for (ArtifactInfo& a : list) {
-    if (absl::StatusOr<ArtifactSnapshot> s = SnapshotArtifact(job_id, a.name); s.ok()) {
-      a.size_bytes = s->size + static_cast<int64_t>(s->tail.size());
+  std::shared_ptr<Runtime> runtime = RuntimeOf(job_id);
+  if (runtime != nullptr && runtime->timeline != nullptr) {
+    for (ArtifactInfo& a : list) {
+      if (a.name == runtime->timeline_name) {
+        a.size_bytes = runtime->timeline->StableSize() +
+                       static_cast<int64_t>(std::strlen(Timeline::kTail));
+      }
     }
   }
   return list;
 }
 
+std::shared_ptr<Coordinator::Runtime> Coordinator::RuntimeOf(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = runtimes_.find(job_id);
+  return it != runtimes_.end() ? it->second : nullptr;
+}
+
 absl::StatusOr<Coordinator::ArtifactSnapshot> Coordinator::SnapshotArtifact(
     const std::string& job_id, const std::string& name) const {
   if (absl::StatusOr<Job> job = jobs_.Get(job_id); !job.ok()) return job.status();
-  std::shared_ptr<Runtime> runtime;
-  {
-    absl::MutexLock lock(&mu_);
-    if (auto it = runtimes_.find(job_id); it != runtimes_.end()) runtime = it->second;
-  }
+  std::shared_ptr<Runtime> runtime = RuntimeOf(job_id);
   if (runtime != nullptr && runtime->timeline != nullptr && runtime->timeline_name == name) {
     return ArtifactSnapshot{runtime->timeline->StableSize(), Timeline::kTail};
   }
@@ -494,11 +517,7 @@ absl::StatusOr<Coordinator::ArtifactSnapshot> Coordinator::SnapshotArtifact(
 absl::StatusOr<Job> Coordinator::GetJob(const std::string& id) const {
   absl::StatusOr<Job> job = jobs_.Get(id);
   if (!job.ok()) return job;
-  std::shared_ptr<Runtime> runtime;
-  {
-    absl::MutexLock lock(&mu_);
-    if (auto it = runtimes_.find(id); it != runtimes_.end()) runtime = it->second;
-  }
+  std::shared_ptr<Runtime> runtime = RuntimeOf(id);
   if (runtime == nullptr) return job;
   JobThroughput out;
   out.fusion_threshold_bytes = runtime->negotiator->fusion_threshold_bytes();

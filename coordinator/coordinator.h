@@ -232,7 +232,8 @@ class Coordinator {
     std::string timeline_name;
     // The autotuner (null unless the job autotunes) and its log (null without one).
     std::unique_ptr<Autotuner> autotuner ABSL_GUARDED_BY(flush_mu);
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> autotune_log ABSL_GUARDED_BY(flush_mu){
+    absl::Mutex log_mu ABSL_ACQUIRED_AFTER(flush_mu);
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> autotune_log ABSL_GUARDED_BY(log_mu){
         nullptr, &std::fclose};
   };
 
@@ -249,11 +250,18 @@ class Coordinator {
   // frees its workers and drops its rendezvous scope.
   absl::StatusOr<Job> Finish(const std::string& job_id, JobState state, std::string reason,
                              const std::string& except_worker = "");
+  // The job's runtime, or null when it has none.
+  std::shared_ptr<Runtime> RuntimeOf(const std::string& job_id) const;
   absl::StatusOr<std::shared_ptr<Runtime>> RuntimeFor(const std::string& worker_id,
                                                       const std::string& job_id, int64_t epoch,
                                                       int32_t rank);
   absl::Status CheckScope(const std::string& job_id, int64_t epoch) const;
   void Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now);
+  // Polls the negotiator and sends the cycle, under flush_mu. Returns autotune log lines to write
+  // in `log_lines`, with runtime.log_mu then held (Flush writes them and releases it).
+  void FlushLocked(Runtime& runtime, absl::Time now, std::vector<std::string>* log_lines);
+  static void WriteAutotuneLog(Runtime& runtime, const std::vector<std::string>& lines)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime.log_mu);
   // Adds the cycle to the job's totals; returns the bytes of allreduce and broadcast it carried,
   // and its number of allreduce tensors.
   static std::pair<int64_t, int64_t> RecordThroughput(Runtime& runtime, const CycleOutput& output,
@@ -261,8 +269,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime.flush_mu);
   // Sets up the job's timeline and autotuner (when its knobs ask for them).
   void StartObservers(const Job& job, Runtime& runtime);
-  // Feeds the autotuner one cycle and applies what it decides.
-  static void Autotune(Runtime& runtime, int64_t bytes, int64_t allreduced, absl::Time now)
+  // Feeds the autotuner one cycle and applies what it decides; returns log lines to write.
+  static std::vector<std::string> Autotune(Runtime& runtime, int64_t bytes, int64_t allreduced,
+                                           absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime.flush_mu);
   void Housekeeping(absl::Time now);
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -393,8 +393,8 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
       absl::StrCat("rank ", g.rank, " (", options_.host_name, ", cuda:", cuda_device_, ")");
   const absl::Duration timeout = options_.collective_timeout;
   const int device = cuda_device_;
-  auto cancelled = std::make_shared<std::shared_ptr<std::atomic<bool>>>();
-  g.make_backend = [channel, assignment, where, timeout, device, cancelled]() {
+  g.make_backend = [channel, assignment, where, timeout,
+                    device](std::shared_ptr<std::atomic<bool>> cancelled) {
     NcclBackendOptions n;
     n.rank = assignment.rank();
     n.size = assignment.job().spec().np();
@@ -403,12 +403,11 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
     n.prefix = "nccl/0/";
     n.where = where;
     n.timeout = timeout;
-    n.cancelled = *cancelled;
+    n.cancelled = std::move(cancelled);
     return CreateNcclBackend(std::move(n));
   };
   absl::StatusOr<std::unique_ptr<GpuJob>> gpu = GpuJob::Create(std::move(g));
   if (!gpu.ok()) return gpu.status();
-  *cancelled = (*gpu)->cancelled();
   job.device_pci_bus_id = (*gpu)->pci_bus_id();
   job.device_arena_handle = (*gpu)->arena_handle();
   job.done_event_handles = (*gpu)->done_event_handles();

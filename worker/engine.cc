@@ -579,12 +579,46 @@ absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<O
   return absl::OkStatus();
 }
 
-int64_t Engine::RowBytes(const v1::Response& r, size_t t, const std::vector<int64_t>& shape,
-                         int64_t elem) {
-  if (t < static_cast<size_t>(r.row_elements_size())) return r.row_elements(t) * elem;
-  int64_t row = elem;
-  for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
-  return row;
+absl::StatusOr<std::vector<Engine::AllgatherPart>> Engine::PlanAllgather(
+    const v1::Response& r, const std::vector<Op*>& ops) const {
+  const int64_t elem = DataTypeSize(static_cast<DataType>(r.dtype()));
+  const int size = options_.size;
+  if (static_cast<size_t>(r.tensor_sizes_size()) < ops.size() * size) {
+    return absl::InvalidArgumentError(absl::StrCat("allgather response has ", r.tensor_sizes_size(),
+                                                   " sizes for ", ops.size(), " tensors on ", size,
+                                                   " ranks"));
+  }
+  std::vector<AllgatherPart> parts(ops.size());
+  for (size_t t = 0; t < ops.size(); ++t) {
+    AllgatherPart& part = parts[t];
+    if (ops[t] != nullptr) {
+      const auto& s = ops[t]->enqueue.request().shape();
+      part.shape.assign(s.begin(), s.end());
+    }
+    // Row size from the response (every rank the same; a joined rank has no shape of its own),
+    // else from this rank's shape.
+    int64_t row = elem;
+    if (t < static_cast<size_t>(r.row_elements_size())) {
+      row *= r.row_elements(static_cast<int>(t));
+    } else {
+      for (size_t d = 1; d < part.shape.size(); ++d) row *= part.shape[d];
+    }
+    part.bytes.resize(size);
+    for (int k = 0; k < size; ++k) {
+      const int64_t first = r.tensor_sizes(static_cast<int>(t) * size + k);
+      part.bytes[k] = first * row;
+      part.rows += first;
+    }
+    part.total = part.rows * row;
+  }
+  return parts;
+}
+
+void Engine::SetAllgatherOutput(const AllgatherPart& part, size_t offset,
+                                v1::LocalCompletion* completion) {
+  completion->set_output_offset(static_cast<int64_t>(offset));
+  completion->add_output_shape(part.rows);
+  for (size_t d = 1; d < part.shape.size(); ++d) completion->add_output_shape(part.shape[d]);
 }
 
 absl::Status Engine::ExecuteOnDevice(const v1::Response& r, const std::vector<Op*>& ops,
@@ -623,40 +657,22 @@ absl::Status Engine::ExecuteOnDevice(const v1::Response& r, const std::vector<Op
       break;
     }
     case v1::Response::TYPE_ALLGATHER: {
-      const int size = options_.size;
-      if (static_cast<size_t>(r.tensor_sizes_size()) < ops.size() * size) {
-        return absl::InvalidArgumentError(absl::StrCat("allgather response has ",
-                                                       r.tensor_sizes_size(), " sizes for ",
-                                                       ops.size(), " tensors on ", size, " ranks"));
-      }
+      absl::StatusOr<std::vector<AllgatherPart>> parts = PlanAllgather(r, ops);
+      if (!parts.ok()) return parts.status();
       for (size_t t = 0; t < ops.size() && done.ok(); ++t) {
-        std::vector<int64_t> shape;
-        if (ops[t] != nullptr) {
-          const auto& s = ops[t]->enqueue.request().shape();
-          shape.assign(s.begin(), s.end());
-        }
-        const int64_t row = RowBytes(r, t, shape, elem);
-        std::vector<int64_t> bytes(size);
-        int64_t rows = 0;
-        for (int k = 0; k < size; ++k) {
-          const int64_t first = r.tensor_sizes(static_cast<int>(t) * size + k);
-          bytes[k] = first * row;
-          rows += first;
-        }
-        absl::StatusOr<size_t> out = options_.outputs->Allocate(rows * row);
+        const AllgatherPart& part = (*parts)[t];
+        absl::StatusOr<size_t> out = options_.outputs->Allocate(part.total);
         if (!out.ok()) {
           done = out.status();
           break;
         }
-        done = device.Allgather(tensor(t, rows > 0 ? bytes[options_.rank] / elem : 0),
-                                static_cast<int64_t>(*out), bytes);
+        done = device.Allgather(tensor(t, part.bytes[options_.rank] / elem),
+                                static_cast<int64_t>(*out), part.bytes);
         if (!done.ok() || ops[t] == nullptr) {
           options_.outputs->Free(*out).IgnoreError();
           continue;
         }
-        (*completions)[t].set_output_offset(static_cast<int64_t>(*out));
-        (*completions)[t].add_output_shape(rows);
-        for (size_t d = 1; d < shape.size(); ++d) (*completions)[t].add_output_shape(shape[d]);
+        SetAllgatherOutput(part, *out, &(*completions)[t]);
       }
       activities.End("NCCL_ALLGATHER");
       break;
@@ -684,13 +700,8 @@ absl::Status Engine::ExecuteOnDevice(const v1::Response& r, const std::vector<Op
 
 absl::Status Engine::ExecuteAllgather(const v1::Response& r, const std::vector<Op*>& ops,
                                       std::vector<v1::LocalCompletion>* out) {
-  const int64_t elem = DataTypeSize(static_cast<DataType>(r.dtype()));
-  const int size = options_.size;
-  if (static_cast<size_t>(r.tensor_sizes_size()) < ops.size() * size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "allgather response has ", r.tensor_sizes_size(), " sizes for ", ops.size(),
-        " tensors on ", size, " ranks"));
-  }
+  absl::StatusOr<std::vector<AllgatherPart>> parts = PlanAllgather(r, ops);
+  if (!parts.ok()) return parts.status();
   // On failure, outputs already allocated for earlier tensors go back to the arena.
   auto release_earlier = [&](size_t upto) {
     for (size_t e = 0; e < upto; ++e) {
@@ -698,47 +709,28 @@ absl::Status Engine::ExecuteAllgather(const v1::Response& r, const std::vector<O
     }
   };
   for (size_t t = 0; t < ops.size(); ++t) {
-    // Row size from the response (every rank the same; a joined rank has no shape of its own),
-    // else from this rank's shape.
-    std::vector<int64_t> shape;
-    if (ops[t] != nullptr) {
-      const auto& s = ops[t]->enqueue.request().shape();
-      shape.assign(s.begin(), s.end());
-    }
-    const int64_t row = RowBytes(r, t, shape, elem);
-    std::vector<int64_t> bytes(size);
-    int64_t rows = 0;
-    for (int k = 0; k < size; ++k) {
-      const int64_t first = r.tensor_sizes(static_cast<int>(t) * size + k);
-      bytes[k] = first * row;
-      rows += first;
-    }
-    int64_t total = rows * row;
+    const AllgatherPart& part = (*parts)[t];
     uint8_t* output;
     absl::StatusOr<size_t> offset = absl::UnavailableError("");
     if (ops[t] != nullptr) {
-      offset = options_.outputs->Allocate(total);
+      offset = options_.outputs->Allocate(part.total);
       if (!offset.ok()) {
         release_earlier(t);
         return offset.status();
       }
       output = options_.arena + *offset;
     } else {
-      fusion_buffer_.resize(std::max<size_t>(fusion_buffer_.size(), total));
+      fusion_buffer_.resize(std::max<size_t>(fusion_buffer_.size(), part.total));
       output = fusion_buffer_.data();
     }
     const uint8_t* input = ops[t] != nullptr ? options_.arena + ops[t]->enqueue.offset() : output;
-    absl::Status status = backend_->Allgatherv(input, output, bytes);
+    absl::Status status = backend_->Allgatherv(input, output, part.bytes);
     if (!status.ok()) {
       if (offset.ok()) options_.outputs->Free(*offset).IgnoreError();
       release_earlier(t);
       return status;
     }
-    if (ops[t] != nullptr) {
-      (*out)[t].set_output_offset(static_cast<int64_t>(*offset));
-      (*out)[t].add_output_shape(rows);
-      for (size_t d = 1; d < shape.size(); ++d) (*out)[t].add_output_shape(shape[d]);
-    }
+    if (ops[t] != nullptr) SetAllgatherOutput(part, *offset, &(*out)[t]);
   }
   return absl::OkStatus();
 }

@@ -125,9 +125,18 @@ class Engine {
                 Activities& activities);
   absl::Status ExecuteAllgather(const v1::Response& r, const std::vector<Op*>& ops,
                                 std::vector<v1::LocalCompletion>* out);
-  // Bytes per first-dimension row of allgather tensor `t`: from the response, else `shape`.
-  static int64_t RowBytes(const v1::Response& r, size_t t, const std::vector<int64_t>& shape,
-                          int64_t elem);
+  // What each tensor of an allgather response moves: this rank's shape (empty when joined), every
+  // rank's bytes, and the result's rows and bytes. INVALID_ARGUMENT for a malformed response.
+  struct AllgatherPart {
+    std::vector<int64_t> shape;
+    std::vector<int64_t> bytes;
+    int64_t rows = 0;
+    int64_t total = 0;
+  };
+  absl::StatusOr<std::vector<AllgatherPart>> PlanAllgather(const v1::Response& r,
+                                                           const std::vector<Op*>& ops) const;
+  static void SetAllgatherOutput(const AllgatherPart& part, size_t offset,
+                                 v1::LocalCompletion* completion);
   absl::Status ExecuteOnDevice(const v1::Response& r, const std::vector<Op*>& ops,
                                std::vector<v1::LocalCompletion>* completions,
                                Activities& activities);

@@ -103,7 +103,7 @@ GpuJob::~GpuJob() {
 absl::Status GpuJob::Setup() {
   if (absl::Status s = Cuda(cudaSetDevice(options_.device), "cudaSetDevice"); !s.ok()) return s;
   ncclGetVersion(&nccl_version_);
-  absl::StatusOr<std::unique_ptr<NcclBackend>> backend = options_.make_backend();
+  absl::StatusOr<std::unique_ptr<NcclBackend>> backend = options_.make_backend(cancelled_);
   if (!backend.ok()) return backend.status();
   backend_ = *std::move(backend);
   stream_ = backend_->stream();

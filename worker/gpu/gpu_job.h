@@ -26,8 +26,11 @@ struct GpuJobOptions {
   // Interprocess events the daemon records when collectives are done (reused round robin: a stream
   // wait captures an event's record at the time it is enqueued).
   int done_events = 1024;
-  // Creates the communicator; called on the engine thread by Setup().
-  std::function<absl::StatusOr<std::unique_ptr<NcclBackend>>()> make_backend;
+  // Creates the communicator; called on the engine thread by Setup() with the flag that Abort()
+  // sets (for NcclBackendOptions::cancelled: a stop gives up a setup in progress).
+  std::function<absl::StatusOr<std::unique_ptr<NcclBackend>>(
+      std::shared_ptr<std::atomic<bool>> cancelled)>
+      make_backend;
 };
 
 class GpuJob final : public DeviceExecutor {
@@ -44,8 +47,6 @@ class GpuJob final : public DeviceExecutor {
   // The GPU's PCI bus id ("0000:3B:00.0"): the training process finds the same GPU by it, whatever
   // its CUDA_VISIBLE_DEVICES.
   const std::string& pci_bus_id() const { return pci_bus_id_; }
-  // Set when the job stops: a communicator still being set up gives up (pass to the backend).
-  std::shared_ptr<std::atomic<bool>> cancelled() const { return cancelled_; }
 
   absl::Status Setup() override;
   absl::Status OpenReadyEvents(const std::vector<std::string>& handles) override;
