@@ -1008,7 +1008,13 @@ TEST_F(CoordinatorTest, ArtifactNamesMustBePlainFileNames) {
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(job.status().message()),
               ::testing::StartsWith("spec.knobs.timeline = '../etc/timeline.json' is not a file name"));
+  spec.knobs.timeline = "run.json";
+  spec.knobs.autotune_log = "run.json";
+  job = coordinator_.RegisterJob(spec);
+  EXPECT_EQ(job.status().message(),
+            "spec.knobs.autotune_log = 'run.json' names the same file as knobs.timeline");
   spec.knobs.timeline = "";
+  spec.knobs.autotune_log = "";
   spec.knobs.autotune_fixed = {"cycle_time"};
   job = coordinator_.RegisterJob(spec);
   EXPECT_EQ(job.status().message(),

@@ -77,6 +77,11 @@ def test_timeline_parses_while_the_job_runs_and_nests_properly(tmp_path):
             text = (out / "timeline.json").read_text()
             snapshots.append(json.loads(text))  # must parse: valid JSON at any moment
         time.sleep(0.25)
+        if len(snapshots) == 1:
+            # An unknown job: one line naming it, exit 1.
+            bad = cli(port, "artifacts", "job-999999", "--output", str(tmp_path / "bad"))
+            assert bad.returncode == 1
+            assert bad.stderr.startswith("ringmaster: NOT_FOUND: ") and "job-999999" in bad.stderr
     output = finish(proc, tmp_path)
     assert len(snapshots) >= 2, output
     assert len(snapshots[-1]) >= len(snapshots[0])
