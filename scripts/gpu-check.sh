@@ -37,10 +37,26 @@ else
   bin="$bundle/bin"
   profiles="$bundle/profiles"
   whole_path="$bundle/tests/gpu_whole_path.sh"
-  nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)
+  # libnccl.so.2: the loader's own, else pip's (nvidia-nccl-cu12/cu13 install nvidia/nccl/lib, a
+  # namespace package without __file__), else the CUDA toolkit's.
+  nccl_lib=""
+  if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 '; then
+    for py in python3 /usr/bin/python3; do
+      nccl_lib=$("$py" - 2>/dev/null <<'PY'
+import glob, os, sys
+for p in sys.path:
+    for hit in sorted(glob.glob(os.path.join(p or ".", "nvidia", "*", "lib", "libnccl.so.2"))):
+        print(os.path.dirname(os.path.abspath(hit)))
+        raise SystemExit
+PY
+)
+      [[ -n $nccl_lib ]] && break
+    done
+  fi
   export LD_LIBRARY_PATH="$bundle/lib${nccl_lib:+:$nccl_lib}:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 echo "== GPUs"
+[[ -n $bundle ]] && echo "NCCL from: ${nccl_lib:-the loader path or /usr/local/cuda/lib64}"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>&1 || true
 
 echo "== tests"
