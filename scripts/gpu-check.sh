@@ -30,13 +30,19 @@ if [[ -z $bundle ]]; then
     -DCMAKE_CUDA_ARCHITECTURES="$arch" >/dev/null || exit 1
   # shellcheck disable=SC2086
   cmake --build "$root/build-gpu" -j "$(nproc)" --target $tests $whole ringmaster-gpu-bench || exit 1
+  # The Python package, when pybind11 and the Python headers are there (for /usr/bin/python3).
+  cmake --build "$root/build-gpu" -j "$(nproc)" --target ringmaster_python >/dev/null 2>&1 || true
   bin="$root/build-gpu/bin"
+  checks="$root/tests/python/torch_device_checks.py"
+  python=/usr/bin/python3
   profiles="$root/bench/profiles"
   whole_path="$root/tests/worker/gpu/gpu_whole_path.sh"
 else
   bin="$bundle/bin"
   profiles="$bundle/profiles"
   whole_path="$bundle/tests/gpu_whole_path.sh"
+  checks="$bundle/tests/torch_device_checks.py"
+  python=python3
   # libnccl.so.2: the loader's own, else pip's (nvidia-nccl-cu12/cu13 install nvidia/nccl/lib, a
   # namespace package without __file__), else the CUDA toolkit's.
   nccl_lib=""
@@ -76,6 +82,24 @@ echo "== the whole path: ringmaster local --gpus, client -> daemon (CUDA IPC) ->
 whole_out=$(sh "$whole_path" "$bin" "$profiles/resnet50.json" 2>&1); whole_rc=$?
 echo "$whole_out" | tail -40
 
+echo "== PyTorch on the GPU: ringmaster.torch with CUDA tensors (tests/python/torch_device_checks.py)"
+# The package next to bin/ (which `ringmaster local` puts on PYTHONPATH), built for this Python,
+# whose PyTorch must see the GPUs.
+suffix=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [[ ! -f $bin/../python/ringmaster/_ringmaster$suffix ]]; then
+  torch_rc=77; torch_why="no ringmaster package for $python ($suffix) next to $bin"
+elif ! "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+  torch_rc=77; torch_why="$python's PyTorch sees no CUDA device"
+elif ((ngpu == 0)); then
+  torch_rc=77; torch_why="no GPU"
+else
+  torch_out=$(timeout 180 "$bin/ringmaster" local --np "$ngpu" --gpus --start-timeout-seconds 60 \
+    --env TORCH_DEVICE_CHECKS_DEVICE=cuda -- "$python" "$checks" 2>&1); torch_rc=$?
+  echo "$torch_out" | grep -v '^\[[0-9]*\] *$' | tail -40
+fi
+((torch_rc == 77)) && echo "skipped: $torch_why"
+
 echo "== benchmark"
 bench_out=$("$bin/ringmaster-gpu-bench" --profile "$profiles/resnet50.json" --steps 30 --warmup 5 2>&1); bench_rc=$?
 echo "$bench_out"
@@ -89,6 +113,12 @@ case $whole_rc in
   *) whole_result="FAILED (exit $whole_rc)" ;;
 esac
 printf '%-44s %s\n' "whole path (client -> daemon -> NCCL)" "$whole_result"
+case $torch_rc in
+  0) torch_result="passed: $(echo "$torch_out" | grep -c 'torch_device_checks: rank .* checks passed') ranks" ;;
+  77) torch_result="skipped ($torch_why)" ;;
+  *) torch_result="FAILED (exit $torch_rc)" ;;
+esac
+printf '%-44s %s\n' "PyTorch CUDA tensors (ringmaster.torch)" "$torch_result"
 results=$(mktemp)
 {
   echo "$whole_out" | grep '^\[0\] {' | sed 's/^\[0\] //'
@@ -120,4 +150,5 @@ for r in rows:
 PY
 rm -f "$results"
 ((bench_rc == 0)) || printf '%-44s %s\n' "benchmark" "did not run (exit $bench_rc)"
-((failed == 0 && bench_rc == 0 && (whole_rc == 0 || whole_rc == 77)))
+((failed == 0 && bench_rc == 0 && (whole_rc == 0 || whole_rc == 77) &&
+  (torch_rc == 0 || torch_rc == 77)))

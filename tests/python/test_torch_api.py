@@ -19,6 +19,7 @@ BIN = os.path.abspath(os.environ.get("RINGMASTER_BIN_DIR", os.path.join(ROOT, "b
 PYTHON_DIR = os.path.normpath(os.path.join(BIN, "..", "python"))
 PYTHON = "/usr/bin/python3"
 CHECKS = os.path.join(HERE, "torch_api_checks.py")
+DEVICE_CHECKS = os.path.join(HERE, "torch_device_checks.py")
 EXAMPLES = os.path.join(ROOT, "examples")
 
 pytestmark = pytest.mark.skipif(
@@ -50,6 +51,44 @@ def test_torch_api_checks(np, extra):
     assert "FAIL" not in r.stdout, describe(r)
     for rank in range(np):
         assert re.search(rf"^\[{rank}\] torch_api_checks: rank {rank}: \d+ checks passed$",
+                         r.stdout, re.M), describe(r)
+
+
+@pytest.mark.parametrize("np", [1, 2])
+def test_torch_device_checks_cpu(np):
+    """The checks gpu-check.sh runs on CUDA tensors, here on CPU tensors (also with one rank)."""
+    r = run_local(np, PYTHON, DEVICE_CHECKS, extra=("--env", "TORCH_DEVICE_CHECKS_DEVICE=cpu"))
+    assert r.returncode == 0, describe(r)
+    assert "FAIL" not in r.stdout, describe(r)
+    for rank in range(np):
+        assert re.search(rf"^\[{rank}\] torch_device_checks: rank {rank} on cpu: \d+ checks passed$",
+                         r.stdout, re.M), describe(r)
+
+
+def _visible_gpus():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU") for line in out.stdout.splitlines())
+
+
+def _torch_has_cuda():
+    r = subprocess.run([PYTHON, "-c", "import torch, sys; sys.exit(not torch.cuda.is_available())"],
+                       capture_output=True, timeout=120)
+    return r.returncode == 0
+
+
+def test_torch_device_checks_cuda():
+    """ctest label `gpu`: CUDA tensors through the GPU slots' whole path (one rank per GPU)."""
+    gpus = _visible_gpus()
+    if gpus == 0 or not _torch_has_cuda():
+        pytest.skip(f"needs a GPU and a PyTorch with CUDA ({gpus} GPUs visible)")
+    r = run_local(gpus, PYTHON, DEVICE_CHECKS,
+                  extra=("--gpus", "--env", "TORCH_DEVICE_CHECKS_DEVICE=cuda"), timeout=300)
+    assert r.returncode == 0, describe(r)
+    for rank in range(gpus):
+        assert re.search(rf"^\[{rank}\] torch_device_checks: rank {rank} on cuda: \d+ checks passed$",
                          r.stdout, re.M), describe(r)
 
 

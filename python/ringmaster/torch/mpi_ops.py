@@ -192,15 +192,24 @@ def _gpu_slot(c):
 
 def _daemon_buffer(tensor):
     """(a contiguous tensor for the daemon, a function that writes it back into `tensor` or None
-    when it is `tensor` itself). On a GPU slot a contiguous CUDA tensor goes as it is: the client
-    stages it into the device arena on the tensor's current stream (no host copy)."""
+    when it is `tensor` itself). On a GPU slot a CUDA tensor stays on the GPU: the client stages it
+    into the device arena on the tensor's current stream (no host copy); a non-contiguous one goes
+    through a contiguous copy on the GPU."""
     c = _basics.client()
-    if tensor.device.type == "cuda" and tensor.is_contiguous() and _gpu_slot(c):
+    if tensor.device.type == "cuda" and _gpu_slot(c):
+        if tensor.device.index != c.topology.device:
+            raise ValueError(
+                f"ringmaster: the tensor is on {tensor.device} but this rank's worker runs on "
+                f"cuda:{c.topology.device} (call torch.cuda.set_device(hvd.local_rank()) and keep "
+                f"the model's tensors there)")
         c.set_cuda_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
+        if tensor.is_contiguous():
+            return tensor, None
+        buf = tensor.detach().contiguous()
+    elif tensor.device.type == "cpu" and tensor.is_contiguous():
         return tensor, None
-    if tensor.device.type == "cpu" and tensor.is_contiguous():
-        return tensor, None
-    buf = tensor.detach().to("cpu", copy=True).contiguous()
+    else:
+        buf = tensor.detach().to("cpu", copy=True).contiguous()
 
     def write_back():
         with torch.no_grad():
@@ -451,7 +460,9 @@ def _enqueue_allgather(c, name, tensor):
     buf = tensor.detach()
     if buf.dim() == 0:
         buf = buf.reshape(1)
-    if buf.device.type != "cpu" or not buf.is_contiguous():
+    if buf.device.type == "cuda" and _gpu_slot(c):
+        buf = _daemon_buffer(buf)[0]  # stays on the GPU: staged into the device arena
+    elif buf.device.type != "cpu" or not buf.is_contiguous():
         buf = buf.to("cpu").contiguous()
     as_bytes = tensor.dtype not in _DTYPES
     wire = _bytes_view(buf) if as_bytes else buf
