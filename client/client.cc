@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -53,6 +55,11 @@ struct DeviceSide {
 #ifdef RINGMASTER_HAVE_CUDA
   std::vector<cudaEvent_t> done;
   std::vector<cudaEvent_t> ready;
+  // Staged arena memory whose copy out is queued on a stream: reusable once its event completes
+  // (the next tensor staged there may be copied in on another stream). Guarded by the client's
+  // free_mu_.
+  std::deque<std::pair<size_t, cudaEvent_t>> pending_frees;
+  std::vector<cudaEvent_t> spare_events;
 
   // A process that outlives its job must not keep the arena mapped (nor leak events).
   ~DeviceSide() {
@@ -61,6 +68,8 @@ struct DeviceSide {
     cudaDeviceSynchronize();  // nothing may still use the arena or the events
     for (cudaEvent_t e : done) cudaEventDestroy(e);
     for (cudaEvent_t e : ready) cudaEventDestroy(e);
+    for (auto& [offset, e] : pending_frees) cudaEventDestroy(e);
+    for (cudaEvent_t e : spare_events) cudaEventDestroy(e);
     if (base != nullptr) cudaIpcCloseMemHandle(base);
   }
 #endif
@@ -76,6 +85,25 @@ absl::Status CudaError(cudaError_t e, const char* what) {
   cudaGetLastError();
   return absl::UnavailableError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(e)));
 }
+
+// Makes `device` current on this thread (the user's thread may have another one current: the legacy
+// default stream and new events are per device) and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      cudaSetDevice(device);
+    } else {
+      previous_ = -1;
+    }
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
 
 // Opens the daemon's arena and events, creates this process's ready events and shares them.
 absl::StatusOr<std::unique_ptr<DeviceSide>> OpenDevice(int fd, const v1::LocalWelcome& w) {
@@ -316,6 +344,7 @@ class ClientImpl : public Client {
     AllgatherOutput gathered;
     int last_joined_rank = -1;
     int ready_slot = -1;  // GPU: the ready event in use until completion
+    void* stream = nullptr;  // GPU: the caller's stream at submission (cudaStream_t)
   };
 
   static v1::TensorRequest Request(const std::string& name, v1::RequestType type, DataType dtype,
@@ -341,16 +370,22 @@ class ClientImpl : public Client {
     op.copy_out = copy_out;
     op.elem = elem;
     op.allgather = request.type() == v1::REQUEST_TYPE_ALLGATHER;
+    op.stream = stream_.load();
+#ifdef RINGMASTER_HAVE_CUDA
+    std::optional<DeviceGuard> guard;
+    if (device_ != nullptr) guard.emplace(device_->device);
+#endif
     const uint8_t* base = base_;
     const auto* p = static_cast<const uint8_t*>(data);
     if (data != nullptr && p >= base && p + bytes <= base + allocator_.end()) {
       op.offset = static_cast<size_t>(p - base);  // already in the arena: zero copy
     } else if (data != nullptr) {
-      absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
+      absl::StatusOr<size_t> offset = AllocateStaging(bytes);
       if (!offset.ok()) return offset.status();
       op.offset = *offset;
       op.staged = true;
-      if (absl::Status s = Copy(base_ + op.offset, data, bytes, "staging a tensor into the arena");
+      if (absl::Status s = Copy(base_ + op.offset, data, bytes, op.stream,
+                                "staging a tensor into the arena");
           !s.ok()) {
         allocator_.Free(op.offset).IgnoreError();
         return s;
@@ -360,7 +395,7 @@ class ClientImpl : public Client {
     v1::LocalEnqueue* e = m.mutable_enqueue();
     if (device_ != nullptr) {
       request.set_device(device_->device);
-      absl::StatusOr<int> slot = RecordReady();
+      absl::StatusOr<int> slot = RecordReady(op.stream);
       if (!slot.ok()) {
         if (op.staged) allocator_.Free(op.offset).IgnoreError();
         return slot.status();
@@ -427,7 +462,7 @@ class ClientImpl : public Client {
     // so other threads' enqueues and waits go on meanwhile.
     absl::Status status(static_cast<absl::StatusCode>(c.code()), c.message());
     if (device_ != nullptr) {
-      absl::Status waited = WaitDone(c.done_event());
+      absl::Status waited = WaitDone(c.done_event(), op->stream);
       if (status.ok()) status = waited;
     }
     AllgatherOutput gathered;
@@ -438,18 +473,18 @@ class ClientImpl : public Client {
       for (int64_t d : gathered.shape) n *= d;
       gathered.data.resize(static_cast<size_t>(n));
       status = Copy(gathered.data.data(), base_ + c.output_offset(), static_cast<size_t>(n),
-                    "copying an allgather output", /*wait=*/true);
+                    op->stream, "copying an allgather output", /*wait=*/true);
       release_offset = c.output_offset();
     }
     const bool free_staged = op->staged && (status.ok() || device_ == nullptr);
     if (free_staged) {
-      // GPU: freed right after the copy out was queued; a later staging copy into the same memory
-      // is queued on the same stream, hence after it. After a failure the memory stays allocated:
-      // the daemon may still write it (as in FailAll).
+      // GPU: reusable once the copy out queued on the op's stream is done (ReleaseAfter). After a
+      // failure the memory stays allocated: the daemon may still write it (as in FailAll).
       if (status.ok() && op->copy_out) {
-        status = Copy(op->user, base_ + op->offset, op->bytes, "copying a result out of the arena");
+        status = Copy(op->user, base_ + op->offset, op->bytes, op->stream,
+                      "copying a result out of the arena");
       }
-      allocator_.Free(op->offset).IgnoreError();
+      ReleaseAfter(op->offset, op->stream);
     }
     {
       absl::MutexLock lock(&mu_);
@@ -470,14 +505,16 @@ class ClientImpl : public Client {
 
   // Host: memcpy. GPU: an asynchronous copy on the caller's stream (host or device memory either
   // side), complete when this returns only with `wait`.
-  absl::Status Copy(void* dst, const void* src, size_t bytes, const char* what, bool wait = false) {
+  absl::Status Copy(void* dst, const void* src, size_t bytes, void* stream, const char* what,
+                    bool wait = false) {
     if (device_ == nullptr) {
       std::memcpy(dst, src, bytes);
       return absl::OkStatus();
     }
 #ifdef RINGMASTER_HAVE_CUDA
-    absl::Status s = CudaError(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, Stream()), what);
-    if (s.ok() && wait) s = CudaError(cudaStreamSynchronize(Stream()), what);
+    auto s_ = static_cast<cudaStream_t>(stream);
+    absl::Status s = CudaError(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s_), what);
+    if (s.ok() && wait) s = CudaError(cudaStreamSynchronize(s_), what);
     return s;
 #else
     return absl::InternalError("no CUDA in this build");
@@ -487,7 +524,7 @@ class ClientImpl : public Client {
   // GPU: records a free ready event on the caller's stream (the tensor is ready once the work
   // queued so far is done); returns its index, or -1 after synchronizing the stream when every
   // event is in use.
-  absl::StatusOr<int> RecordReady() {
+  absl::StatusOr<int> RecordReady(void* stream) {
 #ifdef RINGMASTER_HAVE_CUDA
     int slot = -1;
     {
@@ -501,13 +538,15 @@ class ClientImpl : public Client {
       }
     }
     if (slot < 0) {  // every event in use: the tensor is ready once the stream has drained
-      if (absl::Status s = CudaError(cudaStreamSynchronize(Stream()), "synchronizing the stream");
+      if (absl::Status s = CudaError(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
+                                     "synchronizing the stream");
           !s.ok()) {
         return s;
       }
       return -1;
     }
-    if (absl::Status s = CudaError(cudaEventRecord(device_->ready[slot], Stream()),
+    if (absl::Status s = CudaError(cudaEventRecord(device_->ready[slot],
+                                                   static_cast<cudaStream_t>(stream)),
                                    "recording a ready event");
         !s.ok()) {
       absl::MutexLock lock(&mu_);
@@ -521,21 +560,79 @@ class ClientImpl : public Client {
   }
 
   // GPU: makes the caller's stream wait for the daemon's done event (1-based; 0: none).
-  absl::Status WaitDone(int32_t done_event) {
+  absl::Status WaitDone(int32_t done_event, void* stream) {
 #ifdef RINGMASTER_HAVE_CUDA
     if (done_event <= 0) return absl::OkStatus();
     if (done_event > static_cast<int32_t>(device_->done.size())) {
       return absl::InternalError(absl::StrCat("done event ", done_event, " was not shared"));
     }
-    return CudaError(cudaStreamWaitEvent(Stream(), device_->done[done_event - 1], 0),
+    return CudaError(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                         device_->done[done_event - 1], 0),
                      "waiting for the worker's done event");
 #else
     return absl::OkStatus();
 #endif
   }
 
+  // Staged memory goes back to the allocator at once on the host. On the GPU, once the work queued
+  // on `stream` so far (the copy out) is done: an event marks it, and the next stagings reap it.
+  void ReleaseAfter(size_t offset, void* stream) {
 #ifdef RINGMASTER_HAVE_CUDA
-  cudaStream_t Stream() const { return static_cast<cudaStream_t>(stream_.load()); }
+    if (device_ != nullptr) {
+      absl::MutexLock lock(&free_mu_);
+      cudaEvent_t event = nullptr;
+      if (!device_->spare_events.empty()) {
+        event = device_->spare_events.back();
+        device_->spare_events.pop_back();
+      } else if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        event = nullptr;
+      }
+      if (event != nullptr &&
+          cudaEventRecord(event, static_cast<cudaStream_t>(stream)) == cudaSuccess) {
+        device_->pending_frees.emplace_back(offset, event);
+        return;
+      }
+      cudaGetLastError();
+      if (event != nullptr) device_->spare_events.push_back(event);
+      cudaStreamSynchronize(static_cast<cudaStream_t>(stream));  // no event: wait here instead
+    }
+#endif
+    allocator_.Free(offset).IgnoreError();
+  }
+
+  // Arena memory for a staged tensor. GPU: memory whose copy out is done is reused first; when the
+  // arena is full, the pending copies out are waited for, then it is tried again.
+  absl::StatusOr<size_t> AllocateStaging(size_t bytes) {
+#ifdef RINGMASTER_HAVE_CUDA
+    if (device_ != nullptr) {
+      ReapFrees(/*wait=*/false);
+      absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
+      if (offset.ok() || !ReapFrees(/*wait=*/true)) return offset;
+    }
+#endif
+    return allocator_.Allocate(bytes);
+  }
+
+#ifdef RINGMASTER_HAVE_CUDA
+  // Frees the staged memory whose copy out is done (with `wait`, waits for all of it); returns
+  // whether anything was freed.
+  bool ReapFrees(bool wait) {
+    absl::MutexLock lock(&free_mu_);
+    bool freed = false;
+    auto& pending = device_->pending_frees;
+    while (!pending.empty()) {
+      auto [offset, event] = pending.front();
+      const cudaError_t e = wait ? cudaEventSynchronize(event) : cudaEventQuery(event);
+      if (e == cudaErrorNotReady) break;  // completes in order per stream; others wait a turn
+      if (e != cudaSuccess) cudaGetLastError();
+      pending.pop_front();
+      device_->spare_events.push_back(event);
+      allocator_.Free(offset).IgnoreError();
+      freed = true;
+    }
+    return freed;
+  }
 #endif
 
   void FailAll(const absl::Status& status) {
@@ -562,6 +659,7 @@ class ClientImpl : public Client {
   std::atomic<int64_t> groups_{0};
 
   absl::Mutex write_mu_;
+  absl::Mutex free_mu_;  // GPU: DeviceSide's pending_frees and spare_events
   absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
   Handle next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   // Node-based: Wait() keeps a pointer to its Op across AwaitWithTimeout, which releases mu_ while
