@@ -435,6 +435,14 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   }
   const v1::Job& spec = job->assignment.job();
   const v1::RankInfo& me = spec.ranks(job->assignment.rank());
+  int attached = 0;
+  if (!job->attached_pid.compare_exchange_strong(attached, hello.pid() > 0 ? hello.pid() : -1)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", me.rank(), " of job ", spec.id(), " already has a training process attached",
+        attached > 0 ? absl::StrCat(" (pid ", attached, ")") : "",
+        ": one process per rank (a process started by the training process, such as a DataLoader "
+        "worker, must not call init())"));
+  }
   v1::LocalWelcome w;
   w.set_job_id(spec.id());
   w.set_epoch(job->assignment.epoch());
@@ -483,11 +491,17 @@ void Daemon::OnRelease(const v1::LocalRelease& release) {
   }
 }
 
-void Daemon::OnDisconnect(bool welcomed) {
+void Daemon::OnDisconnect(const v1::LocalWelcome* welcome) {
   std::shared_ptr<Job> job = ServingJob();
-  // An attached training process (no command of ours) that goes away ends its rank; a connection
-  // that never got a welcome (a probe, a process that arrived too early) does not.
-  if (!welcomed || job == nullptr || job->child != nullptr || !job->started || job->stopped.exchange(true)) return;
+  // A connection that never got a welcome (a probe, a process that arrived too early), or one of
+  // an earlier job, changes nothing.
+  if (welcome == nullptr || job == nullptr || welcome->job_id() != job->assignment.job().id() ||
+      welcome->epoch() != job->assignment.epoch()) {
+    return;
+  }
+  job->attached_pid.store(0);
+  // An attached training process (no command of ours) that goes away ends its rank.
+  if (job->child != nullptr || !job->started || job->stopped.exchange(true)) return;
   SendRankUpdate(*job, v1::RANK_STATE_EXITED, 0, "");
   job->engine->Abort(absl::CancelledError("the training process disconnected"));
   FinishJob(job);

@@ -66,7 +66,7 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
                  std::function<void(const v1::LocalCompletion&)> reply) override;
   void OnRelease(const v1::LocalRelease& release) override;
   absl::Status OnReadyEvents(const v1::LocalReadyEvents& events) override;
-  void OnDisconnect(bool welcomed) override;
+  void OnDisconnect(const v1::LocalWelcome* welcome) override;
 
  private:
   struct Job {
@@ -84,6 +84,9 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     std::thread waiter;
     std::atomic<bool> started{false};
     std::atomic<bool> stopped{false};
+    // The training process connected to this rank (its pid; -1 if it gave none; 0: none). One per
+    // rank: a second one would share the arena (and, on a GPU, replace the ready events).
+    std::atomic<int> attached_pid{0};
     // Set (under the daemon's mu_) once arena, outputs and engine exist; until then the job is
     // reserved but not served, and a stop is only requested.
     bool ready = false;

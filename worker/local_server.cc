@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/framing.h"
@@ -86,7 +87,7 @@ void LocalServer::AcceptLoop() {
 
 void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
   std::weak_ptr<LocalConnection> weak = connection;
-  bool welcomed = false;
+  std::optional<v1::LocalWelcome> welcomed;
   v1::LocalRequest request;
   while (ReadFrame(connection->fd(), &request).ok()) {
     switch (request.kind_case()) {
@@ -96,7 +97,7 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
         if (welcome.ok()) {
           *reply.mutable_welcome() = welcome->message;
           connection->Send(reply, welcome->arena_fd);
-          welcomed = true;
+          welcomed = welcome->message;
         } else {
           reply.mutable_completion()->set_code(static_cast<int>(welcome.status().code()));
           reply.mutable_completion()->set_message(std::string(welcome.status().message()));
@@ -117,7 +118,10 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
         handler_->OnRelease(request.release());
         break;
       case v1::LocalRequest::kReadyEvents:
-        if (absl::Status s = handler_->OnReadyEvents(request.ready_events()); !s.ok()) {
+        if (absl::Status s = welcomed.has_value()
+                                 ? handler_->OnReadyEvents(request.ready_events())
+                                 : absl::FailedPreconditionError("ready events before a welcome");
+            !s.ok()) {
           spdlog::warn("local connection: ready events refused: {}", s.ToString());
           connection->Shutdown();
         }
@@ -126,7 +130,7 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
         break;
     }
   }
-  handler_->OnDisconnect(welcomed);
+  handler_->OnDisconnect(welcomed.has_value() ? &*welcomed : nullptr);
   absl::MutexLock lock(&mu_);
   for (auto it = connections_.begin(); it != connections_.end(); ++it) {
     if (*it == connection) {

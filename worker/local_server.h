@@ -40,8 +40,9 @@ class LocalServer {
     virtual absl::Status OnReadyEvents(const v1::LocalReadyEvents& events) {
       return absl::FailedPreconditionError("this worker daemon serves a CPU slot: no CUDA events");
     }
-    // A connection closed; `welcomed` when it was a training process that received a welcome.
-    virtual void OnDisconnect(bool welcomed) = 0;
+    // A connection closed; `welcome` is what it received when it was a training process that was
+    // welcomed, nullptr otherwise.
+    virtual void OnDisconnect(const v1::LocalWelcome* welcome) = 0;
   };
 
   // Listens on `path` (an existing socket file there is replaced). `handler` is borrowed.

@@ -187,6 +187,39 @@ def test_processes_started_elsewhere_attach_to_their_daemons(cluster, tmp_path):
         "JOB_STATE_SUCCEEDED"
 
 
+PYTHON_DIR = os.path.normpath(os.path.join(BIN, "..", "python"))
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(PYTHON_DIR, "ringmaster")),
+                    reason="the ringmaster Python package is not built")
+def test_a_second_process_on_an_attached_rank_is_refused(cluster, tmp_path):
+    """One training process per rank: a second one connecting to the same daemon (say, a DataLoader
+    worker calling init()) would share its arena. It is refused, naming the rank, the job and the
+    attached process, and the attached one goes on."""
+    out = cluster.cli("--json", "submit", "--np", "1", "--processes-per-host", "1").stdout
+    job = json.loads(out)["id"]
+    placed = cluster.wait_state(job, {"JOB_STATE_STARTING"}, 10)
+    worker = placed["ranks"][0]["worker_id"]
+    index = next(i for i in range(len(cluster.workers))
+                 if f"registered as {worker}\n" in (tmp_path / f"worker{i}.log").read_text())
+    env = {**os.environ, "RINGMASTER_SOCKET": str(tmp_path / f"w{index}.sock")}
+    first = subprocess.Popen([f"{BIN}/train_loop"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert re.match(r"rank 0 pid (\d+) ready", first.stdout.readline())
+        second = subprocess.run(
+            ["/usr/bin/python3", "-c", "import ringmaster.torch as hvd\n"
+             "try:\n    hvd.init()\nexcept hvd.HorovodInternalError as e:\n    print(e)\n"],
+            env={**env, "PYTHONPATH": PYTHON_DIR, "RINGMASTER_CONNECT_TIMEOUT_SECONDS": "1"},
+            capture_output=True, text=True, timeout=60)
+        assert (f"rank 0 of job {job} already has a training process attached (pid {first.pid}): "
+                "one process per rank") in second.stdout, second.stdout + second.stderr
+        assert first.poll() is None, "the attached process was disturbed"
+        assert cluster.job(job)["state"] == "JOB_STATE_RUNNING"
+    finally:
+        first.kill()
+        first.wait()
+
+
 @pytest.mark.parametrize("device,message", [
     ("gpu0", "--device 'gpu0' is not cpu or cuda:N"),
     # Absent on every machine: refused at start with CUDA's reason (or, in a build without CUDA,
