@@ -5,7 +5,10 @@
 //           watchdog), and unpacked — against a raw ncclAllReduce of one buffer of the same bytes;
 //   pack    pack + unpack kernel bandwidth against cudaMemcpyAsync device-to-device of the same bytes.
 // Prints one JSON object per line (rank 0), then nothing else; scripts/gpu-check.sh tabulates them.
-// Not the whole path yet: client -> daemon (CUDA IPC) is not built (docs/gpu.md).
+// With one GPU the NCCL comparison means little: a one-rank in-place ncclAllReduce moves no data,
+// so "raw" is a launch and the fused step is mostly pack + unpack (gpu-check.sh says so). The whole
+// path (client -> daemon through CUDA IPC) is measured by gpu_collectives_check under
+// `ringmaster local --gpus` (tests/worker/gpu/gpu_whole_path.sh).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -162,10 +165,11 @@ int Main() {
     std::fprintf(stderr, "%s\n", profile.status().ToString().c_str());
     return 2;
   }
-  const int world = CudaDeviceCount();
+  const CudaProbe cuda = ProbeCuda();
+  const int world = cuda.devices;
   if (world == 0) {
-    std::fprintf(stderr, "ringmaster-gpu-bench: no CUDA device\n");
-    return 77;
+    std::fprintf(stderr, "ringmaster-gpu-bench: %s\n", cuda.problem.c_str());
+    return cuda.driver_installed ? 1 : 77;  // a driver but no device is a failure, not a skip
   }
   auto store = KeyValueStore::InMemory();
   std::vector<RankResult> results(world);

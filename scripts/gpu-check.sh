@@ -129,7 +129,10 @@ import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 whole = next((r for r in rows if r["bench"] == "whole_path"), None)
 raw = next((r for r in rows if r["bench"] == "fused_allreduce"), None)
-if whole and raw:
+one_gpu = "n/a with 1 GPU (NCCL's one-rank in-place allreduce moves no data)"
+if whole and raw and whole["gpus"] == 1:
+    print("%-44s %s" % ("whole path vs raw NCCL, %s" % whole["profile"], one_gpu))
+elif whole and raw:
     # The yardstick: the fused allreduce through the whole path against a raw
     # ncclAllReduce of the same bytes on the same GPUs (bus bandwidth ratio = time ratio).
     print("%-44s %.3f of raw ncclAllReduce's bandwidth (%.3f ms vs %.3f ms; target >= 0.95)"
@@ -141,8 +144,10 @@ for r in rows:
         print("%-44s %.3f ms, bus bandwidth %.1f GB/s" % (label, r["step_ms"], r["busbw_gbs"]))
     elif r["bench"] == "fused_allreduce":
         label = "fused allreduce, %d GPU(s), %s" % (r["gpus"], r["profile"])
-        print("%-44s %.3f ms vs raw NCCL %.3f ms: %.3f of raw bandwidth (target >= 0.95)"
-              % (label, r["fused_ms"], r["raw_nccl_ms"], r["ratio"]))
+        print("%-44s %.3f ms vs raw NCCL %.3f ms: %s"
+              % (label, r["fused_ms"], r["raw_nccl_ms"],
+                 one_gpu if r["gpus"] == 1 else
+                 "%.3f of raw bandwidth (target >= 0.95)" % r["ratio"]))
     elif r["bench"] == "pack_unpack":
         print("%-44s %.0f GB/s vs %.0f GB/s: %.3f (target >= 0.8)"
               % ("pack + unpack vs cudaMemcpy D2D", r["pack_unpack_gbs"], r["memcpy_d2d_gbs"],

@@ -71,13 +71,10 @@ absl::Status GpuJob::Init() {
 GpuJob::~GpuJob() {
   cudaSetDevice(options_.device);  // this may be any thread
   cancelled_->store(true);
-  if (backend_ != nullptr) {
-    live_backend_.store(nullptr);
-    backend_.reset();  // finalizes its communicator, or aborts it (never a blocking destroy)
-  }
-  // cudaFree synchronizes the device: if work is stuck on the stream (waiting for a ready event of
-  // a training process that died), freeing would hang this daemon. Wait a bounded time; past it,
-  // leave the memory to the process's exit.
+  // cudaFree and cudaStreamDestroy synchronize: if work is stuck on the stream (waiting for a ready
+  // event of a training process that died), releasing anything would hang this daemon. The stream
+  // (the backend's) gets a bounded time to drain first; past it, the communicator is aborted and
+  // everything (the backend included) is left to the process's exit.
   if (stream_ != nullptr) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     while (cudaStreamQuery(static_cast<cudaStream_t>(stream_)) == cudaErrorNotReady &&
@@ -85,10 +82,20 @@ GpuJob::~GpuJob() {
       absl::SleepFor(absl::Milliseconds(5));
     }
     if (cudaStreamQuery(static_cast<cudaStream_t>(stream_)) == cudaErrorNotReady) {
-      spdlog::error("cuda:{}: work is still queued after the job ended; its device memory stays "
-                    "allocated until the worker exits", options_.device);
+      spdlog::error("cuda:{}: work is still queued after the job ended; the communicator is "
+                    "aborted and the job's device memory stays allocated until the worker exits",
+                    options_.device);
+      live_backend_.store(nullptr);
+      if (backend_ != nullptr) {
+        backend_->Abort("the job ended with work stuck on the device");
+        backend_.release();  // NOLINT: deliberately leaked (its release would block)
+      }
       return;
     }
+  }
+  if (backend_ != nullptr) {
+    live_backend_.store(nullptr);
+    backend_.reset();  // finalizes its communicator, or aborts it (never a blocking destroy)
   }
   {
     absl::MutexLock lock(&mu_);

@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <filesystem>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -23,13 +24,16 @@ absl::Status CudaStatus(cudaError_t e, absl::string_view what, absl::string_view
       absl::StrCat("CUDA ", what, " on ", where, " failed: ", cudaGetErrorString(e)));
 }
 
-// Waits with a short spin, then short sleeps: completion latency stays in microseconds without
-// burning a core on long collectives.
+// Waits by yielding for the first millisecond (a collective's completion is seen within
+// microseconds: the next response's work is enqueued without a gap), then with short sleeps (long
+// collectives do not burn a core). `spins` counts calls: 0 starts a wait.
 void Pause(int* spins) {
-  if (++*spins < 200) {
+  thread_local std::chrono::steady_clock::time_point started;
+  if ((*spins)++ == 0) started = std::chrono::steady_clock::now();
+  if (std::chrono::steady_clock::now() - started < std::chrono::milliseconds(1)) {
     std::this_thread::yield();
   } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }
 
@@ -134,33 +138,26 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
   }
 
   // A healthy communicator is finalized (its last operations' traffic drained, so peers finish
-  // theirs) and destroyed, within the timeout; returns false when it must be aborted instead.
+  // theirs) and destroyed, within the timeout; returns false when it must be aborted instead. Each
+  // call holds the watchdog's lock only for itself, so an abort from another thread is not held up
+  // by the polling.
   bool Finalize() {
-    bool finalized = false;
-    watchdog_->WithCommunicator([&] {
-      if (ncclCommFinalize(comm_) != ncclSuccess && !PollInProgress()) return;
-      finalized = true;
-    });
-    if (!finalized) return false;
-    bool destroyed = false;
-    watchdog_->WithCommunicator([&] {
-      destroyed = ncclCommDestroy(comm_) == ncclSuccess;
-    });
-    return destroyed;
-  }
-
-  // Polls a non-blocking call until it completes; false on an error or after the timeout.
-  bool PollInProgress() {
+    ncclResult_t r = ncclInternalError;
+    if (!watchdog_->WithCommunicator([&] { r = ncclCommFinalize(comm_); })) return false;
     const absl::Time deadline = absl::Now() + options_.timeout;
     int spins = 0;
-    while (absl::Now() < deadline) {
-      ncclResult_t state = ncclInProgress;
-      ncclCommGetAsyncError(comm_, &state);
-      if (state == ncclSuccess) return true;
-      if (state != ncclInProgress) return false;
+    while (r == ncclInProgress) {
+      if (absl::Now() > deadline) return false;
       Pause(&spins);
+      if (!watchdog_->WithCommunicator([&] { ncclCommGetAsyncError(comm_, &r); })) return false;
     }
-    return false;
+    if (r != ncclSuccess) return false;
+    // Whatever ncclCommDestroy returns, the communicator is gone afterwards: never abort it then.
+    const bool destroyed = watchdog_->WithCommunicator([&] {
+      ncclCommDestroy(comm_);
+      comm_ = nullptr;
+    });
+    return destroyed;
   }
 
   int rank() const override { return options_.rank; }
@@ -297,6 +294,30 @@ int CudaDeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
   return n;
+}
+
+CudaProbe ProbeCuda() {
+  CudaProbe probe;
+  const cudaError_t e = cudaGetDeviceCount(&probe.devices);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    probe.devices = 0;
+  }
+  std::error_code error;
+  probe.driver_installed = std::filesystem::exists("/proc/driver/nvidia/version", error) ||
+                           std::filesystem::exists("/dev/nvidiactl", error);
+  if (probe.devices == 0) {
+    int runtime = 0, driver = 0;
+    cudaRuntimeGetVersion(&runtime);
+    cudaDriverGetVersion(&driver);
+    probe.problem = absl::StrCat(
+        "no CUDA device: ", e == cudaSuccess ? "none visible" : cudaGetErrorString(e),
+        " (CUDA runtime ", runtime / 1000, ".", runtime % 1000 / 10, ", driver supports ",
+        driver / 1000, ".", driver % 1000 / 10, probe.driver_installed
+                                                      ? "; an NVIDIA driver is installed)"
+                                                      : "; no NVIDIA driver)");
+  }
+  return probe;
 }
 
 absl::Status CheckCudaDevice(int device) {

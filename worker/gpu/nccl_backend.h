@@ -54,6 +54,17 @@ absl::StatusOr<std::unique_ptr<NcclBackend>> CreateNcclBackend(NcclBackendOption
 // Number of CUDA devices visible to this process (0 without a driver or device).
 int CudaDeviceCount();
 
+// What GPU tests and benchmarks need to know before they run: the visible devices, and when there
+// are none, CUDA's reason and whether an NVIDIA kernel driver is installed anyway (then having no
+// device is a failure to report, e.g. a CUDA runtime newer than the driver, not a machine without
+// GPUs to skip).
+struct CudaProbe {
+  int devices = 0;
+  bool driver_installed = false;
+  std::string problem;  // empty when devices > 0
+};
+CudaProbe ProbeCuda();
+
 // OK when `device` can be used by this process: FAILED_PRECONDITION with CUDA's reason otherwise
 // (absent, busy or prohibited by the compute mode, driver missing).
 absl::Status CheckCudaDevice(int device);

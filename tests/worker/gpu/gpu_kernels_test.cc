@@ -2,7 +2,9 @@
 // scaling on the way in and out, zeros for a joined rank, integer averages, several launches.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -19,7 +21,9 @@ namespace {
 class GpuKernelsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    const CudaProbe cuda = ProbeCuda();
+    if (cuda.devices == 0 && cuda.driver_installed) FAIL() << cuda.problem;
+    if (cuda.devices == 0) GTEST_SKIP() << cuda.problem;
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
   }
@@ -47,9 +51,77 @@ class GpuKernelsTest : public ::testing::Test {
     return v;
   }
 
+  // Scales `in` four ways and compares every element with `expect` (the host's arithmetic):
+  // 16-byte aligned (whole 16 KiB blocks take the vector path, the rest element by element), one
+  // element off 16-byte alignment (element by element throughout), in place, and from null (zeros).
+  template <typename S>
+  void CheckEveryPath(DataType dtype, const std::vector<S>& in, double scale, int divide_by,
+                      const std::function<S(S)>& expect) {
+    const int64_t n = static_cast<int64_t>(in.size());
+    S* src = static_cast<S*>(Upload(in));
+    S* dst = static_cast<S*>(Device(in.size() * sizeof(S)));
+    ASSERT_TRUE(ScaledCopy({{src, dst, n}}, dtype, scale, divide_by, stream_).ok());
+    std::vector<S> got = Download<S>(dst, in.size());
+    for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(got[i], expect(in[i])) << "aligned, " << i;
+    ASSERT_TRUE(ScaledCopy({{src + 1, dst + 1, n - 1}}, dtype, scale, divide_by, stream_).ok());
+    got = Download<S>(dst, in.size());
+    for (size_t i = 1; i < in.size(); ++i) ASSERT_EQ(got[i], expect(in[i])) << "unaligned, " << i;
+    ASSERT_TRUE(ScaledCopy({{src, src, n}}, dtype, scale, divide_by, stream_).ok());
+    got = Download<S>(src, in.size());
+    for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(got[i], expect(in[i])) << "in place, " << i;
+    ASSERT_TRUE(ScaledCopy({{nullptr, dst, n}}, dtype, scale, divide_by, stream_).ok());
+    got = Download<S>(dst, in.size());
+    for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(got[i], S{}) << "zeros, " << i;
+  }
+
+  // Three whole 16 KiB blocks and a tail of `S`, random values from `make`.
+  template <typename S>
+  static std::vector<S> Values(const std::function<S(std::mt19937&)>& make) {
+    std::mt19937 rng(7);
+    std::vector<S> v(3 * 16384 / sizeof(S) + 123);
+    for (S& x : v) x = make(rng);
+    return v;
+  }
+
   cudaStream_t stream_ = nullptr;
   std::vector<void*> allocations_;
 };
+
+TEST_F(GpuKernelsTest, EveryTypeScalesTheSameOnTheVectorAndElementPaths) {
+  auto uniform = [](double lo, double hi) {
+    return [lo, hi](std::mt19937& rng) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+  };
+  auto ints = [](int64_t lo, int64_t hi) {
+    return [lo, hi](std::mt19937& rng) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  };
+  const float f = static_cast<float>(0.37 / 3);
+  CheckEveryPath<float>(DataType::kFloat32,
+                        Values<float>([&](auto& r) { return static_cast<float>(uniform(-1e3, 1e3)(r)); }),
+                        0.37, 3, [f](float v) { return v * f; });
+  CheckEveryPath<double>(DataType::kFloat64, Values<double>(uniform(-1e6, 1e6)), 1.1, 2,
+                         [](double v) { return v * (1.1 / 2); });
+  CheckEveryPath<uint16_t>(
+      DataType::kFloat16,
+      Values<uint16_t>([&](auto& r) { return FloatToHalf(static_cast<float>(uniform(-6e4, 6e4)(r))); }),
+      0.25, 1, [](uint16_t v) { return FloatToHalf(HalfToFloat(v) * 0.25f); });
+  const float third = static_cast<float>(1.0 / 3);
+  CheckEveryPath<uint16_t>(
+      DataType::kBfloat16,
+      Values<uint16_t>([&](auto& r) { return FloatToBfloat16(static_cast<float>(uniform(-1e9, 1e9)(r))); }),
+      1.0, 3, [third](uint16_t v) { return FloatToBfloat16(Bfloat16ToFloat(v) * third); });
+  CheckEveryPath<uint8_t>(DataType::kUint8,
+                          Values<uint8_t>([&](auto& r) { return static_cast<uint8_t>(ints(0, 255)(r)); }),
+                          1.0, 3, [](uint8_t v) { return static_cast<uint8_t>(v / 3); });
+  CheckEveryPath<int8_t>(DataType::kInt8,
+                         Values<int8_t>([&](auto& r) { return static_cast<int8_t>(ints(-128, 127)(r)); }),
+                         0.5, 1, [](int8_t v) { return static_cast<int8_t>(std::llrint(v * 0.5)); });
+  CheckEveryPath<int32_t>(
+      DataType::kInt32,
+      Values<int32_t>([&](auto& r) { return static_cast<int32_t>(ints(-1000000, 1000000)(r)); }), 1.5,
+      1, [](int32_t v) { return static_cast<int32_t>(std::llrint(v * 1.5)); });
+  CheckEveryPath<int64_t>(DataType::kInt64, Values<int64_t>(ints(-(int64_t{1} << 50), int64_t{1} << 50)),
+                          1.0, 4, [](int64_t v) { return v / 4; });
+}
 
 TEST_F(GpuKernelsTest, PackScalesIntoTheLayoutAndUnpackScalesBack) {
   // Three float32 tensors (one joined: zeros), packed with prescale 0.5 at aligned offsets.

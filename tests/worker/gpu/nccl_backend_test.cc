@@ -18,8 +18,10 @@ namespace {
 class NcclBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    world_ = CudaDeviceCount();
-    if (world_ == 0) GTEST_SKIP() << "no CUDA device";
+    const CudaProbe cuda = ProbeCuda();
+    if (cuda.devices == 0 && cuda.driver_installed) FAIL() << cuda.problem;
+    if (cuda.devices == 0) GTEST_SKIP() << cuda.problem;
+    world_ = cuda.devices;
   }
 
   // Runs `body(rank, backend)` on every rank, each in its own thread on its own GPU.
