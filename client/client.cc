@@ -167,6 +167,13 @@ absl::StatusOr<std::unique_ptr<DeviceSide>> OpenDevice(int fd, const v1::LocalWe
 }
 #endif
 
+// The stream each thread set with SetCudaStream, and for which client.
+struct ThreadStream {
+  const void* client = nullptr;
+  void* stream = nullptr;
+};
+thread_local ThreadStream thread_stream;
+
 class ClientImpl : public Client {
  public:
   ClientImpl(int fd, v1::LocalWelcome welcome, std::unique_ptr<SharedMemory> arena,
@@ -199,10 +206,10 @@ class ClientImpl : public Client {
 
   void Free(void* data) override {
     if (data == nullptr) return;
-    allocator_.Free(static_cast<uint8_t*>(data) - base_).IgnoreError();
+    ReleaseAfter(static_cast<size_t>(static_cast<uint8_t*>(data) - base_), CurrentStream());
   }
 
-  void SetCudaStream(void* stream) override { stream_ = stream; }
+  void SetCudaStream(void* stream) override { thread_stream = {this, stream}; }
 
   absl::StatusOr<Handle> AllreduceAsync(const std::string& name, void* data, DataType dtype,
                                         absl::Span<const int64_t> shape, ReduceOp op,
@@ -370,7 +377,7 @@ class ClientImpl : public Client {
     op.copy_out = copy_out;
     op.elem = elem;
     op.allgather = request.type() == v1::REQUEST_TYPE_ALLGATHER;
-    op.stream = stream_.load();
+    op.stream = CurrentStream();
 #ifdef RINGMASTER_HAVE_CUDA
     std::optional<DeviceGuard> guard;
     if (device_ != nullptr) guard.emplace(device_->device);
@@ -574,11 +581,17 @@ class ClientImpl : public Client {
 #endif
   }
 
+  // This thread's stream (SetCudaStream), nullptr (the legacy default stream) if it set none.
+  void* CurrentStream() const {
+    return thread_stream.client == this ? thread_stream.stream : nullptr;
+  }
+
   // Staged memory goes back to the allocator at once on the host. On the GPU, once the work queued
   // on `stream` so far (the copy out) is done: an event marks it, and the next stagings reap it.
   void ReleaseAfter(size_t offset, void* stream) {
 #ifdef RINGMASTER_HAVE_CUDA
     if (device_ != nullptr) {
+      DeviceGuard guard(device_->device);  // the events are the slot device's
       absl::MutexLock lock(&free_mu_);
       cudaEvent_t event = nullptr;
       if (!device_->spare_events.empty()) {
@@ -650,7 +663,6 @@ class ClientImpl : public Client {
   std::unique_ptr<SharedMemory> arena_;
   std::unique_ptr<DeviceSide> device_;  // GPU slots
   uint8_t* const base_;                 // the arena the client allocates in (host or device)
-  std::atomic<void*> stream_{nullptr};  // GPU: cudaStream_t; nullptr: the legacy default stream
   ArenaAllocator allocator_;
   Topology topology_;
   std::thread reader_;

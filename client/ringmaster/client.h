@@ -37,10 +37,10 @@ struct Topology {
   std::string host;
   // The CUDA device this rank's daemon serves, or -1 for a CPU slot. On a GPU slot, Allocate() returns
   // device memory (in the arena the daemon shares through CUDA IPC), tensors passed in are device
-  // (or host) pointers, and work is ordered on the CUDA stream set with SetCudaStream() (default:
-  // the legacy default stream) through interprocess events: Wait() returns once the stream is made
-  // to wait for the result, so kernels the caller then enqueues on it see the result. The calling
-  // thread's current CUDA device must be this one.
+  // (or host) pointers, and work is ordered on the CUDA stream the submitting thread set with
+  // SetCudaStream() (default: the legacy default stream) through interprocess events: Wait()
+  // returns once that stream is made to wait for the result, so kernels the caller then enqueues on
+  // it see the result.
   int device = -1;
 };
 
@@ -61,10 +61,13 @@ class Client {
   int rank() const { return topology().rank; }
   int size() const { return topology().size; }
 
-  // Memory in the shared arena (64-byte aligned), or nullptr when it is full. Free() returns it.
+  // Memory in the shared arena (64-byte aligned), or nullptr when it is full. Free() returns it (on
+  // a GPU slot, once the work queued so far on this thread's stream is done).
   virtual void* Allocate(size_t bytes) = 0;
-  // GPU slots: the cudaStream_t that tensors are produced and consumed on (nullptr: the legacy
-  // default stream). Change it only with no operation in flight. Ignored on CPU slots.
+  // GPU slots: the cudaStream_t that this thread's tensors are produced and consumed on (nullptr:
+  // the legacy default stream), for the operations this thread submits from now on (each keeps
+  // the stream it was submitted with). Per thread, so threads submitting on different streams do
+  // not race. Ignored on CPU slots.
   virtual void SetCudaStream(void* stream) {}
   virtual void Free(void* data) = 0;
 

@@ -4,9 +4,10 @@
 // completes. Every failure is raised as StatusError(code, message) with the daemon's or the
 // coordinator's message; the Python layer turns it into HorovodInternalError.
 //
-// Arena memory (Client::Allocate) comes back as an ArenaBuffer, a writable Python buffer that keeps
-// its client (and so the arena's mapping) alive and frees the memory when it is collected; wrap it
-// with torch.frombuffer and the tensor owns it.
+// Arena memory (Client::Allocate) comes back as an ArenaBuffer that keeps its client (and so the
+// arena's mapping) alive and frees the memory when it is collected: on a CPU slot a writable Python
+// buffer (wrap it with torch.frombuffer), on a GPU slot device memory with the CUDA array interface
+// (wrap it with torch.as_tensor); either way the tensor owns it.
 //
 // Blocking calls (connect, wait, join, barrier, shutdown) release the GIL; waits wake every 100 ms
 // to let Python deliver signals (Ctrl-C raises KeyboardInterrupt, the operation stays in flight).
@@ -70,6 +71,7 @@ class ArenaBuffer {
  public:
   ArenaBuffer(std::shared_ptr<Client> client, void* data, size_t bytes)
       : client_(std::move(client)), data_(data), bytes_(bytes) {}
+  bool on_device() const { return client_->topology().device >= 0; }
   ~ArenaBuffer() { client_->Free(data_); }
   ArenaBuffer(const ArenaBuffer&) = delete;
   ArenaBuffer& operator=(const ArenaBuffer&) = delete;
@@ -260,9 +262,25 @@ PYBIND11_MODULE(_ringmaster, m) {
 
   py::class_<ArenaBuffer>(m, "ArenaBuffer", py::buffer_protocol())
       .def_buffer([](ArenaBuffer& b) {
+        if (b.on_device()) {
+          throw py::buffer_error("GPU arena memory is device memory: use __cuda_array_interface__");
+        }
         return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(b.bytes())}, {1}, /*readonly=*/false);
       })
+      // GPU slots only (absent on CPU slots): bytes of device memory, for torch.as_tensor.
+      .def_property_readonly("__cuda_array_interface__",
+                             [](const ArenaBuffer& b) -> py::dict {
+                               if (!b.on_device()) {
+                                 throw py::attribute_error("CPU arena memory: use the buffer protocol");
+                               }
+                               py::dict d;
+                               d["shape"] = py::make_tuple(b.bytes());
+                               d["typestr"] = "|u1";
+                               d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(b.data()), false);
+                               d["version"] = 2;
+                               return d;
+                             })
       .def_property_readonly("address",
                              [](const ArenaBuffer& b) { return reinterpret_cast<uintptr_t>(b.data()); })
       .def("__len__", &ArenaBuffer::bytes);

@@ -185,13 +185,18 @@ def model_state_and_training():
                                    "Adam state on the device")
 
     # DistributedOptimizer: each rank's slice of the batch == one process on the whole batch (the
-    # reference runs on the CPU in float64).
+    # reference runs on the CPU in float64). With one rank (one GPU) HOROVOD_ELASTIC=1 makes it
+    # reduce anyway, as Horovod's does.
     torch.manual_seed(1234)
     model = base.make_model()
     reference = copy.deepcopy(model).double()
     model = model.to(DEVICE)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                   named_parameters=model.named_parameters())
+    os.environ["HOROVOD_ELASTIC"] = "1"
+    try:
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                       named_parameters=model.named_parameters())
+    finally:
+        del os.environ["HOROVOD_ELASTIC"]
     reference_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     b = 4
     for step in range(4):
@@ -209,6 +214,13 @@ def model_state_and_training():
                 for p, q in zip(model.parameters(), reference.parameters()))
     check(worst <= 1e-4, f"DistributedOptimizer on {DEVICE}: parameters differ from one process "
                          f"by {worst}")
+    # The gradients live in the arena (the daemon reduces them where they are, no staging copies):
+    # on a GPU slot, CUDA tensors over the device arena.
+    check(len(opt._arena_grads) == 4
+          and all(p.grad.device.type == torch.device(DEVICE).type
+                  and p.grad.data_ptr() == opt._arena_grads[p].data_ptr()
+                  for p in model.parameters()),
+          f"DistributedOptimizer on {DEVICE}: gradients are not in the arena")
     base.checksum_equal_everywhere([p.detach().cpu() for p in model.parameters()],
                                    "trained parameters")
 

@@ -226,18 +226,37 @@ def _bytes_view(tensor):
     return tensor.view(torch.uint8)
 
 
+_device_arena_failed = False
+
+
 def _arena_empty(shape, dtype):
-    """An uninitialised CPU tensor in the shared arena (the daemon reduces it without a copy), or
-    None when the arena is full. Its arena memory is freed when the tensor is collected."""
+    """An uninitialised tensor in the shared arena (the daemon reduces it without a copy), or None
+    when the arena is full: on a CPU slot a CPU tensor, on a GPU slot a CUDA tensor on the slot's
+    device (the arena the daemon shares through CUDA IPC). Its arena memory is freed when the tensor
+    is collected."""
+    global _device_arena_failed
     shape = torch.Size(shape)
     numel = shape.numel()
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0 or _gpu_slot(_basics.client()):
-        return None  # on a GPU slot the arena is device memory: no CPU tensor can view it
-    buf = _basics.client().allocate(nbytes)
+    c = _basics.client()
+    if nbytes == 0 or (_gpu_slot(c) and _device_arena_failed):
+        return None
+    buf = c.allocate(nbytes)
     if buf is None:
         return None
-    return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)
+    if not _gpu_slot(c):
+        return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)
+    try:
+        raw = torch.as_tensor(buf, device=torch.device("cuda", c.topology.device))
+        if raw.data_ptr() != buf.address:
+            raise RuntimeError("torch.as_tensor copied the arena instead of viewing it")
+        return raw.view(dtype).view(shape)
+    except (RuntimeError, TypeError, ValueError) as e:
+        # Tensors are then staged into the arena by the client, as any other CUDA tensor.
+        _device_arena_failed = True
+        warnings.warn(f"ringmaster: gradients cannot live in the GPU arena ({e}); they are "
+                      f"copied in and out instead")
+        return None
 
 
 # ---- Allreduce ----

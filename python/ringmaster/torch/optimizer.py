@@ -7,6 +7,7 @@ the first time a parameter's gradient is reduced it moves into an arena buffer a
 once (later backward passes accumulate into it in place), so the daemon reduces it without a copy
 (without compression; with it, the compressed tensor is copied in and out as any other).
 """
+import os
 import warnings
 from contextlib import contextmanager
 
@@ -92,7 +93,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._p_to_group = {}
         self._group_counts = {}
 
-        if _basics.size() > 1:
+        # As Horovod: a single process reduces nothing, unless elastic (HOROVOD_ELASTIC=1).
+        if _basics.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
             self._register_hooks()
 
     def load_state_dict(self, *args, **kwargs):
@@ -159,7 +161,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Moves p.grad into p's arena buffer (allocated once) unless it is already there. Only
         without compression: a compressed gradient is a new tensor, which the client copies."""
         grad = p.grad
-        if (self._compression is not Compression.none or grad.device.type != "cpu"
+        on_slot = "cuda" if _basics.client().topology.device >= 0 else "cpu"
+        if (self._compression is not Compression.none or grad.device.type != on_slot
                 or grad.is_sparse):
             return
         buf = self._arena_grads.get(p)

@@ -108,8 +108,13 @@ int main(int argc, char** argv) {
                                     ReduceOp::kSum, 2.0, 0.5);
   CHECK(hg.ok(), "grouped enqueue");
   for (auto h : *hg) CHECK(c.Wait(h).ok(), "grouped wait");
-  CHECK(Down<float>(g1, 333)[332] == ranks_sum, "g1 = %g, want %g", Down<float>(g1, 333)[332], ranks_sum);
-  CHECK(Down<float>(g2, 777)[0] == 2.0f * n, "g2 = %g, want %g", Down<float>(g2, 777)[0], 2.0f * n);
+  const std::vector<float> g1r = Down<float>(g1, 333), g2r = Down<float>(g2, 777);
+  const auto g1_bad = std::find_if(g1r.begin(), g1r.end(), [&](float v) { return v != ranks_sum; });
+  const auto g2_bad = std::find_if(g2r.begin(), g2r.end(), [&](float v) { return v != 2.0f * n; });
+  CHECK(g1_bad == g1r.end(), "g1[%td] = %g, want %g", g1_bad - g1r.begin(),
+        g1_bad == g1r.end() ? 0.0f : *g1_bad, ranks_sum);
+  CHECK(g2_bad == g2r.end(), "g2[%td] = %g, want %g", g2_bad - g2r.begin(),
+        g2_bad == g2r.end() ? 0.0f : *g2_bad, 2.0f * n);
   c.Free(gap);
 
   // 3. Broadcast from the last rank.
