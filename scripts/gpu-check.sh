@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check: one command for a machine with NVIDIA GPUs. Builds Release with CUDA into
-# build-gpu/ (the GPU targets only), runs the gpu-labelled tests (and the NCCL mapping tests), then
-# ringmaster-gpu-bench on the ResNet-50 profile — the fused allreduce (pack kernel -> NCCL backend ->
-# unpack kernel) against a raw ncclAllReduce of the same bytes, and pack/unpack against cudaMemcpy
-# device-to-device — and prints a summary table last. World size = the visible GPUs (NCCL refuses
-# two ranks on one GPU). About 5 minutes on one GPU, most of it the build.
+# build-gpu/ (the GPU targets only), runs the gpu-labelled tests (and the NCCL mapping tests), the
+# whole path (ringmaster local --gpus: client -> daemon through CUDA IPC -> NCCL), ringmaster.torch on
+# CUDA tensors (tests/python/torch_device_checks.py, when this machine's Python has a PyTorch with
+# CUDA and a ringmaster package built for it), then ringmaster-gpu-bench on the ResNet-50 profile —
+# the fused allreduce (pack kernel -> NCCL backend -> unpack kernel) against a raw ncclAllReduce of
+# the same bytes, and pack/unpack against cudaMemcpy device-to-device — and prints a summary table
+# last. World size = the visible GPUs (NCCL refuses two ranks on one GPU). Every stage has a
+# deadline (2 to 2.5 minutes), so a hang costs minutes, not the machine. About 5 minutes on one GPU
+# when it builds, about one with --bundle.
 #
 #   scripts/gpu-check.sh                 build here (installs missing Debian packages first)
 #   scripts/gpu-check.sh --bundle DIR    run prebuilt binaries from DIR (scripts/gpu-bundle.sh made
@@ -68,7 +72,7 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,nohea
 echo "== tests"
 passed=0; failed=0; skipped=0; failures=""
 for t in $tests; do
-  out=$("$bin/$t" 2>&1); rc=$?
+  out=$(timeout 120 "$bin/$t" 2>&1); rc=$?
   echo "$out" | grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' | sed "s/^/$t: /"
   p=$(echo "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p'); passed=$((passed + ${p:-0}))
   s=$(echo "$out" | sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p'); skipped=$((skipped + ${s:-0}))
@@ -79,7 +83,7 @@ for t in $tests; do
 done
 
 echo "== the whole path: ringmaster local --gpus, client -> daemon (CUDA IPC) -> NCCL"
-whole_out=$(sh "$whole_path" "$bin" "$profiles/resnet50.json" 2>&1); whole_rc=$?
+whole_out=$(GPU_WHOLE_PATH_TIMEOUT=150 sh "$whole_path" "$bin" "$profiles/resnet50.json" 2>&1); whole_rc=$?
 echo "$whole_out" | tail -40
 
 echo "== PyTorch on the GPU: ringmaster.torch with CUDA tensors (tests/python/torch_device_checks.py)"
@@ -94,14 +98,14 @@ elif ! "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'
 elif ((ngpu == 0)); then
   torch_rc=77; torch_why="no GPU"
 else
-  torch_out=$(timeout 180 "$bin/ringmaster" local --np "$ngpu" --gpus --start-timeout-seconds 60 \
+  torch_out=$(timeout 150 "$bin/ringmaster" local --np "$ngpu" --gpus --start-timeout-seconds 60 \
     --env TORCH_DEVICE_CHECKS_DEVICE=cuda -- "$python" "$checks" 2>&1); torch_rc=$?
   echo "$torch_out" | grep -v '^\[[0-9]*\] *$' | tail -40
 fi
 ((torch_rc == 77)) && echo "skipped: $torch_why"
 
 echo "== benchmark"
-bench_out=$("$bin/ringmaster-gpu-bench" --profile "$profiles/resnet50.json" --steps 30 --warmup 5 2>&1); bench_rc=$?
+bench_out=$(timeout 150 "$bin/ringmaster-gpu-bench" --profile "$profiles/resnet50.json" --steps 30 --warmup 5 2>&1); bench_rc=$?
 echo "$bench_out"
 
 echo

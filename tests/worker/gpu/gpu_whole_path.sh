@@ -9,5 +9,5 @@ if [ "${n:-0}" -eq 0 ]; then
   echo "no GPU: skipped"
   exit 77
 fi
-exec timeout 300 "$bin/ringmaster" local --np "$n" --gpus --start-timeout-seconds 60 -- \
+exec timeout "${GPU_WHOLE_PATH_TIMEOUT:-300}" "$bin/ringmaster" local --np "$n" --gpus --start-timeout-seconds 60 -- \
   "$bin/gpu_collectives_check" "$profile"
