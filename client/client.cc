@@ -1,5 +1,6 @@
 #include "ringmaster/client.h"
 
+#include <dlfcn.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -86,23 +87,45 @@ absl::Status CudaError(cudaError_t e, const char* what) {
   return absl::UnavailableError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(e)));
 }
 
+// The driver's cuCtxGetCurrent / cuCtxSetCurrent, from the libcuda the CUDA runtime has loaded
+// (nullptr before it has): the client links no libcuda, so it loads on machines without a driver.
+struct DriverContextCalls {
+  using Get = int (*)(void**);
+  using Set = int (*)(void*);
+  Get get = nullptr;
+  Set set = nullptr;
+  DriverContextCalls() {
+    if (void* cuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
+      get = reinterpret_cast<Get>(dlsym(cuda, "cuCtxGetCurrent"));
+      set = reinterpret_cast<Set>(dlsym(cuda, "cuCtxSetCurrent"));
+    }
+  }
+};
+
 // Makes `device` current on this thread (the user's thread may have another one current: the legacy
-// default stream and new events are per device) and restores the previous one.
+// default stream and new events are per device) and restores the thread's previous CUDA context
+// (none, on a thread that never used CUDA: restoring by device number would create a context on
+// GPU 0 there).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
-      cudaSetDevice(device);
-    } else {
-      previous_ = -1;
+    static const DriverContextCalls driver;
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
+    if (driver.get == nullptr || driver.set == nullptr || driver.get(&previous_) != 0) {
+      cudaSetDevice(device);  // no way back: leave the slot's device current
+      return;
     }
+    set_ = driver.set;
+    cudaSetDevice(device);
   }
   ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
+    if (set_ != nullptr) set_(previous_);
   }
 
  private:
-  int previous_ = -1;
+  void* previous_ = nullptr;  // CUcontext
+  DriverContextCalls::Set set_ = nullptr;
 };
 
 // Opens the daemon's arena and events, creates this process's ready events and shares them.
@@ -200,7 +223,7 @@ class ClientImpl : public Client {
   const Topology& topology() const override { return topology_; }
 
   void* Allocate(size_t bytes) override {
-    absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
+    absl::StatusOr<size_t> offset = AllocateArena(bytes);
     return offset.ok() ? base_ + *offset : nullptr;
   }
 
@@ -266,6 +289,19 @@ class ClientImpl : public Client {
   }
 
   absl::Status Wait(Handle handle, absl::Duration timeout) override {
+    void* op_stream = nullptr;
+    absl::Status status = WaitLocked(handle, timeout, &op_stream);
+    // GPU: the result is ordered on the stream the operation was submitted on; a caller waiting on
+    // another stream (another thread, or the stream changed) has its stream wait for that one.
+#ifdef RINGMASTER_HAVE_CUDA
+    if (status.ok() && device_ != nullptr && op_stream != CurrentStream()) {
+      status = JoinStreams(op_stream, CurrentStream());
+    }
+#endif
+    return status;
+  }
+
+  absl::Status WaitLocked(Handle handle, absl::Duration timeout, void** op_stream) {
     absl::MutexLock lock(&mu_);
     auto it = ops_.find(handle);
     if (it == ops_.end()) {
@@ -283,6 +319,7 @@ class ClientImpl : public Client {
     }
     op = &it->second;
     absl::Status status = op->status;
+    *op_stream = op->stream;
     if (op->allgather && status.ok()) {
       gathered_[handle] = std::move(op->gathered);
     }
@@ -387,7 +424,7 @@ class ClientImpl : public Client {
     if (data != nullptr && p >= base && p + bytes <= base + allocator_.end()) {
       op.offset = static_cast<size_t>(p - base);  // already in the arena: zero copy
     } else if (data != nullptr) {
-      absl::StatusOr<size_t> offset = AllocateStaging(bytes);
+      absl::StatusOr<size_t> offset = AllocateArena(bytes);
       if (!offset.ok()) return offset.status();
       op.offset = *offset;
       op.staged = true;
@@ -404,7 +441,7 @@ class ClientImpl : public Client {
       request.set_device(device_->device);
       absl::StatusOr<int> slot = RecordReady(op.stream);
       if (!slot.ok()) {
-        if (op.staged) allocator_.Free(op.offset).IgnoreError();
+        if (op.staged) ReleaseAfter(op.offset, op.stream);  // once the staging copy is done
         return slot.status();
       }
       op.ready_slot = *slot;
@@ -412,16 +449,20 @@ class ClientImpl : public Client {
     }
     *e->mutable_request() = std::move(request);
     e->set_offset(static_cast<int64_t>(op.offset));
-    Handle handle;
+    Handle handle = 0;
+    bool closed = false;
     {
       absl::MutexLock lock(&mu_);
-      if (closed_) {
-        if (op.staged) allocator_.Free(op.offset).IgnoreError();
-        return absl::UnavailableError("the connection to the worker is closed");
+      closed = closed_;
+      if (!closed) {
+        handle = next_handle_++;
+        e->set_handle(handle);
+        ops_[handle] = std::move(op);
       }
-      handle = next_handle_++;
-      e->set_handle(handle);
-      ops_[handle] = std::move(op);
+    }
+    if (closed) {
+      if (op.staged) ReleaseAfter(op.offset, op.stream);
+      return absl::UnavailableError("the connection to the worker is closed");
     }
     absl::Status written;
     {
@@ -614,9 +655,10 @@ class ClientImpl : public Client {
     allocator_.Free(offset).IgnoreError();
   }
 
-  // Arena memory for a staged tensor. GPU: memory whose copy out is done is reused first; when the
-  // arena is full, the pending copies out are waited for, then it is tried again.
-  absl::StatusOr<size_t> AllocateStaging(size_t bytes) {
+  // Arena memory (for the caller, or a staged tensor). GPU: released memory whose last use on its
+  // stream is done is reclaimed first; when the arena is full, the pending releases are waited for,
+  // then it is tried again.
+  absl::StatusOr<size_t> AllocateArena(size_t bytes) {
 #ifdef RINGMASTER_HAVE_CUDA
     if (device_ != nullptr) {
       ReapFrees(/*wait=*/false);
@@ -631,12 +673,28 @@ class ClientImpl : public Client {
   // Frees the staged memory whose copy out is done (with `wait`, waits for all of it); returns
   // whether anything was freed.
   bool ReapFrees(bool wait) {
+    std::deque<std::pair<size_t, cudaEvent_t>> waited;
+    if (wait) {
+      // Waited for with the lock released: completions (which release memory) go on meanwhile.
+      {
+        absl::MutexLock lock(&free_mu_);
+        waited.swap(device_->pending_frees);
+      }
+      for (auto& [offset, event] : waited) {
+        if (cudaEventSynchronize(event) != cudaSuccess) cudaGetLastError();
+      }
+    }
     absl::MutexLock lock(&free_mu_);
     bool freed = false;
+    for (auto& [offset, event] : waited) {
+      device_->spare_events.push_back(event);
+      allocator_.Free(offset).IgnoreError();
+      freed = true;
+    }
     auto& pending = device_->pending_frees;
     while (!pending.empty()) {
       auto [offset, event] = pending.front();
-      const cudaError_t e = wait ? cudaEventSynchronize(event) : cudaEventQuery(event);
+      const cudaError_t e = cudaEventQuery(event);
       if (e == cudaErrorNotReady) break;  // completes in order per stream; others wait a turn
       if (e != cudaSuccess) cudaGetLastError();
       pending.pop_front();
@@ -645,6 +703,35 @@ class ClientImpl : public Client {
       freed = true;
     }
     return freed;
+  }
+
+  // Makes `to` wait for the work queued on `from` so far.
+  absl::Status JoinStreams(void* from, void* to) {
+    DeviceGuard guard(device_->device);
+    cudaEvent_t event = nullptr;
+    {
+      absl::MutexLock lock(&free_mu_);
+      if (!device_->spare_events.empty()) {
+        event = device_->spare_events.back();
+        device_->spare_events.pop_back();
+      }
+    }
+    if (event == nullptr) {
+      if (absl::Status s = CudaError(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                                     "creating an event");
+          !s.ok()) {
+        return s;
+      }
+    }
+    absl::Status s = CudaError(cudaEventRecord(event, static_cast<cudaStream_t>(from)),
+                               "ordering the result on the waiting stream");
+    if (s.ok()) {
+      s = CudaError(cudaStreamWaitEvent(static_cast<cudaStream_t>(to), event, 0),
+                    "ordering the result on the waiting stream");
+    }
+    absl::MutexLock lock(&free_mu_);
+    device_->spare_events.push_back(event);  // the wait captured the record: reusable at once
+    return s;
   }
 #endif
 
@@ -735,6 +822,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path,
       if (last.ok()) {
         last = absl::Status(static_cast<absl::StatusCode>(reply.completion().code()),
                             reply.completion().message());
+        // Refused for good (another process holds this rank): waiting would not change that.
+        if (last.code() == absl::StatusCode::kFailedPrecondition) {
+          close(*fd);
+          return last;
+        }
       }
       close(*fd);
     } else {

@@ -435,13 +435,18 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   }
   const v1::Job& spec = job->assignment.job();
   const v1::RankInfo& me = spec.ranks(job->assignment.rank());
-  int attached = 0;
-  if (!job->attached_pid.compare_exchange_strong(attached, hello.pid() > 0 ? hello.pid() : -1)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", me.rank(), " of job ", spec.id(), " already has a training process attached",
-        attached > 0 ? absl::StrCat(" (pid ", attached, ")") : "",
-        ": one process per rank (a process started by the training process, such as a DataLoader "
-        "worker, must not call init())"));
+  {
+    const int pid = hello.pid() > 0 ? hello.pid() : -1;
+    absl::MutexLock lock(&job->attach_mu);
+    if (job->attached_connections > 0 && (job->attached_pid != pid || pid == -1)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", me.rank(), " of job ", spec.id(), " already has a training process attached",
+          job->attached_pid > 0 ? absl::StrCat(" (pid ", job->attached_pid, ")") : "",
+          ": one process per rank (a process started by the training process, such as a "
+          "DataLoader worker, must not call init())"));
+    }
+    job->attached_pid = pid;
+    ++job->attached_connections;
   }
   v1::LocalWelcome w;
   w.set_job_id(spec.id());
@@ -499,7 +504,12 @@ void Daemon::OnDisconnect(const v1::LocalWelcome* welcome) {
       welcome->epoch() != job->assignment.epoch()) {
     return;
   }
-  job->attached_pid.store(0);
+  {
+    absl::MutexLock lock(&job->attach_mu);
+    // The process reconnected meanwhile: it is still here.
+    if (--job->attached_connections > 0) return;
+    job->attached_pid = 0;
+  }
   // An attached training process (no command of ours) that goes away ends its rank.
   if (job->child != nullptr || !job->started || job->stopped.exchange(true)) return;
   SendRankUpdate(*job, v1::RANK_STATE_EXITED, 0, "");

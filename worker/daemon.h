@@ -84,9 +84,13 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     std::thread waiter;
     std::atomic<bool> started{false};
     std::atomic<bool> stopped{false};
-    // The training process connected to this rank (its pid; -1 if it gave none; 0: none). One per
-    // rank: a second one would share the arena (and, on a GPU, replace the ready events).
-    std::atomic<int> attached_pid{0};
+    // The training process connected to this rank (its pid; -1 if it gave none; 0: none) and its
+    // open connections (a process may reconnect before its old connection's end is seen). One
+    // process per rank: a second one would share the arena (and, on a GPU, replace the ready
+    // events).
+    absl::Mutex attach_mu;
+    int attached_pid ABSL_GUARDED_BY(attach_mu) = 0;
+    int attached_connections ABSL_GUARDED_BY(attach_mu) = 0;
     // Set (under the daemon's mu_) once arena, outputs and engine exist; until then the job is
     // reserved but not served, and a stop is only requested.
     bool ready = false;

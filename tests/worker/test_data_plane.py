@@ -206,11 +206,14 @@ def test_a_second_process_on_an_attached_rank_is_refused(cluster, tmp_path):
     first = subprocess.Popen([f"{BIN}/train_loop"], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert re.match(r"rank 0 pid (\d+) ready", first.stdout.readline())
+        started = time.monotonic()
         second = subprocess.run(
             ["/usr/bin/python3", "-c", "import ringmaster.torch as hvd\n"
              "try:\n    hvd.init()\nexcept hvd.HorovodInternalError as e:\n    print(e)\n"],
-            env={**env, "PYTHONPATH": PYTHON_DIR, "RINGMASTER_CONNECT_TIMEOUT_SECONDS": "1"},
+            env={**env, "PYTHONPATH": PYTHON_DIR, "RINGMASTER_CONNECT_TIMEOUT_SECONDS": "60"},
             capture_output=True, text=True, timeout=60)
+        # At once, not after the connect timeout: waiting would not change the answer.
+        assert time.monotonic() - started < 20, second.stdout
         assert (f"rank 0 of job {job} already has a training process attached (pid {first.pid}): "
                 "one process per rank") in second.stdout, second.stdout + second.stderr
         assert first.poll() is None, "the attached process was disturbed"

@@ -71,25 +71,27 @@ absl::Status GpuJob::Init() {
 GpuJob::~GpuJob() {
   cudaSetDevice(options_.device);  // this may be any thread
   cancelled_->store(true);
-  // cudaFree and cudaStreamDestroy synchronize: if work is stuck on the stream (waiting for a ready
-  // event of a training process that died), releasing anything would hang this daemon. The stream
-  // (the backend's) gets a bounded time to drain first; past it, the communicator is aborted and
-  // everything (the backend included) is left to the process's exit.
-  if (stream_ != nullptr) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  // cudaFree synchronizes the device: if work is stuck on the stream (a collective whose peer is
+  // gone, or a wait for a ready event of a training process that died), releasing memory would hang
+  // this daemon. The stream (the backend's) gets a bounded time to drain; then the communicator is
+  // aborted (which ends stuck NCCL kernels) and it gets another; past that, everything (the backend
+  // included) is left to the process's exit.
+  auto drained = [this](absl::Duration within) {
+    const absl::Time deadline = absl::Now() + within;
     while (cudaStreamQuery(static_cast<cudaStream_t>(stream_)) == cudaErrorNotReady &&
            absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(5));
     }
-    if (cudaStreamQuery(static_cast<cudaStream_t>(stream_)) == cudaErrorNotReady) {
-      spdlog::error("cuda:{}: work is still queued after the job ended; the communicator is "
+    return cudaStreamQuery(static_cast<cudaStream_t>(stream_)) != cudaErrorNotReady;
+  };
+  if (stream_ != nullptr && !drained(absl::Seconds(10))) {
+    if (backend_ != nullptr) backend_->Abort("the job ended with work stuck on the device");
+    if (!drained(absl::Seconds(5))) {
+      spdlog::error("cuda:{}: work is still queued after the job ended; the communicator was "
                     "aborted and the job's device memory stays allocated until the worker exits",
                     options_.device);
       live_backend_.store(nullptr);
-      if (backend_ != nullptr) {
-        backend_->Abort("the job ended with work stuck on the device");
-        backend_.release();  // NOLINT: deliberately leaked (its release would block)
-      }
+      backend_.release();  // NOLINT: deliberately leaked (its release would block)
       return;
     }
   }

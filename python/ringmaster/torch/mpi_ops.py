@@ -202,8 +202,12 @@ def _daemon_buffer(tensor):
                 f"ringmaster: the tensor is on {tensor.device} but this rank's worker runs on "
                 f"cuda:{c.topology.device} (call torch.cuda.set_device(hvd.local_rank()) and keep "
                 f"the model's tensors there)")
-        c.set_cuda_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
+        stream = torch.cuda.current_stream(tensor.device)
+        c.set_cuda_stream(stream.cuda_stream)
         if tensor.is_contiguous():
+            # The client reads (and writes back) its memory on this stream, which may not be the
+            # one it was allocated on: PyTorch's allocator must not reuse it before that is done.
+            tensor.record_stream(stream)
             return tensor, None
         buf = tensor.detach().contiguous()
     elif tensor.device.type == "cpu" and tensor.is_contiguous():

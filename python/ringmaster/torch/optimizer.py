@@ -161,9 +161,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Moves p.grad into p's arena buffer (allocated once) unless it is already there. Only
         without compression: a compressed gradient is a new tensor, which the client copies."""
         grad = p.grad
-        on_slot = "cuda" if _basics.client().topology.device >= 0 else "cpu"
-        if (self._compression is not Compression.none or grad.device.type != on_slot
-                or grad.is_sparse):
+        slot = _basics.client().topology.device
+        on_slot = grad.device.type == "cpu" if slot < 0 else grad.device == torch.device("cuda", slot)
+        if self._compression is not Compression.none or not on_slot or grad.is_sparse:
             return
         buf = self._arena_grads.get(p)
         if buf is None or buf.shape != grad.shape or buf.dtype != grad.dtype:
