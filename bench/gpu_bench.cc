@@ -29,6 +29,9 @@
 ABSL_FLAG(std::string, profile, "bench/profiles/resnet50.json", "model profile JSON");
 ABSL_FLAG(int, steps, 30, "measured steps");
 ABSL_FLAG(int, warmup, 5, "unmeasured steps first");
+ABSL_FLAG(int, large_mib, 512,
+          "also time a raw ncclAllReduce of one buffer this large (the whole path's large-message "
+          "yardstick, tests/worker/gpu/gpu_collectives_check); 0: skip");
 
 namespace ringmaster {
 namespace {
@@ -48,7 +51,7 @@ double Median(std::vector<double> v) {
 }
 
 struct RankResult {
-  double fused_s = 0, raw_s = 0, pack_s = 0, memcpy_s = 0;
+  double fused_s = 0, raw_s = 0, pack_s = 0, memcpy_s = 0, raw_large_s = 0;
 };
 
 RankResult RunRank(int rank, int world, const ModelProfile& p, std::shared_ptr<KeyValueStore> store,
@@ -152,6 +155,23 @@ RankResult RunRank(int rank, int world, const ModelProfile& p, std::shared_ptr<K
   out.raw_s = Median(rawt);
   out.pack_s = Median(packt);
   out.memcpy_s = Median(copyt);
+  // Raw NCCL on one large buffer: bus bandwidth, where latency no longer matters.
+  const size_t large = static_cast<size_t>(absl::GetFlag(FLAGS_large_mib)) << 20;
+  if (large > 0) {
+    void* big = nullptr;
+    CHECK_CUDA(cudaMalloc(&big, large));
+    CHECK_CUDA(cudaMemset(big, 0, large));
+    std::vector<double> larget;
+    for (int i = 0; i < warmup + steps; ++i) {
+      b.Barrier().IgnoreError();
+      const absl::Time t = absl::Now();
+      ncclAllReduce(big, big, large / 4, ncclFloat32, ncclSum, raw, raw_stream);
+      CHECK_CUDA(cudaStreamSynchronize(raw_stream));
+      if (i >= warmup) larget.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    }
+    out.raw_large_s = Median(larget);
+    cudaFree(big);
+  }
   ncclCommDestroy(raw);
   for (void* g : grads) cudaFree(g);
   cudaFree(fusion);
@@ -193,6 +213,14 @@ int Main() {
               "\"raw_busbw_gbs\":%.2f,\"ratio\":%.4f}\n",
               profile->model.c_str(), world, profile->tensors.size(), bytes, fused * 1e3, raw * 1e3,
               factor * bytes / fused / 1e9, factor * bytes / raw / 1e9, raw / fused);
+  double raw_large = 0;
+  for (const RankResult& r : results) raw_large = std::max(raw_large, r.raw_large_s);
+  if (raw_large > 0) {
+    const double large = static_cast<double>(int64_t{absl::GetFlag(FLAGS_large_mib)} << 20);
+    std::printf("{\"bench\":\"raw_nccl_large\",\"gpus\":%d,\"bytes\":%.0f,\"raw_nccl_ms\":%.4f,"
+                "\"raw_busbw_gbs\":%.2f}\n",
+                world, large, raw_large * 1e3, factor * large / raw_large / 1e9);
+  }
   const RankResult& r0 = results[0];
   std::printf("{\"bench\":\"pack_unpack\",\"profile\":\"%s\",\"bytes\":%.0f,\"pack_unpack_ms\":%.4f,"
               "\"memcpy_d2d_ms\":%.4f,\"pack_unpack_gbs\":%.1f,\"memcpy_d2d_gbs\":%.1f,"

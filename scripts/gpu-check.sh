@@ -142,6 +142,16 @@ elif whole and raw:
     print("%-44s %.3f of raw ncclAllReduce's bandwidth (%.3f ms vs %.3f ms; target >= 0.95)"
           % ("whole path vs raw NCCL, %s" % whole["profile"], raw["raw_nccl_ms"] / whole["step_ms"],
              whole["step_ms"], raw["raw_nccl_ms"]))
+large = next((r for r in rows if r["bench"] == "whole_path_large"), None)
+raw_large = next((r for r in rows if r["bench"] == "raw_nccl_large"), None)
+if large and raw_large:
+    label = "whole path vs raw NCCL, %d MiB" % (large["bytes"] >> 20)
+    if large["gpus"] == 1:
+        print("%-44s %s" % (label, one_gpu))
+    else:
+        print("%-44s %.3f of raw ncclAllReduce's bus bandwidth (%.1f vs %.1f GB/s; target >= 0.95)"
+              % (label, raw_large["raw_nccl_ms"] / large["step_ms"], large["busbw_gbs"],
+                 raw_large["raw_busbw_gbs"]))
 for r in rows:
     if r["bench"] == "whole_path":
         label = "whole path, %d GPU(s), %s step" % (r["gpus"], r["profile"])

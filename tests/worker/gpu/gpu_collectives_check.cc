@@ -189,6 +189,35 @@ int main(int argc, char** argv) {
                   factor * profile->bytes_fp32 / median / 1e9);
     }
   }
+  // 6. Timing: one 512 MiB tensor in the arena per step (bus bandwidth, where the negotiation's
+  //    latency no longer matters), against ringmaster-gpu-bench's raw ncclAllReduce of as many
+  //    bytes. A smaller arena (--arena-mb) skips it.
+  const size_t large = size_t{512} << 20;
+  if (float* big = static_cast<float*>(c.Allocate(large))) {
+    cudaMemset(big, 0, large);
+    std::vector<double> times;
+    for (int step = 0; step < 13; ++step) {
+      CHECK(c.Barrier().ok(), "barrier");
+      cudaDeviceSynchronize();
+      const absl::Time start = absl::Now();
+      auto h = c.AllreduceAsync("large", big, DataType::kFloat32,
+                                {static_cast<int64_t>(large / 4)}, ReduceOp::kSum);
+      CHECK(h.ok() && c.Wait(*h).ok(), "large allreduce");
+      cudaDeviceSynchronize();
+      if (step >= 3) times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    std::sort(times.begin(), times.end());
+    if (rank == 0) {
+      const double median = times[times.size() / 2];
+      const double factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
+      std::printf("{\"bench\":\"whole_path_large\",\"gpus\":%d,\"bytes\":%zu,\"step_ms\":%.4f,"
+                  "\"busbw_gbs\":%.2f}\n",
+                  n, large, median * 1e3, factor * static_cast<double>(large) / median / 1e9);
+    }
+    c.Free(big);
+  } else if (rank == 0) {
+    std::printf("large-message timing skipped: no 512 MiB free in the arena\n");
+  }
   std::printf("rank %d: %s\n", rank, failures == 0 ? "all checks passed" : "FAILED");
   c.Shutdown();
   return failures == 0 ? 0 : 1;
