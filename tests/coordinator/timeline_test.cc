@@ -171,6 +171,7 @@ TEST_F(TimelineTest, StablePrefixPlusTailIsAlwaysValidJson) {
 
 TEST_F(TimelineTest, AProcessKilledWhileWritingLeavesValidJson) {
   for (int round = 0; round < 3; ++round) {
+    std::filesystem::remove(path_);  // each round's file is its own
     const pid_t child = fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
@@ -183,7 +184,13 @@ TEST_F(TimelineTest, AProcessKilledWhileWritingLeavesValidJson) {
         if (i % 100 == 0) usleep(1000);
       }
     }
-    absl::SleepFor(absl::Milliseconds(250 + 70 * round));
+    // Killed mid-stream: once it has written a good part (however slowly it is scheduled), at a
+    // different moment each round.
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (Slurp(path_).size() < 4000 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    absl::SleepFor(absl::Milliseconds(20 + 35 * round));
     kill(child, SIGKILL);
     int status;
     waitpid(child, &status, 0);
