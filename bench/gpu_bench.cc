@@ -29,7 +29,7 @@
 ABSL_FLAG(std::string, profile, "bench/profiles/resnet50.json", "model profile JSON");
 ABSL_FLAG(int, steps, 30, "measured steps");
 ABSL_FLAG(int, warmup, 5, "unmeasured steps first");
-ABSL_FLAG(int, large_mib, 512,
+ABSL_FLAG(int, large_mib, 256,
           "also time a raw ncclAllReduce of one buffer this large (the whole path's large-message "
           "yardstick, tests/worker/gpu/gpu_collectives_check); 0: skip");
 
