@@ -206,13 +206,15 @@ int Main() {
     fused = std::max(fused, r.fused_s);  // a step ends when the slowest rank ends
     raw = std::max(raw, r.raw_s);
   }
+  // A rate or ratio of a time too short to measure is 0 (JSON has no infinity).
+  auto per = [](double x, double seconds) { return seconds > 0 ? x / seconds : 0.0; };
   const double bytes = static_cast<double>(profile->bytes_fp32);
   const double factor = world > 1 ? 2.0 * (world - 1) / world : 1.0;  // bus bandwidth (algbw at 1)
   std::printf("{\"bench\":\"fused_allreduce\",\"profile\":\"%s\",\"gpus\":%d,\"tensors\":%zu,"
               "\"bytes\":%.0f,\"fused_ms\":%.4f,\"raw_nccl_ms\":%.4f,\"fused_busbw_gbs\":%.2f,"
               "\"raw_busbw_gbs\":%.2f,\"ratio\":%.4f}\n",
               profile->model.c_str(), world, profile->tensors.size(), bytes, fused * 1e3, raw * 1e3,
-              factor * bytes / fused / 1e9, factor * bytes / raw / 1e9, raw / fused);
+              per(factor * bytes, fused) / 1e9, per(factor * bytes, raw) / 1e9, per(raw, fused));
   double raw_large = 0;
   for (const RankResult& r : results) raw_large = std::max(raw_large, r.raw_large_s);
   if (raw_large > 0) {
@@ -226,7 +228,8 @@ int Main() {
               "\"memcpy_d2d_ms\":%.4f,\"pack_unpack_gbs\":%.1f,\"memcpy_d2d_gbs\":%.1f,"
               "\"ratio\":%.4f}\n",
               profile->model.c_str(), bytes, r0.pack_s * 1e3, r0.memcpy_s * 1e3,
-              2 * bytes / r0.pack_s / 1e9, 2 * bytes / r0.memcpy_s / 1e9, r0.memcpy_s / r0.pack_s);
+              per(2 * bytes, r0.pack_s) / 1e9, per(2 * bytes, r0.memcpy_s) / 1e9,
+              per(r0.memcpy_s, r0.pack_s));
   return 0;
 }
 

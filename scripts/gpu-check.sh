@@ -130,7 +130,12 @@ results=$(mktemp)
 } >"$results"
 python3 - "$results" <<'PY'
 import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
+rows = []
+for line in open(sys.argv[1]):
+    try:
+        rows.append(json.loads(line))
+    except ValueError:
+        print("%-44s %s" % ("unreadable result line", line.strip()))
 whole = next((r for r in rows if r["bench"] == "whole_path"), None)
 raw = next((r for r in rows if r["bench"] == "fused_allreduce"), None)
 one_gpu = "n/a with 1 GPU (NCCL's one-rank in-place allreduce moves no data)"
