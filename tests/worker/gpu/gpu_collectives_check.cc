@@ -1,12 +1,13 @@
 // Run as every rank of a GPU job (`ringmaster local --np N --gpus -- gpu_collectives_check`): the
 // whole GPU path — client -> daemon (CUDA IPC arena, interprocess events) -> NCCL — checked against
-// exact expected values, then timed on the ResNet-50 profile. Exits 0 when every check passes;
-// rank 0 prints one JSON line with the timing.
+// exact expected values (also across streams and threads), then timed on the ResNet-50 profile
+// and on 256 MiB tensors. Exits 0 when every check passes; rank 0 prints a JSON line per timing.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -146,7 +147,63 @@ int main(int argc, char** argv) {
     }
   }
 
-  // 5. Timing: the ResNet-50 profile's gradients back to back in the arena, every step enqueued in
+  // 5. Streams: tensors outside the arena (staged), submitted by one thread on its stream (kept
+  //    busy by a large copy queued first), waited for by another thread whose stream then reads
+  //    them with no device-wide synchronisation: only the client's ordering makes that stream see
+  //    the results. Twenty rounds, so staged memory and events are reused.
+  {
+    cudaStream_t produce = nullptr, consume = nullptr;
+    cudaStreamCreateWithFlags(&produce, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&consume, cudaStreamNonBlocking);
+    constexpr int kTensors = 24;
+    constexpr int64_t kCount = 4099;
+    std::vector<float*> xs(kTensors, nullptr);
+    for (float*& x : xs) cudaMalloc(reinterpret_cast<void**>(&x), kCount * sizeof(float));
+    const size_t busy = size_t{64} << 20;
+    void* busy_from = nullptr;
+    void* busy_to = nullptr;
+    cudaMalloc(&busy_from, busy);
+    cudaMalloc(&busy_to, busy);
+    std::vector<float> got(kCount);
+    for (int round = 0; round < 20 && failures == 0; ++round) {
+      std::vector<ringmaster::Handle> handles(kTensors, 0);
+      std::vector<std::vector<float>> inputs(kTensors);
+      std::thread producer([&] {
+        cudaSetDevice(device);
+        c.SetCudaStream(produce);
+        cudaMemcpyAsync(busy_to, busy_from, busy, cudaMemcpyDeviceToDevice, produce);
+        for (int i = 0; i < kTensors; ++i) {
+          inputs[i].assign(kCount, static_cast<float>(rank + 1 + round + i));
+          cudaMemcpyAsync(xs[i], inputs[i].data(), kCount * sizeof(float), cudaMemcpyHostToDevice,
+                          produce);
+          auto h = c.AllreduceAsync(absl::StrCat("stream.", i), xs[i], DataType::kFloat32,
+                                    {kCount}, ReduceOp::kSum, 1.0, 2.0);
+          CHECK(h.ok(), "stream submit %d", i);
+          if (h.ok()) handles[i] = *h;
+        }
+      });
+      producer.join();
+      c.SetCudaStream(consume);
+      for (int i = 0; i < kTensors; ++i) {
+        CHECK(handles[i] != 0 && c.Wait(handles[i]).ok(), "stream wait %d", i);
+        cudaMemcpyAsync(got.data(), xs[i], kCount * sizeof(float), cudaMemcpyDeviceToHost, consume);
+        cudaStreamSynchronize(consume);
+        const float want = 2.0f * (ranks_sum + static_cast<float>(n * (round + i)));
+        const auto bad = std::find_if(got.begin(), got.end(), [&](float v) { return v != want; });
+        CHECK(bad == got.end(), "round %d, tensor %d: [%td] = %g, want %g", round, i,
+              bad - got.begin(), bad == got.end() ? 0.0f : *bad, want);
+      }
+      c.SetCudaStream(nullptr);
+    }
+    cudaDeviceSynchronize();
+    for (float* x : xs) cudaFree(x);
+    cudaFree(busy_from);
+    cudaFree(busy_to);
+    cudaStreamDestroy(produce);
+    cudaStreamDestroy(consume);
+  }
+
+  // 6. Timing: the ResNet-50 profile's gradients back to back in the arena, every step enqueued in
   //    backward order, then waited for.
   const char* profile_path = argc > 1 ? argv[1] : "bench/profiles/resnet50.json";
   absl::StatusOr<ringmaster::ModelProfile> profile = ringmaster::LoadProfile(profile_path);
@@ -191,7 +248,7 @@ int main(int argc, char** argv) {
                   factor * profile->bytes_fp32 / median / 1e9);
     }
   }
-  // 6. Timing: bus bandwidth on 256 MiB tensors, two in flight (the next one is submitted before
+  // 7. Timing: bus bandwidth on 256 MiB tensors, two in flight (the next one is submitted before
   //    the previous is waited for, as a backward pass keeps submitting: its negotiation overlaps
   //    the other's allreduce), against ringmaster-gpu-bench's raw ncclAllReduce of 256 MiB. A
   //    smaller arena (--arena-mb) skips it.
