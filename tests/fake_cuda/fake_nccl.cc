@@ -14,6 +14,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -61,7 +65,56 @@ struct ncclComm {
   int nranks = 0;
   int rank = 0;
   Control* control = nullptr;
-  ncclResult_t async_error = ncclSuccess;
+  std::atomic<ncclResult_t> async_error{ncclSuccess};
+  std::atomic<bool> aborted{false};
+  // A non-blocking communicator (ncclConfig_t::blocking = 0) runs its collectives on a thread of
+  // its own, in the order they were called, and reports ncclInProgress until they are done, as
+  // NCCL's may: the caller polls ncclCommGetAsyncError without holding anything.
+  bool blocking = true;
+  std::mutex mu;
+  std::condition_variable wake;
+  std::deque<std::function<ncclResult_t()>> queue;
+  std::atomic<int> pending{0};
+  std::thread runner;
+  bool stopping = false;
+
+  ncclResult_t Run(std::function<ncclResult_t()> op);
+
+  ncclResult_t Enqueue(std::function<ncclResult_t()> op) {
+    {
+      std::lock_guard lock(mu);
+      if (!runner.joinable()) runner = std::thread([this] { Loop(); });
+      ++pending;
+      queue.push_back(std::move(op));
+    }
+    wake.notify_one();
+    return ncclInProgress;
+  }
+
+  void Loop() {
+    while (true) {
+      std::function<ncclResult_t()> op;
+      {
+        std::unique_lock lock(mu);
+        wake.wait(lock, [this] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        op = std::move(queue.front());
+        queue.pop_front();
+      }
+      const ncclResult_t r = aborted.load() ? ncclSystemError : op();
+      if (r != ncclSuccess && async_error.load() == ncclSuccess) async_error = r;
+      --pending;
+    }
+  }
+
+  void Stop() {
+    {
+      std::lock_guard lock(mu);
+      stopping = true;
+    }
+    wake.notify_all();
+    if (runner.joinable()) runner.join();
+  }
 
   bool Barrier() {
     const uint64_t generation = control->generation.load();
@@ -72,8 +125,9 @@ struct ncclComm {
     }
     const auto deadline = std::chrono::steady_clock::now() + Timeout();
     while (control->generation.load() == generation) {
+      if (aborted.load()) return false;
       if (std::chrono::steady_clock::now() > deadline) {
-        async_error = ncclSystemError;
+        async_error = ncclSystemError;  // a peer never came: what NCCL reports asynchronously
         return false;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -172,6 +226,24 @@ size_t Size(ncclDataType_t t) {
 
 }  // namespace
 
+// Inside ncclGroupStart/End (per thread, as NCCL's): the non-blocking communicator the group's calls
+// went to. Its calls return ncclSuccess (deferred); ncclGroupEnd returns ncclInProgress.
+thread_local int group_depth = 0;
+thread_local ncclComm* group_comm = nullptr;
+
+ncclResult_t ncclComm::Run(std::function<ncclResult_t()> op) {
+  if (blocking) return op();
+  const ncclResult_t r = Enqueue(std::move(op));
+  if (group_depth == 0) return r;
+  group_comm = this;
+  return ncclSuccess;
+}
+
+ncclResult_t AllReduceNow(const void* send, void* recv, size_t count, ncclDataType_t type,
+                          ncclRedOp_t op, ncclComm_t comm);
+ncclResult_t BroadcastNow(const void* send, void* recv, size_t count, ncclDataType_t type,
+                         int root, ncclComm_t comm);
+
 extern "C" {
 
 ncclResult_t ncclGetVersion(int* version) {
@@ -190,9 +262,10 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id, int rank,
-                                    ncclConfig_t*) {
+                                    ncclConfig_t* config) {
   if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks) return ncclInvalidArgument;
   auto* comm = new ncclComm;
+  comm->blocking = config == nullptr || config->blocking != 0;
   comm->name = id.internal;
   comm->nranks = nranks;
   comm->rank = rank;
@@ -220,21 +293,51 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
   return ncclCommInitRankConfig(out, nranks, id, rank, nullptr);
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
-  *state = comm->async_error;
+  const ncclResult_t error = comm->async_error.load();
+  *state = error != ncclSuccess ? error : comm->pending.load() > 0 ? ncclInProgress : ncclSuccess;
   return ncclSuccess;
 }
-ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  return comm->pending.load() > 0 ? ncclInProgress : ncclSuccess;
+}
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  comm->Stop();
   munmap(comm->control, sizeof(Control));
   delete comm;
   return ncclSuccess;
 }
-ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
-ncclResult_t ncclGroupStart() { return ncclSuccess; }
-ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+// As NCCL's: collectives in flight (on other threads) return at once. The communicator's memory is
+// left alone (a collective may still be leaving a barrier): a fake leaks a few bytes per abort.
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  comm->aborted.store(true);
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupStart() {
+  ++group_depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {  // the group's calls are already queued, in order
+  if (group_depth == 0) return ncclInvalidUsage;
+  if (--group_depth > 0) return ncclSuccess;
+  ncclComm* comm = group_comm;
+  group_comm = nullptr;
+  return comm != nullptr && comm->pending.load() > 0 ? ncclInProgress : ncclSuccess;
+}
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+  return comm->Run([=] { return AllReduceNow(send, recv, count, type, op, comm); });
+}
+
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           int root, ncclComm_t comm, cudaStream_t) {
+  return comm->Run([=] { return BroadcastNow(send, recv, count, type, root, comm); });
+}
+
+}  // extern "C"
+
+ncclResult_t AllReduceNow(const void* send, void* recv, size_t count, ncclDataType_t type,
+                          ncclRedOp_t op, ncclComm_t comm) {
   const size_t bytes = count * Size(type);
   const int mine = comm->Publish(send, bytes);
   if (mine < 0 || !comm->Barrier()) return ncclSystemError;
@@ -265,8 +368,8 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   return ok && done ? ncclSuccess : ncclSystemError;
 }
 
-ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
-                           int root, ncclComm_t comm, cudaStream_t) {
+ncclResult_t BroadcastNow(const void* send, void* recv, size_t count, ncclDataType_t type,
+                         int root, ncclComm_t comm) {
   const size_t bytes = count * Size(type);
   int mine = -1;
   if (comm->rank == root) {
@@ -288,5 +391,3 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
   if (mine >= 0) close(mine);
   return ok && done ? ncclSuccess : ncclSystemError;
 }
-
-}  // extern "C"

@@ -30,11 +30,15 @@ def wait_for(predicate, timeout, what):
 
 
 class Cluster:
-    """A coordinator and `workers` daemons; worker i is on host h{i // per_host}."""
+    """A coordinator and `workers` daemons; worker i is on host h{i // per_host}. With `gpus`, worker
+    i serves cuda:{i % per_host} (over the fake CUDA runtime, tests/fake_cuda, when `env` says so)."""
 
-    def __init__(self, tmp_path, workers, per_host):
+    def __init__(self, tmp_path, workers, per_host, gpus=False, env=None):
         self.tmp = tmp_path
         self.procs = []
+        self.gpus = gpus
+        self.per_host = per_host
+        self.env = env
         log = open(tmp_path / "coordinator.log", "w")
         self.coordinator = subprocess.Popen(
             [f"{BIN}/ringmaster-coordinator", "--listen", "127.0.0.1:0", "--log-level", "info"],
@@ -50,10 +54,12 @@ class Cluster:
 
     def start_worker(self, host, index):
         log = open(self.tmp / f"worker{index}.log", "w")
+        device = ["--device", f"cuda:{index % self.per_host}"] if self.gpus else []
         return subprocess.Popen(
             [f"{BIN}/ringmaster-worker", "--coordinator", self.address, "--host-name", host,
-             "--socket", str(self.tmp / f"w{index}.sock"), "--arena-mb", "64", "--log-level", "info"],
-            stdout=log, stderr=subprocess.STDOUT)
+             "--socket", str(self.tmp / f"w{index}.sock"), "--arena-mb", "64", "--log-level", "info",
+             *device],
+            stdout=log, stderr=subprocess.STDOUT, env=self.env)
 
     def connected_workers(self):
         with open(self.tmp / "coordinator.log") as f:
@@ -188,6 +194,60 @@ def test_processes_started_elsewhere_attach_to_their_daemons(cluster, tmp_path):
 
 
 PYTHON_DIR = os.path.normpath(os.path.join(BIN, "..", "python"))
+FAKE_CUDA = os.path.normpath(os.path.join(BIN, "..", "fake_cuda"))
+
+
+@pytest.fixture
+def fake_gpu_cluster(tmp_path):
+    """Four GPU worker daemons, two "GPUs" per host, over the fake CUDA runtime and NCCL: the GPU
+    daemons' fault handling (NCCL abort, job failure, recovery for the next job) without a GPU."""
+    if not os.path.exists(os.path.join(FAKE_CUDA, "libcudart.so.13")):
+        pytest.skip(f"no fake CUDA runtime under {FAKE_CUDA} (built with CUDA only)")
+    env = {**os.environ, "LD_LIBRARY_PATH": FAKE_CUDA, "FAKE_CUDA_DEVICES": "2",
+           "FAKE_NCCL_TIMEOUT_SECONDS": "60", "RINGMASTER_CHECK_SKIP_TIMING": "1"}
+    c = Cluster(tmp_path, workers=4, per_host=2, gpus=True, env=env)
+    yield c
+    c.close()
+    assert not pids_of(f"{BIN}/train_loop"), "a training process outlived the test"
+
+
+def test_on_gpus_killing_a_training_process_fails_the_job_and_the_daemons_recover(
+        fake_gpu_cluster):
+    cluster = fake_gpu_cluster
+    job = cluster.submit(4, f"{BIN}/train_loop", extra=["--processes-per-host", "2"])
+    wait_for(lambda: cluster.logs(job).count("ready") == 4 and "step 10" in cluster.logs(job), 30,
+             "training to run")
+    pid = int(re.search(r"^\[3\] rank 3 pid (\d+) ready$", cluster.logs(job), re.M).group(1))
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 10)
+    assert time.monotonic() - killed_at < 10
+    assert re.fullmatch(r"rank 3 on host h1 \(worker-\d+\) exited with status 137: "
+                        r"killed by signal 9 \(Killed\)", failed["reason"]), failed["reason"]
+    # The survivors' collectives were aborted (never a hang in NCCL), their processes stopped.
+    wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10, "the other ranks to be stopped")
+    # The GPU daemons released the job (arena, events, communicator) and run the next one.
+    nxt = cluster.submit(4, f"{BIN}/gpu_collectives_check", extra=["--processes-per-host", "2"])
+    done = cluster.wait_state(nxt, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 60)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", cluster.logs(nxt)
+    assert cluster.logs(nxt).count("all checks passed") == 4, cluster.logs(nxt)
+
+
+def test_on_gpus_killing_a_worker_daemon_fails_the_job_naming_its_host(fake_gpu_cluster):
+    cluster = fake_gpu_cluster
+    job = cluster.submit(4, f"{BIN}/train_loop", extra=["--processes-per-host", "2"])
+    wait_for(lambda: "step 10" in cluster.logs(job), 30, "training to run")
+    victim = cluster.workers[3]  # host h1, cuda:1
+    killed_at = time.monotonic()
+    victim.kill()
+    victim.wait()
+    failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 10)
+    assert time.monotonic() - killed_at < 10
+    assert re.search(r"serving rank \d on host h1 ", failed["reason"]), failed["reason"]
+    wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10, "every training process to be gone")
+    nxt = cluster.submit(3, f"{BIN}/gpu_collectives_check")
+    done = cluster.wait_state(nxt, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 60)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", cluster.logs(nxt)
 
 
 @pytest.mark.skipif(not os.path.isdir(os.path.join(PYTHON_DIR, "ringmaster")),
