@@ -571,21 +571,27 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     return absl::InvalidArgumentError("rank_update.state must be STARTED or EXITED");
   }
   if (update.exit_code != 0) {
-    std::string reason = absl::StrCat(Placement(rank), " exited with status ", update.exit_code);
-    if (!update.message.empty()) absl::StrAppend(&reason, ": ", update.message);
+    std::string reason =
+        update.failed
+            ? absl::StrCat(Placement(rank), " failed: ", update.message)
+            : absl::StrCat(Placement(rank), " exited with status ", update.exit_code);
+    if (!update.failed && !update.message.empty()) absl::StrAppend(&reason, ": ", update.message);
     // A rank that fails because a peer's daemon died (its collective lost the peer) is a symptom,
     // and its report can beat the news of the dead peer's broken session by a few milliseconds: the
     // failure settles for failure_settle first, and names the disconnected worker if one shows up.
+    // The reporting worker's process is gone, so it needs no stop; unless only its data plane
+    // failed (`failed`): then its process runs on and is stopped with the others.
+    const std::string stopped_already = update.failed ? "" : worker_id;
     if (std::string cause = DisconnectedWorkerOf(*job, worker_id); !cause.empty()) {
       return Finish(update.job_id, JobState::kFailed, absl::StrCat(cause, "; then ", reason),
-                    worker_id)
+                    stopped_already)
           .status();
     }
     absl::MutexLock lock(&mu_);
     if (auto it = runtimes_.find(update.job_id);
         it != runtimes_.end() && !it->second->pending_failure.has_value()) {
       it->second->pending_failure =
-          PendingFailure{std::move(reason), worker_id, clock_->Now() + failure_settle_};
+          PendingFailure{std::move(reason), stopped_already, clock_->Now() + failure_settle_};
     }
     return absl::OkStatus();
   }

@@ -82,6 +82,7 @@ struct RankUpdate {
   RankState state = RankState::kStarted;
   int32_t exit_code = 0;
   std::string message;
+  bool failed = false;  // the rank's data plane failed (its process may still run)
 };
 
 class Coordinator {
@@ -196,7 +197,7 @@ class Coordinator {
   // A rank's non-zero exit waiting for failure_settle before it fails the job.
   struct PendingFailure {
     std::string reason;
-    std::string worker_id;  // the exiting rank's worker
+    std::string worker_id;  // the exiting rank's worker (needs no stop); empty: stop every rank
     absl::Time deadline;
   };
 

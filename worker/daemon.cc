@@ -316,7 +316,7 @@ absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
 }
 
 void Daemon::SendRankUpdate(const Job& job, v1::RankState state, int exit_code,
-                            const std::string& text) {
+                            const std::string& text, bool failed) {
   v1::WorkerMessage m;
   v1::RankUpdate* u = m.mutable_rank_update();
   u->set_job_id(job.assignment.job().id());
@@ -325,6 +325,7 @@ void Daemon::SendRankUpdate(const Job& job, v1::RankState state, int exit_code,
   u->set_state(state);
   u->set_exit_code(exit_code);
   u->set_message(text.substr(0, 4096));
+  u->set_failed(failed);
   if (absl::Status s = session_->Send(m); !s.ok()) {
     spdlog::warn("rank update not delivered: {}", s.ToString());
   }
@@ -393,8 +394,16 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
       absl::StrCat("rank ", g.rank, " (", options_.host_name, ", cuda:", cuda_device_, ")");
   const absl::Duration timeout = options_.collective_timeout;
   const int device = cuda_device_;
-  g.make_backend = [channel, assignment, where, timeout,
-                    device](std::shared_ptr<std::atomic<bool>> cancelled) {
+  // The communicator failing by itself (an NCCL error, a collective past its deadline) fails the
+  // rank at the coordinator, which fails the job (and stops the other ranks) with this message.
+  // The backend lives inside `job`, so the callback never outlives it.
+  Job* failed_job = &job;
+  auto on_fail = [this, failed_job](const absl::Status& s) {
+    SendRankUpdate(*failed_job, v1::RANK_STATE_EXITED, 1, std::string(s.message()),
+                   /*failed=*/true);
+  };
+  g.make_backend = [channel, assignment, where, timeout, device,
+                    on_fail](std::shared_ptr<std::atomic<bool>> cancelled) {
     NcclBackendOptions n;
     n.rank = assignment.rank();
     n.size = assignment.job().spec().np();
@@ -404,6 +413,7 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
     n.where = where;
     n.timeout = timeout;
     n.cancelled = std::move(cancelled);
+    n.on_fail = on_fail;
     return CreateNcclBackend(std::move(n));
   };
   absl::StatusOr<std::unique_ptr<GpuJob>> gpu = GpuJob::Create(std::move(g));

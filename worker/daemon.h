@@ -105,7 +105,9 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   void FinishJob(std::shared_ptr<Job> job);
   // GPU slots: the job's device side (GpuJob) into `job`; the engine options point at it.
   absl::Status StartDevice(Job& job, EngineOptions& e);
-  void SendRankUpdate(const Job& job, v1::RankState state, int exit_code, const std::string& text);
+  // `failed`: the rank's data plane failed while its process runs (`text` says why).
+  void SendRankUpdate(const Job& job, v1::RankState state, int exit_code, const std::string& text,
+                      bool failed = false);
   std::shared_ptr<Job> CurrentJob();
   // The current job once it is ready to serve (arena and engine built), else null.
   std::shared_ptr<Job> ServingJob();

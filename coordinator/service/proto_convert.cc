@@ -230,6 +230,7 @@ absl::Status FromProto(const v1::RankUpdate& in, RankUpdate* out) {
   }
   out->state = static_cast<RankState>(in.state());
   out->exit_code = in.exit_code();
+  out->failed = in.failed();
   out->message = in.message();
   return absl::OkStatus();
 }

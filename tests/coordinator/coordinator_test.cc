@@ -172,7 +172,8 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   absl::Status Update(const std::string& worker_id, const std::string& job_id, int rank,
-                      RankState state, int exit_code = 0, std::string message = "") {
+                      RankState state, int exit_code = 0, std::string message = "",
+                      bool failed = false) {
     RankUpdate u;
     u.job_id = job_id;
     u.epoch = 1;
@@ -180,6 +181,7 @@ class CoordinatorTest : public ::testing::Test {
     u.state = state;
     u.exit_code = exit_code;
     u.message = std::move(message);
+    u.failed = failed;
     return coordinator_.UpdateRank(worker_id, u);
   }
 
@@ -382,6 +384,31 @@ TEST_F(CoordinatorTest, NonzeroExitFailsTheJobNamingTheRankAndStopsTheOthers) {
   coordinator_.Tick();
   EXPECT_EQ(GetJob(next).reason, "rank 2 on host host-b (worker-000003) exited with status -9");
   EXPECT_EQ(GetJob(next).state, JobState::kFailed);
+}
+
+TEST_F(CoordinatorTest, ARanksFailedDataPlaneFailsTheJobWithItsMessageAndStopsEveryRank) {
+  const std::string w1 = Connect("host-a", "cuda:0");
+  const std::string w2 = Connect("host-b", "cuda:0");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+  for (auto [w, r] : {std::pair{w1, 0}, std::pair{w2, 1}}) {
+    ASSERT_TRUE(Update(w, id, r, RankState::kStarted).ok());
+  }
+  // Its NCCL communicator failed; its training process still runs.
+  ASSERT_TRUE(Update(w2, id, 1, RankState::kExited, 1,
+                     "NCCL error on rank 1 (host-b, cuda:0): a remote peer failed or exited, or "
+                     "the network broke (ncclRemoteError)",
+                     /*failed=*/true)
+                  .ok());
+  clock_.Advance(absl::Milliseconds(300));
+  coordinator_.Tick();
+  const std::string reason =
+      "rank 1 on host host-b (worker-000002) failed: NCCL error on rank 1 (host-b, cuda:0): a "
+      "remote peer failed or exited, or the network broke (ncclRemoteError)";
+  EXPECT_EQ(GetJob(id).state, JobState::kFailed);
+  EXPECT_EQ(GetJob(id).reason, reason);
+  // The failed rank's process is stopped too.
+  EXPECT_THAT(Channel(w1).stops, ElementsAre(RecordingChannel::Stop{id, reason}));
+  EXPECT_THAT(Channel(w2).stops, ElementsAre(RecordingChannel::Stop{id, reason}));
 }
 
 TEST_F(CoordinatorTest, CancelStopsEveryRankAndFreesTheWorkers) {

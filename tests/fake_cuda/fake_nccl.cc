@@ -75,6 +75,7 @@ struct ncclComm {
   std::condition_variable wake;
   std::deque<std::function<ncclResult_t()>> queue;
   std::atomic<int> pending{0};
+  int calls = 0;  // collectives called (the caller's thread)
   std::thread runner;
   bool stopping = false;
 
@@ -231,7 +232,20 @@ size_t Size(ncclDataType_t t) {
 thread_local int group_depth = 0;
 thread_local ncclComm* group_comm = nullptr;
 
+// Fault injection: FAKE_NCCL_FAIL_RANK=R and FAKE_NCCL_FAIL_AT=K make rank R's K-th collective
+// (1-based) fail as a network error does: it never completes, and the communicator reports
+// ncclRemoteError asynchronously (its peers wait for it until they are aborted or time out).
+bool InjectedFailure(const ncclComm& comm, int call) {
+  const char* rank = std::getenv("FAKE_NCCL_FAIL_RANK");
+  const char* at = std::getenv("FAKE_NCCL_FAIL_AT");
+  return rank != nullptr && at != nullptr && std::atoi(rank) == comm.rank && std::atoi(at) == call;
+}
+
 ncclResult_t ncclComm::Run(std::function<ncclResult_t()> op) {
+  if (InjectedFailure(*this, ++calls)) {
+    async_error = ncclRemoteError;
+    return blocking ? ncclRemoteError : ncclInProgress;
+  }
   if (blocking) return op();
   const ncclResult_t r = Enqueue(std::move(op));
   if (group_depth == 0) return r;

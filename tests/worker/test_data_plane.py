@@ -125,25 +125,34 @@ def test_every_collective_and_dtype_matches_the_exact_reference(cluster, np_, fu
     assert "FAIL" not in logs
 
 
-def test_killing_a_training_process_fails_the_job_naming_rank_and_host(cluster):
+def kill_a_training_process(cluster, rank, host):
+    """Runs 4 ranks of train_loop, kills rank `rank`'s process (on `host`) once training runs, and
+    checks the job fails within 10 s naming it, with every other rank stopped."""
     job = cluster.submit(4, f"{BIN}/train_loop", extra=["--processes-per-host", "2"])
     wait_for(lambda: cluster.logs(job).count("ready") == 4 and "step 10" in cluster.logs(job), 30,
              "training to run")
-    pid = int(re.search(r"^\[2\] rank 2 pid (\d+) ready$", cluster.logs(job), re.M).group(1))
+    pid = int(re.search(rf"^\[{rank}\] rank {rank} pid (\d+) ready$", cluster.logs(job),
+                        re.M).group(1))
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 10)
     assert time.monotonic() - killed_at < 10
-    assert re.fullmatch(r"rank 2 on host h1 \(worker-\d+\) exited with status 137: "
+    assert re.fullmatch(rf"rank {rank} on host {host} \(worker-\d+\) exited with status 137: "
                         r"killed by signal 9 \(Killed\)", failed["reason"]), failed["reason"]
     wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10, "the other ranks to be stopped")
+
+
+def test_killing_a_training_process_fails_the_job_naming_rank_and_host(cluster):
+    kill_a_training_process(cluster, 2, "h1")
     # The daemons are free again and run the next job.
     nxt = cluster.submit(4, f"{BIN}/hello_allreduce")
     assert cluster.wait_state(nxt, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 30)["state"] == \
         "JOB_STATE_SUCCEEDED", cluster.logs(nxt)
 
 
-def test_killing_a_worker_daemon_fails_the_job_naming_rank_and_host(cluster):
+def kill_a_worker_daemon(cluster):
+    """Runs 4 ranks of train_loop, kills the daemon of worker 3 (host h1) once training runs, and
+    checks the job fails within 10 s naming its host, with every training process gone."""
     job = cluster.submit(4, f"{BIN}/train_loop", extra=["--processes-per-host", "2"])
     wait_for(lambda: "step 10" in cluster.logs(job), 30, "training to run")
     victim = cluster.workers[3]  # host h1
@@ -155,6 +164,10 @@ def test_killing_a_worker_daemon_fails_the_job_naming_rank_and_host(cluster):
     assert re.search(r"serving rank \d on host h1 ", failed["reason"]), failed["reason"]
     wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10,
              "every training process (the dead daemon's too) to be gone")
+
+
+def test_killing_a_worker_daemon_fails_the_job_naming_rank_and_host(cluster):
+    kill_a_worker_daemon(cluster)
     nxt = cluster.submit(3, f"{BIN}/hello_allreduce")
     assert cluster.wait_state(nxt, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 30)["state"] == \
         "JOB_STATE_SUCCEEDED", cluster.logs(nxt)
@@ -197,35 +210,50 @@ PYTHON_DIR = os.path.normpath(os.path.join(BIN, "..", "python"))
 FAKE_CUDA = os.path.normpath(os.path.join(BIN, "..", "fake_cuda"))
 
 
-@pytest.fixture
-def fake_gpu_cluster(tmp_path):
+def start_fake_gpu_cluster(tmp_path, **extra_env):
     """Four GPU worker daemons, two "GPUs" per host, over the fake CUDA runtime and NCCL: the GPU
-    daemons' fault handling (NCCL abort, job failure, recovery for the next job) without a GPU."""
+    daemons' fault handling (NCCL errors and aborts, job failure, recovery for the next job)
+    without a GPU."""
     if not os.path.exists(os.path.join(FAKE_CUDA, "libcudart.so.13")):
         pytest.skip(f"no fake CUDA runtime under {FAKE_CUDA} (built with CUDA only)")
     env = {**os.environ, "LD_LIBRARY_PATH": FAKE_CUDA, "FAKE_CUDA_DEVICES": "2",
-           "FAKE_NCCL_TIMEOUT_SECONDS": "60", "RINGMASTER_CHECK_SKIP_TIMING": "1"}
-    c = Cluster(tmp_path, workers=4, per_host=2, gpus=True, env=env)
+           "FAKE_NCCL_TIMEOUT_SECONDS": "60", "RINGMASTER_CHECK_SKIP_TIMING": "1", **extra_env}
+    return Cluster(tmp_path, workers=4, per_host=2, gpus=True, env=env)
+
+
+@pytest.fixture
+def fake_gpu_cluster(tmp_path):
+    c = start_fake_gpu_cluster(tmp_path)
     yield c
     c.close()
     assert not pids_of(f"{BIN}/train_loop"), "a training process outlived the test"
 
 
+def test_on_gpus_an_nccl_error_fails_the_job_with_it_though_the_process_runs_on(tmp_path):
+    """Rank 1's 30th collective fails as a broken network does (an asynchronous ncclRemoteError):
+    its daemon's watchdog aborts the communicator and reports to the coordinator, which fails the
+    job with the NCCL error, naming the rank, host and GPU, even though the training process
+    (which goes on sleeping after its error) never exits by itself; every rank is stopped."""
+    cluster = start_fake_gpu_cluster(tmp_path, FAKE_NCCL_FAIL_RANK="1", FAKE_NCCL_FAIL_AT="30")
+    try:
+        job = cluster.submit(2, "sh", "-c", f"{BIN}/train_loop 1000; sleep 60",
+                             extra=["--processes-per-host", "2"])
+        failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 30)
+        assert re.fullmatch(
+            r"rank 1 on host h0 \(worker-\d+\) failed: NCCL error on rank 1 \(h0, cuda:1\): a "
+            r"remote peer failed or exited, or the network broke \(ncclRemoteError\)",
+            failed["reason"]), failed["reason"]
+        # Every rank is stopped, the failed one's process too (it would sleep on).
+        wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10, "the ranks to be stopped")
+    finally:
+        cluster.close()
+
+
 def test_on_gpus_killing_a_training_process_fails_the_job_and_the_daemons_recover(
         fake_gpu_cluster):
     cluster = fake_gpu_cluster
-    job = cluster.submit(4, f"{BIN}/train_loop", extra=["--processes-per-host", "2"])
-    wait_for(lambda: cluster.logs(job).count("ready") == 4 and "step 10" in cluster.logs(job), 30,
-             "training to run")
-    pid = int(re.search(r"^\[3\] rank 3 pid (\d+) ready$", cluster.logs(job), re.M).group(1))
-    killed_at = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
-    failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 10)
-    assert time.monotonic() - killed_at < 10
-    assert re.fullmatch(r"rank 3 on host h1 \(worker-\d+\) exited with status 137: "
-                        r"killed by signal 9 \(Killed\)", failed["reason"]), failed["reason"]
-    # The survivors' collectives were aborted (never a hang in NCCL), their processes stopped.
-    wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10, "the other ranks to be stopped")
+    # The survivors' collectives are aborted (never a hang in NCCL), their processes stopped.
+    kill_a_training_process(cluster, 3, "h1")
     # The GPU daemons released the job (arena, events, communicator) and run the next one.
     nxt = cluster.submit(4, f"{BIN}/gpu_collectives_check", extra=["--processes-per-host", "2"])
     done = cluster.wait_state(nxt, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 60)
@@ -235,16 +263,7 @@ def test_on_gpus_killing_a_training_process_fails_the_job_and_the_daemons_recove
 
 def test_on_gpus_killing_a_worker_daemon_fails_the_job_naming_its_host(fake_gpu_cluster):
     cluster = fake_gpu_cluster
-    job = cluster.submit(4, f"{BIN}/train_loop", extra=["--processes-per-host", "2"])
-    wait_for(lambda: "step 10" in cluster.logs(job), 30, "training to run")
-    victim = cluster.workers[3]  # host h1, cuda:1
-    killed_at = time.monotonic()
-    victim.kill()
-    victim.wait()
-    failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 10)
-    assert time.monotonic() - killed_at < 10
-    assert re.search(r"serving rank \d on host h1 ", failed["reason"]), failed["reason"]
-    wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10, "every training process to be gone")
+    kill_a_worker_daemon(cluster)  # h1's cuda:1
     nxt = cluster.submit(3, f"{BIN}/gpu_collectives_check")
     done = cluster.wait_state(nxt, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 60)
     assert done["state"] == "JOB_STATE_SUCCEEDED", cluster.logs(nxt)

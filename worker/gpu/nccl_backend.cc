@@ -107,7 +107,7 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
     if (r != ncclSuccess && r != ncclInProgress) {
       return NcclStatus(r, "communicator setup", where, LastError());
     }
-    watchdog_ = std::make_unique<Watchdog>(this, where, options_.timeout);
+    watchdog_ = std::make_unique<Watchdog>(this, where, options_.timeout, options_.on_fail);
     const absl::Time deadline = absl::Now() + options_.timeout;
     int spins = 0;
     while (true) {
@@ -217,7 +217,7 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
     ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
     if (r != ncclSuccess) return NcclStatus(r, "error query", options_.where, LastError());
     if (state == ncclSuccess || state == ncclInProgress) return absl::OkStatus();
-    return NcclStatus(state, "communicator", options_.where, LastError());
+    return NcclFailure(state, LastError());  // the watchdog names the rank
   }
   void Abort() override { ncclCommAbort(comm_); }
 

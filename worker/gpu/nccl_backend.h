@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,10 @@ struct NcclBackendOptions {
   absl::Duration timeout = absl::Seconds(30);
   // Set from another thread to give up the communicator's setup (the job stopped meanwhile).
   std::shared_ptr<std::atomic<bool>> cancelled;
+  // Called once (on the thread that detected it) when the communicator fails by itself: an
+  // asynchronous NCCL error or a collective past its deadline (not an Abort()). The daemon reports
+  // it to the coordinator, which fails the job.
+  std::function<void(const absl::Status&)> on_fail;
 };
 
 class NcclBackend : public Backend {

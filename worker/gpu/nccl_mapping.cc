@@ -65,6 +65,13 @@ absl::string_view NcclResultName(ncclResult_t result) {
 
 absl::Status NcclStatus(ncclResult_t result, absl::string_view what, absl::string_view where,
                         absl::string_view detail) {
+  absl::Status failure = NcclFailure(result, detail);
+  if (failure.ok()) return failure;
+  return absl::Status(failure.code(),
+                      absl::StrCat("NCCL ", what, " on ", where, " failed: ", failure.message()));
+}
+
+absl::Status NcclFailure(ncclResult_t result, absl::string_view detail) {
   if (result == ncclSuccess) return absl::OkStatus();
   absl::StatusCode code;
   absl::string_view meaning;
@@ -98,8 +105,7 @@ absl::Status NcclStatus(ncclResult_t result, absl::string_view what, absl::strin
       meaning = "internal NCCL error";
       break;
   }
-  std::string message =
-      absl::StrCat("NCCL ", what, " on ", where, " failed: ", meaning, " (", NcclResultName(result), ")");
+  std::string message = absl::StrCat(meaning, " (", NcclResultName(result), ")");
   if (!detail.empty()) absl::StrAppend(&message, ": ", detail);
   return absl::Status(code, message);
 }

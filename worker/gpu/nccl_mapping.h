@@ -35,6 +35,10 @@ absl::StatusOr<NcclReduction> ToNcclReduction(ReduceOp op, DataType dtype, int s
 absl::Status NcclStatus(ncclResult_t result, absl::string_view what, absl::string_view where,
                         absl::string_view detail = "");
 
+// The same code, and only the failure in the message: "a remote peer failed or exited, or the
+// network broke (ncclRemoteError): <detail>" (for a caller that names the rank itself).
+absl::Status NcclFailure(ncclResult_t result, absl::string_view detail);
+
 // "ncclRemoteError" etc.
 absl::string_view NcclResultName(ncclResult_t result);
 

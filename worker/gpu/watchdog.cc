@@ -29,7 +29,7 @@ void Watchdog::OpFinished() {
   op_.clear();
 }
 
-bool Watchdog::Fail(absl::Status status) {
+bool Watchdog::Fail(absl::Status status, bool report) {
   {
     absl::MutexLock comm_lock(&comm_mu_);
     {
@@ -40,7 +40,7 @@ bool Watchdog::Fail(absl::Status status) {
     }
     communicator_->Abort();
   }
-  if (on_fail_) on_fail_(status);
+  if (report && on_fail_) on_fail_(status);
   return true;
 }
 
@@ -56,7 +56,7 @@ std::optional<absl::Status> Watchdog::Check(absl::Time now) {
   }
   if (!error.ok()) {
     absl::Status status(error.code(), absl::StrCat("NCCL error on ", where_, ": ", error.message()));
-    if (Fail(status)) return status;
+    if (Fail(status, /*report=*/true)) return status;
     return std::nullopt;
   }
   std::string op;
@@ -70,14 +70,14 @@ std::optional<absl::Status> Watchdog::Check(absl::Time now) {
     absl::Status status = absl::DeadlineExceededError(absl::StrCat(
         "NCCL ", op, " on ", where_, " did not complete in ", absl::FormatDuration(op_timeout_),
         " (a peer is stuck or gone); the communicator was aborted"));
-    if (Fail(status)) return status;
+    if (Fail(status, /*report=*/true)) return status;
   }
   return std::nullopt;
 }
 
 void Watchdog::PeerLost(const std::string& why) {
-  Fail(absl::UnavailableError(
-      absl::StrCat("NCCL communicator of ", where_, " aborted: ", why)));
+  Fail(absl::UnavailableError(absl::StrCat("NCCL communicator of ", where_, " aborted: ", why)),
+       /*report=*/false);
 }
 
 bool Watchdog::WithCommunicator(const std::function<void()>& use) {

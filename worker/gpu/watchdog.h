@@ -7,7 +7,9 @@
 //   - the coordinator reporting a peer lost (the job is stopping),
 // aborts the communicator exactly once (ncclCommAbort, never a blocking destroy), stops touching it,
 // and from then on fails every operation with the same status, naming this rank and host. `on_fail`
-// (to report to the coordinator) runs once, outside the lock.
+// (to report to the coordinator) runs once, outside the lock, for a failure the watchdog detected
+// (an asynchronous error or a deadline), not for an abort it was told to do (PeerLost: the
+// coordinator knows already).
 //
 // Transport-free: the communicator is an interface (NcclCommunicator implements it; tests use a fake)
 // and times are passed in. Thread-safe: the engine thread starts and finishes operations, a
@@ -66,8 +68,9 @@ class Watchdog {
   absl::Status failure() const;
 
  private:
-  // Aborts with `status` unless already aborted; returns whether it did.
-  bool Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Aborts with `status` unless already aborted (then calls on_fail_ if `report`); returns whether
+  // it did.
+  bool Fail(absl::Status status, bool report) ABSL_LOCKS_EXCLUDED(mu_);
 
   WatchedCommunicator* const communicator_;
   const std::string where_;

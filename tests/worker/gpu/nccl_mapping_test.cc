@@ -69,6 +69,13 @@ TEST(NcclMappingTest, ResultsBecomeStatusesNamingTheRankAndNcclsMessage) {
   EXPECT_EQ(NcclStatus(ncclInternalError, "allreduce", "r").message(),
             "NCCL allreduce on r failed: internal NCCL error (ncclInternalError)");
   EXPECT_EQ(NcclResultName(ncclInProgress), "ncclInProgress");
+  // Without the operation and rank (the watchdog names the rank itself).
+  absl::Status bare = NcclFailure(ncclRemoteError, "peer 10.0.0.7 closed");
+  EXPECT_EQ(bare.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(bare.message(),
+            "a remote peer failed or exited, or the network broke (ncclRemoteError): peer "
+            "10.0.0.7 closed");
+  EXPECT_TRUE(NcclFailure(ncclSuccess, "").ok());
 }
 
 TEST(NcclMappingTest, AnAbsentDeviceIsAClearError) {

@@ -95,7 +95,7 @@ TEST(WatchdogTest, APeerLostAbortsWithTheCoordinatorsReason) {
   EXPECT_EQ(w.failure().message(),
             "NCCL communicator of rank 3 (host-b, cuda:1) aborted: job job-000004 stopped: worker "
             "w-7 serving rank 1 on host host-c was lost");
-  EXPECT_EQ(reports, 1);
+  EXPECT_EQ(reports, 0);  // told by the coordinator: nothing to report back
   EXPECT_FALSE(w.Check(kT0).has_value());
   EXPECT_EQ(comm.queries, 0);
 }
@@ -130,8 +130,9 @@ TEST(WatchdogTest, ConcurrentFailuresAbortExactlyOnce) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(comm.aborts, 1);
-  EXPECT_EQ(reports.load(), 1);
   EXPECT_LE(detected.load(), 1);
+  // Reported once when a check detected the error first; not at all when a stop came first.
+  EXPECT_EQ(reports.load(), detected.load());
 }
 
 }  // namespace
