@@ -85,6 +85,7 @@ struct LocalOptions {
   std::map<std::string, std::string> artifact_paths;
   // Worker i serves cuda:(i mod processes-per-host) instead of the CPU.
   bool gpus = false;
+  int arena_mb = 0;  // the workers' --arena-mb; 0: theirs
 };
 
 // The directory of the running executable, where the coordinator and worker binaries are built too.
@@ -232,6 +233,9 @@ class LocalRun {
                                        options_.gpus ? absl::StrCat("cuda:", i % options_.per_host)
                                                      : std::string("cpu"),
                                        "--host-name", host, "--socket", sockets_.back()};
+      if (options_.arena_mb > 0) {
+        argv.insert(argv.end(), {"--arena-mb", absl::StrCat(options_.arena_mb)});
+      }
       if (options_.metrics_port_base > 0) {
         const int metrics_port = options_.metrics_port_base + 1 + i;
         argv.insert(argv.end(), {"--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port)});
@@ -447,6 +451,13 @@ int Local(const Global& g, Args& args) {
     }
     if (flag == "--gpus") {
       options.gpus = true;
+      return true;
+    }
+    if (flag == "--arena-mb") {
+      options.arena_mb = Number<int>(flag, a.Value(flag));
+      if (options.arena_mb < 1 || options.arena_mb > 1 << 20) {
+        Usage(absl::StrCat("--arena-mb ", options.arena_mb, " is out of bounds [1, 1048576]"));
+      }
       return true;
     }
     if (flag == "--artifacts-output") {

@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -79,6 +80,8 @@ struct DeviceSide {
 };
 
 constexpr int kReadyEvents = 1024;
+// How long a tensor to stage waits for arena memory held by operations in flight.
+constexpr absl::Duration kArenaWait = absl::Seconds(60);
 
 #ifdef RINGMASTER_HAVE_CUDA
 absl::Status CudaError(cudaError_t e, const char* what) {
@@ -215,6 +218,7 @@ class ClientImpl : public Client {
     topology_.cross_rank = welcome.cross_rank();
     topology_.cross_size = welcome.cross_size();
     topology_.host = welcome.host();
+    topology_.arena_bytes = static_cast<size_t>(welcome.client_bytes());
     reader_ = std::thread([this] { ReadLoop(); });
   }
 
@@ -223,7 +227,7 @@ class ClientImpl : public Client {
   const Topology& topology() const override { return topology_; }
 
   void* Allocate(size_t bytes) override {
-    absl::StatusOr<size_t> offset = AllocateArena(bytes);
+    absl::StatusOr<size_t> offset = AllocateArena(bytes, /*wait=*/false);
     return offset.ok() ? base_ + *offset : nullptr;
   }
 
@@ -424,7 +428,7 @@ class ClientImpl : public Client {
     if (data != nullptr && p >= base && p + bytes <= base + allocator_.end()) {
       op.offset = static_cast<size_t>(p - base);  // already in the arena: zero copy
     } else if (data != nullptr) {
-      absl::StatusOr<size_t> offset = AllocateArena(bytes);
+      absl::StatusOr<size_t> offset = AllocateArena(bytes, /*wait=*/true);
       if (!offset.ok()) return offset.status();
       op.offset = *offset;
       op.staged = true;
@@ -538,7 +542,10 @@ class ClientImpl : public Client {
       absl::MutexLock lock(&mu_);
       op->status = status;
       op->gathered = std::move(gathered);
-      if (free_staged) op->staged = false;
+      if (free_staged) {
+        op->staged = false;
+        ++releases_;
+      }
       op->last_joined_rank = c.last_joined_rank();
       op->done = true;
     }
@@ -657,16 +664,44 @@ class ClientImpl : public Client {
 
   // Arena memory (for the caller, or a staged tensor). GPU: released memory whose last use on its
   // stream is done is reclaimed first; when the arena is full, the pending releases are waited for,
-  // then it is tried again.
-  absl::StatusOr<size_t> AllocateArena(size_t bytes) {
+  // then it is tried again. With `wait` (staging), a full arena waits for the tensors staged in
+  // flight to come back (their operations complete), up to kArenaWait: a model whose tensors do
+  // not all fit at once still trains, a little slower.
+  absl::StatusOr<size_t> AllocateArena(size_t bytes, bool wait) {
+    const absl::Time deadline = absl::Now() + kArenaWait;
+    while (true) {
 #ifdef RINGMASTER_HAVE_CUDA
-    if (device_ != nullptr) {
-      ReapFrees(/*wait=*/false);
-      absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
-      if (offset.ok() || !ReapFrees(/*wait=*/true)) return offset;
-    }
+      if (device_ != nullptr) {
+        ReapFrees(/*wait=*/false);
+        absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
+        if (offset.ok() || !ReapFrees(/*wait=*/true)) {
+          if (offset.ok() || !wait) return offset;
+        } else {
+          continue;  // something came back: try again
+        }
+      }
 #endif
-    return allocator_.Allocate(bytes);
+      absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
+      if (offset.ok() || !wait) return offset;
+      absl::MutexLock lock(&mu_);
+      const bool in_flight = std::any_of(ops_.begin(), ops_.end(), [](const auto& entry) {
+        return entry.second.staged && !entry.second.done;
+      });
+      if (!in_flight || closed_ || absl::Now() >= deadline) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            offset.status().message(),
+            in_flight ? absl::StrCat(" after waiting ", absl::FormatDuration(kArenaWait),
+                                     " for operations in flight to return theirs")
+                      : "",
+            "; the arena holds ", allocator_.end(),
+            " bytes for this process: start the workers with a larger --arena-mb (ringmaster "
+            "local --arena-mb)"));
+      }
+      // Staged memory comes back as operations complete (Complete counts releases).
+      const int64_t seen = releases_;
+      auto released = [&] { return releases_ != seen || closed_; };
+      mu_.AwaitWithTimeout(absl::Condition(&released), absl::Milliseconds(20));
+    }
   }
 
 #ifdef RINGMASTER_HAVE_CUDA
@@ -767,6 +802,7 @@ class ClientImpl : public Client {
   absl::flat_hash_map<Handle, AllgatherOutput> gathered_ ABSL_GUARDED_BY(mu_);
   int last_joined_rank_ ABSL_GUARDED_BY(mu_) = -1;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t releases_ ABSL_GUARDED_BY(mu_) = 0;  // staged buffers given back so far
 };
 
 }  // namespace

@@ -42,6 +42,8 @@ struct Topology {
   // returns once that stream is made to wait for the result, so kernels the caller then enqueues on
   // it see the result.
   int device = -1;
+  // Bytes of the shared arena this process may use (Allocate, and tensors staged in flight).
+  size_t arena_bytes = 0;
 };
 
 struct AllgatherOutput {

@@ -258,7 +258,8 @@ PYBIND11_MODULE(_ringmaster, m) {
       .def_readonly("cross_rank", &Topology::cross_rank)
       .def_readonly("cross_size", &Topology::cross_size)
       .def_readonly("host", &Topology::host)
-      .def_readonly("device", &Topology::device);
+      .def_readonly("device", &Topology::device)
+      .def_readonly("arena_bytes", &Topology::arena_bytes);
 
   py::class_<ArenaBuffer>(m, "ArenaBuffer", py::buffer_protocol())
       .def_buffer([](ArenaBuffer& b) {

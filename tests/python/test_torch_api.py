@@ -65,6 +65,15 @@ def test_torch_device_checks_cpu(np):
                          r.stdout, re.M), describe(r)
 
 
+def test_a_model_bigger_than_the_arena_trains_and_a_tensor_bigger_than_it_is_refused():
+    r = run_local(2, PYTHON, os.path.join(HERE, "arena_overflow_checks.py"),
+                  extra=("--arena-mb", "16"))
+    assert r.returncode == 0, describe(r)
+    for rank in range(2):
+        assert re.search(rf"^\[{rank}\] arena_overflow_checks: rank {rank}: ok \(\d+ of 24 ",
+                         r.stdout, re.M), describe(r)
+
+
 def _visible_gpus():
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)

@@ -75,6 +75,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._arena_grads = {}  # parameter -> its gradient's buffer in the shared arena
+        self._arena_grad_bytes = 0  # their size
 
         if groups is not None:
             if not (isinstance(groups, list) or groups > 0):
@@ -167,10 +168,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         buf = self._arena_grads.get(p)
         if buf is None or buf.shape != grad.shape or buf.dtype != grad.dtype:
+            # Gradients take at most half of the arena: the rest stages the tensors that are not
+            # there (the other gradients of a model too big for it, compressed ones, ...).
+            old = buf.numel() * buf.element_size() if buf is not None else 0
+            nbytes = grad.numel() * grad.element_size()
+            budget = _basics.client().topology.arena_bytes // 2
+            if self._arena_grad_bytes - old + nbytes > budget:
+                return  # the client copies this gradient in and out
             buf = _arena_empty(grad.shape, grad.dtype)
             if buf is None:
                 return  # the arena is full: the client copies this gradient in and out
             self._arena_grads[p] = buf
+            self._arena_grad_bytes += nbytes - old
         if grad.data_ptr() != buf.data_ptr():
             buf.copy_(grad)
             p.grad = buf
