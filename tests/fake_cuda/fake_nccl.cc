@@ -295,13 +295,20 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
     return ncclSystemError;
   }
   comm->control = static_cast<Control*>(p);  // zero-filled by ftruncate: the atomics start at 0
-  if (!comm->Barrier()) {
-    delete comm;
-    return ncclSystemError;
-  }
-  if (rank == 0) shm_unlink(comm->name.c_str());  // everyone has it mapped now
+  // Every rank arrives, then rank 0 removes the segment's name (everyone has it mapped).
+  auto rendezvous = [comm] {
+    if (!comm->Barrier()) return ncclSystemError;
+    if (comm->rank == 0) shm_unlink(comm->name.c_str());
+    return ncclSuccess;
+  };
   *out = comm;
-  return ncclSuccess;
+  if (!comm->blocking) return comm->Enqueue(rendezvous);  // ncclInProgress: poll the comm
+  const ncclResult_t r = rendezvous();
+  if (r != ncclSuccess) {
+    *out = nullptr;
+    delete comm;
+  }
+  return r;
 }
 ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int rank) {
   return ncclCommInitRankConfig(out, nranks, id, rank, nullptr);

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -116,6 +117,68 @@ TEST_F(NcclBackendTest, AfterAnAbortEveryCollectiveFailsWithTheReason) {
     EXPECT_THAT(std::string(s.message()),
                 ::testing::HasSubstr("aborted: job job-000009 stopped: rank 1 on host-c was lost"));
   });
+}
+
+TEST_F(NcclBackendTest, ASetupWhosePeerNeverComesFailsAtItsDeadline) {
+  // Rank 0 of 2; rank 1 never starts.
+  NcclBackendOptions o;
+  o.rank = 0;
+  o.size = 2;
+  o.store = KeyValueStore::InMemory();
+  o.where = "rank 0 (h0, cuda:0)";
+  o.timeout = absl::Seconds(2);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<NcclBackend>> b = CreateNcclBackend(o);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(b.status().message(),
+            "NCCL communicator setup on rank 0 (h0, cuda:0) did not complete in 2s (are all 2 "
+            "ranks up, and can they reach each other? see NCCL_SOCKET_IFNAME)");
+}
+
+TEST_F(NcclBackendTest, ACollectiveWhosePeerNeverComesIsAbortedAtItsDeadlineAndReported) {
+  if (world_ < 2) GTEST_SKIP() << "needs two GPUs (NCCL takes one rank per GPU)";
+  auto store = KeyValueStore::InMemory();
+  std::vector<std::vector<absl::Status>> reported(2);
+  std::vector<std::unique_ptr<NcclBackend>> backends(2);
+  std::vector<std::thread> setup;
+  for (int r = 0; r < 2; ++r) {
+    setup.emplace_back([&, r] {
+      NcclBackendOptions o;
+      o.rank = r;
+      o.size = 2;
+      o.device = r;
+      o.store = store;
+      o.where = absl::StrCat("rank ", r, " (h0, cuda:", r, ")");
+      o.timeout = absl::Seconds(2);
+      o.on_fail = [&, r](const absl::Status& s) { reported[r].push_back(s); };
+      absl::StatusOr<std::unique_ptr<NcclBackend>> b = CreateNcclBackend(o);
+      ASSERT_TRUE(b.ok()) << b.status();
+      backends[r] = *std::move(b);
+    });
+  }
+  for (auto& t : setup) t.join();
+  ASSERT_TRUE(backends[0] != nullptr && backends[1] != nullptr);
+  // Only rank 0 calls the allreduce: it is stuck waiting for rank 1, until the watchdog's deadline.
+  cudaSetDevice(0);
+  void* data = nullptr;
+  ASSERT_EQ(cudaMalloc(&data, 1024), cudaSuccess);
+  const absl::Time start = absl::Now();
+  absl::Status s = backends[0]->Allreduce(data, 256, DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.message(),
+            "NCCL allreduce on rank 0 (h0, cuda:0) did not complete in 2s (a peer is stuck or "
+            "gone); the communicator was aborted");
+  ASSERT_EQ(reported[0].size(), 1u);  // the daemon reports it to the coordinator
+  EXPECT_EQ(reported[0][0], s);
+  EXPECT_TRUE(reported[1].empty());
+  // Every later call fails with the cause; the other rank is aborted as the job stops.
+  EXPECT_EQ(backends[0]->Barrier().code(), absl::StatusCode::kFailedPrecondition);
+  backends[1]->Abort("job stopped");
+  EXPECT_TRUE(reported[1].empty());  // told to: nothing to report
+  backends.clear();
+  cudaFree(data);
 }
 
 TEST_F(NcclBackendTest, AMissingDeviceIsRefusedAtCreation) {
