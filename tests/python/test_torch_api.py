@@ -74,6 +74,24 @@ def test_a_model_bigger_than_the_arena_trains_and_a_tensor_bigger_than_it_is_ref
                          r.stdout, re.M), describe(r)
 
 
+FAKE_CUDA = os.path.normpath(os.path.join(BIN, "..", "fake_cuda"))
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(FAKE_CUDA, "libcudart.so.13")),
+                    reason="no fake CUDA runtime (built with CUDA only)")
+def test_torch_device_checks_on_fake_gpu_slots():
+    """The Python layer on GPU slots (ringmaster local --gpus) without a GPU: CPU tensors staged
+    into the device arena by the client, over the fake CUDA runtime and NCCL (tests/fake_cuda)."""
+    env = {**os.environ, "LD_LIBRARY_PATH": FAKE_CUDA, "FAKE_CUDA_DEVICES": "2"}
+    r = subprocess.run(
+        [os.path.join(BIN, "ringmaster"), "local", "--np", "2", "--gpus", "--", PYTHON,
+         DEVICE_CHECKS], capture_output=True, text=True, timeout=300, cwd=HERE, env=env)
+    assert r.returncode == 0, describe(r)
+    for rank in range(2):
+        assert re.search(rf"^\[{rank}\] torch_device_checks: rank {rank} on cpu: \d+ checks passed$",
+                         r.stdout, re.M), describe(r)
+
+
 def _visible_gpus():
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)

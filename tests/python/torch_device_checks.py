@@ -5,8 +5,9 @@
 On a GPU slot (`--gpus`) every tensor goes from the training process's CUDA stream into the
 worker's device arena (CUDA IPC), is reduced by NCCL, and comes back ordered by interprocess events:
 the checks below are what a PyTorch user relies on there. With TORCH_DEVICE_CHECKS_DEVICE=cpu (the
-default) the same checks run on CPU tensors and CPU workers, which keeps them honest where there is
-no GPU (CI). Any number of ranks, 1 included (NCCL takes one rank per GPU).
+default) the same checks run on CPU tensors, on CPU workers or (CI, over the fake CUDA runtime of
+tests/fake_cuda) GPU workers, which keeps them honest where there is no GPU. Any number of ranks, 1
+included (NCCL takes one rank per GPU).
 
 - allreduce: every op x every data type, out of place and in place, values exact; outputs keep the
   input's device and data type;
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 
 import ringmaster.torch as hvd
 import torch_api_checks as base
+from ringmaster import basics
 from torch_api_checks import check, expected_allreduce, section, values
 
 DEVICE = os.environ.get("TORCH_DEVICE_CHECKS_DEVICE", "cpu")
@@ -249,12 +251,17 @@ def model_state_and_training():
     check(worst <= 1e-4, f"DistributedOptimizer on {DEVICE}: parameters differ from one process "
                          f"by {worst}")
     # The gradients live in the arena (the daemon reduces them where they are, no staging copies):
-    # on a GPU slot, CUDA tensors over the device arena.
-    check(len(opt._arena_grads) == 4
-          and all(p.grad.device.type == torch.device(DEVICE).type
-                  and p.grad.data_ptr() == opt._arena_grads[p].data_ptr()
-                  for p in model.parameters()),
-          f"DistributedOptimizer on {DEVICE}: gradients are not in the arena")
+    # on a GPU slot, CUDA tensors over the device arena. CPU gradients on a GPU slot (whose arena
+    # is device memory) are copied in and out instead.
+    slot_on_gpu = basics.client().topology.device >= 0
+    if slot_on_gpu == (DEVICE == "cuda"):
+        check(len(opt._arena_grads) == 4
+              and all(p.grad.device.type == torch.device(DEVICE).type
+                      and p.grad.data_ptr() == opt._arena_grads[p].data_ptr()
+                      for p in model.parameters()),
+              f"DistributedOptimizer on {DEVICE}: gradients are not in the arena")
+    else:
+        check(not opt._arena_grads, f"{DEVICE} gradients in the arena of a slot on another device")
     base.checksum_equal_everywhere([p.detach().cpu() for p in model.parameters()],
                                    "trained parameters")
 
