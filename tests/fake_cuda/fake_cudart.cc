@@ -8,7 +8,8 @@
 // always complete and stream waits are no-ops; that keeps the cross-process order the real
 // asynchronous one must also give. The one kernel the project launches, the pack/unpack kernel
 // (worker/gpu/fusion_kernels.cu), runs as a CPU reimplementation chosen by its registered name.
-// FAKE_CUDA_DEVICES sets the device count (default 1). Only the calls the project makes exist.
+// FAKE_CUDA_DEVICES sets the device count (default 1), FAKE_CUDA_COMPUTE_MODE their compute mode.
+// Only the calls the project makes exist.
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -152,9 +153,11 @@ cudaError_t cudaGetDevice(int* device) {
   *device = current_device;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int device) {
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device < 0 || device >= DeviceCount()) return Fail(cudaErrorInvalidDevice);
-  *value = 0;  // cudaComputeModeDefault, and 0 for anything else asked
+  // FAKE_CUDA_COMPUTE_MODE: the devices' compute mode (default 0, cudaComputeModeDefault).
+  const char* mode = std::getenv("FAKE_CUDA_COMPUTE_MODE");
+  *value = attr == cudaDevAttrComputeMode && mode != nullptr ? std::atoi(mode) : 0;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {

@@ -313,3 +313,18 @@ def test_a_bad_or_absent_device_is_refused_at_daemon_start(device, message):
                         "--device", device], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0
     assert message in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(FAKE_CUDA, "libcudart.so.13")),
+                    reason="no fake CUDA runtime (built with CUDA only)")
+def test_a_gpu_in_exclusive_process_mode_is_refused_at_daemon_start():
+    """The daemon and the training process both need the GPU: a device in exclusive-process compute
+    mode (over the fake CUDA runtime, which reports it) is refused before the daemon registers."""
+    env = {**os.environ, "LD_LIBRARY_PATH": FAKE_CUDA, "FAKE_CUDA_DEVICES": "1",
+           "FAKE_CUDA_COMPUTE_MODE": "3"}  # cudaComputeModeExclusiveProcess
+    r = subprocess.run([os.path.join(BIN, "ringmaster-worker"), "--coordinator", "127.0.0.1:1",
+                        "--device", "cuda:0"], capture_output=True, text=True, timeout=30, env=env)
+    assert r.returncode != 0
+    assert ("--device cuda:0: cuda:0 is in exclusive-process compute mode: the worker daemon and "
+            "the training process must both use it (set the Default compute mode with nvidia-smi "
+            "-c DEFAULT, or run MPS)") in r.stderr, r.stderr
