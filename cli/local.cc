@@ -455,8 +455,8 @@ int Local(const Global& g, Args& args) {
     }
     if (flag == "--arena-mb") {
       options.arena_mb = Number<int>(flag, a.Value(flag));
-      if (options.arena_mb < 1 || options.arena_mb > 1 << 20) {
-        Usage(absl::StrCat("--arena-mb ", options.arena_mb, " is out of bounds [1, 1048576]"));
+      if (options.arena_mb < 16 || options.arena_mb > 1 << 20) {
+        Usage(absl::StrCat("--arena-mb ", options.arena_mb, " is out of bounds [16, 1048576]"));
       }
       return true;
     }

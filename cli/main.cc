@@ -90,8 +90,8 @@ K ranks each, default all on one):
   --coordinator-port P            the coordinator's port on 127.0.0.1 (default: any free port)
   --start-timeout-seconds S       fail when the workers have not all connected after S (default 60)
   --gpus                          worker i serves cuda:(i mod K) (K: processes per host) with NCCL
-  --arena-mb MB                   the workers' shared arena per rank (default 1024; the training
-                                  process may use 3/4 of it: gradients, tensors in flight)
+  --arena-mb MB                   the workers' shared arena per rank (default 1024, at least 16; the
+                                  training process may use 3/4 of it: gradients, tensors in flight)
   --artifacts-output DIR          where the job's artifacts (timeline, autotune log) are written
                                   when it ends (default: the current directory)
 )";

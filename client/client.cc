@@ -257,6 +257,26 @@ class ClientImpl : public Client {
           absl::StrCat("grouped allreduce needs as many names, tensors and shapes (got ",
                        names.size(), ", ", data.size(), ", ", shapes.size(), ")"));
     }
+    // Every member must fit in the arena at once (they complete together): refuse up front rather
+    // than after submitting some of them.
+    size_t staged = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      int64_t count = 1;
+      for (int64_t d : shapes[i]) count *= d;
+      const auto* p = static_cast<const uint8_t*>(data[i]);
+      const size_t bytes = static_cast<size_t>(std::max<int64_t>(0, count * DataTypeSize(dtype)));
+      if (p < base_ || p + bytes > base_ + allocator_.end()) {
+        staged += (bytes + ArenaAllocator::kAlignment - 1) / ArenaAllocator::kAlignment *
+                  ArenaAllocator::kAlignment;
+      }
+    }
+    if (staged > allocator_.end()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "shared arena full: the grouped allreduce needs ", staged,
+          " bytes staged at once; the arena holds ", allocator_.end(),
+          " bytes for this process: start the workers with a larger --arena-mb (ringmaster local "
+          "--arena-mb)"));
+    }
     const int32_t group = static_cast<int32_t>(++groups_);
     std::vector<Handle> handles;
     for (size_t i = 0; i < names.size(); ++i) {
@@ -392,6 +412,7 @@ class ClientImpl : public Client {
     AllgatherOutput gathered;
     int last_joined_rank = -1;
     int ready_slot = -1;  // GPU: the ready event in use until completion
+    int32_t group = 0;    // grouped allreduce: its group id
     void* stream = nullptr;  // GPU: the caller's stream at submission (cudaStream_t)
   };
 
@@ -418,6 +439,7 @@ class ClientImpl : public Client {
     op.copy_out = copy_out;
     op.elem = elem;
     op.allgather = request.type() == v1::REQUEST_TYPE_ALLGATHER;
+    op.group = request.group_id();
     op.stream = CurrentStream();
 #ifdef RINGMASTER_HAVE_CUDA
     std::optional<DeviceGuard> guard;
@@ -428,7 +450,7 @@ class ClientImpl : public Client {
     if (data != nullptr && p >= base && p + bytes <= base + allocator_.end()) {
       op.offset = static_cast<size_t>(p - base);  // already in the arena: zero copy
     } else if (data != nullptr) {
-      absl::StatusOr<size_t> offset = AllocateArena(bytes, /*wait=*/true);
+      absl::StatusOr<size_t> offset = AllocateArena(bytes, /*wait=*/true, request.group_id());
       if (!offset.ok()) return offset.status();
       op.offset = *offset;
       op.staged = true;
@@ -667,42 +689,50 @@ class ClientImpl : public Client {
   // then it is tried again. With `wait` (staging), a full arena waits for the tensors staged in
   // flight to come back (their operations complete), up to kArenaWait: a model whose tensors do
   // not all fit at once still trains, a little slower.
-  absl::StatusOr<size_t> AllocateArena(size_t bytes, bool wait) {
+  absl::StatusOr<size_t> AllocateArena(size_t bytes, bool wait, int32_t own_group = 0) {
+    auto full = [&](absl::string_view why) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "shared arena full: ", bytes, " bytes requested", why, "; the arena holds ",
+          allocator_.end(), " bytes for this process: start the workers with a larger --arena-mb "
+          "(ringmaster local --arena-mb)"));
+    };
+    if (bytes > allocator_.end()) return full(", more than the whole arena");
     const absl::Time deadline = absl::Now() + kArenaWait;
     while (true) {
+      int64_t seen;
+      {
+        absl::MutexLock lock(&mu_);
+        seen = releases_;
+      }
 #ifdef RINGMASTER_HAVE_CUDA
       if (device_ != nullptr) {
         ReapFrees(/*wait=*/false);
         absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
-        if (offset.ok() || !ReapFrees(/*wait=*/true)) {
-          if (offset.ok() || !wait) return offset;
-        } else {
-          continue;  // something came back: try again
-        }
+        if (offset.ok()) return offset;
+        if (ReapFrees(/*wait=*/true)) continue;  // something came back: try again
       }
 #endif
       absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
       if (offset.ok() || !wait) return offset;
       absl::MutexLock lock(&mu_);
-      const bool in_flight = std::any_of(ops_.begin(), ops_.end(), [](const auto& entry) {
-        return entry.second.staged && !entry.second.done;
+      if (closed_) return absl::UnavailableError("the connection to the worker is closed");
+      if (releases_ != seen) continue;  // memory came back meanwhile: try again
+      // Only other operations give memory back: a group's own members complete together.
+      const bool in_flight = std::any_of(ops_.begin(), ops_.end(), [&](const auto& entry) {
+        const Op& op = entry.second;
+        return op.staged && !op.done && (own_group == 0 || op.group != own_group);
       });
-      if (!in_flight || closed_ || absl::Now() >= deadline) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            offset.status().message(),
-            in_flight ? absl::StrCat(" after waiting ", absl::FormatDuration(kArenaWait),
-                                     " for operations in flight to return theirs")
-                      : "",
-            "; the arena holds ", allocator_.end(),
-            " bytes for this process: start the workers with a larger --arena-mb (ringmaster "
-            "local --arena-mb)"));
+      if (!in_flight) return full(absl::StrCat(", ", offset.status().message()));
+      if (absl::Now() >= deadline) {
+        return full(absl::StrCat(" and none came back in ", absl::FormatDuration(kArenaWait),
+                                 " from the operations in flight"));
       }
       // Staged memory comes back as operations complete (Complete counts releases).
-      const int64_t seen = releases_;
       auto released = [&] { return releases_ != seen || closed_; };
       mu_.AwaitWithTimeout(absl::Condition(&released), absl::Milliseconds(20));
     }
   }
+
 
 #ifdef RINGMASTER_HAVE_CUDA
   // Frees the staged memory whose copy out is done (with `wait`, waits for all of it); returns

@@ -551,6 +551,15 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
   if (update.message.size() > 4096) {
     return absl::InvalidArgumentError("rank_update.message is longer than 4096 bytes");
   }
+  // A rank exits once: its first report stands (a rank whose data plane failed may see its
+  // process exit, even with 0, afterwards).
+  if (update.state == RankState::kExited) {
+    if (absl::StatusOr<Job> known = jobs_.Get(update.job_id);
+        known.ok() && update.rank >= 0 && update.rank < static_cast<int>(known->ranks.size()) &&
+        known->ranks[update.rank].state == RankState::kExited) {
+      return absl::OkStatus();
+    }
+  }
   absl::StatusOr<Job> job =
       jobs_.UpdateRank(update.job_id, update.rank, update.state, update.exit_code);
   if (!job.ok()) return job.status();

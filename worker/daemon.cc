@@ -1,7 +1,10 @@
 #include "worker/daemon.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/match.h"
@@ -361,6 +364,10 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
     if (job->waiter.joinable() && job->waiter.get_id() != std::this_thread::get_id()) {
       job->waiter.join();
     }
+    {
+      absl::MutexLock lock(&job->attach_mu);
+      job->closing = true;  // no welcome into this job any more
+    }
     local_->DisconnectAll();
     const std::string id = job->assignment.job().id();
     job->arena.reset();  // the memory goes once the training process has unmapped it too
@@ -445,19 +452,25 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   }
   const v1::Job& spec = job->assignment.job();
   const v1::RankInfo& me = spec.ranks(job->assignment.rank());
-  {
-    const int pid = hello.pid() > 0 ? hello.pid() : -1;
-    absl::MutexLock lock(&job->attach_mu);
-    if (job->attached_connections > 0 && (job->attached_pid != pid || pid == -1)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", me.rank(), " of job ", spec.id(), " already has a training process attached",
-          job->attached_pid > 0 ? absl::StrCat(" (pid ", job->attached_pid, ")") : "",
-          ": one process per rank (a process started by the training process, such as a "
-          "DataLoader worker, must not call init())"));
-    }
-    job->attached_pid = pid;
-    ++job->attached_connections;
+  // Held until the welcome is built: FinishJob marks the job closing under it before it releases
+  // the arena.
+  absl::MutexLock lock(&job->attach_mu);
+  if (job->closing) return absl::UnavailableError("no job is assigned to this worker yet");
+  const int pid = hello.pid() > 0 ? hello.pid() : -1;
+  if (job->attached_connections > 0 && (job->attached_pid != pid || pid == -1)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", me.rank(), " of job ", spec.id(), " already has a training process attached",
+        job->attached_pid > 0 ? absl::StrCat(" (pid ", job->attached_pid, ")") : "",
+        ": one process per rank (a process started by the training process, such as a "
+        "DataLoader worker, must not call init())"));
   }
+  const int arena_fd = fcntl(job->arena->fd(), F_DUPFD_CLOEXEC, 0);  // the server closes it
+  if (arena_fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot share the job's arena: ", std::strerror(errno)));
+  }
+  job->attached_pid = pid;
+  ++job->attached_connections;
   v1::LocalWelcome w;
   w.set_job_id(spec.id());
   w.set_epoch(job->assignment.epoch());
@@ -478,7 +491,7 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
     for (const std::string& h : job->done_event_handles) w.add_done_events(h);
   }
   if (!job->started.exchange(true)) SendRankUpdate(*job, v1::RANK_STATE_STARTED, 0, "");
-  return Welcome{std::move(w), job->arena->fd()};
+  return Welcome{std::move(w), arena_fd};
 }
 
 void Daemon::OnEnqueue(const v1::LocalEnqueue& enqueue,

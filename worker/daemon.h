@@ -91,6 +91,7 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     absl::Mutex attach_mu;
     int attached_pid ABSL_GUARDED_BY(attach_mu) = 0;
     int attached_connections ABSL_GUARDED_BY(attach_mu) = 0;
+    bool closing ABSL_GUARDED_BY(attach_mu) = false;  // FinishJob is releasing it
     // Set (under the daemon's mu_) once arena, outputs and engine exist; until then the job is
     // reserved but not served, and a stop is only requested.
     bool ready = false;

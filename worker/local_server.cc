@@ -93,10 +93,17 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
     switch (request.kind_case()) {
       case v1::LocalRequest::kHello: {
         v1::LocalReply reply;
+        if (welcomed.has_value()) {  // one process, one welcome
+          reply.mutable_completion()->set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
+          reply.mutable_completion()->set_message("this connection was already welcomed");
+          connection->Send(reply);
+          break;
+        }
         absl::StatusOr<Handler::Welcome> welcome = handler_->OnHello(request.hello());
         if (welcome.ok()) {
           *reply.mutable_welcome() = welcome->message;
           connection->Send(reply, welcome->arena_fd);
+          if (welcome->arena_fd >= 0) close(welcome->arena_fd);
           welcomed = welcome->message;
         } else {
           reply.mutable_completion()->set_code(static_cast<int>(welcome.status().code()));

@@ -28,7 +28,9 @@ class LocalServer {
     virtual ~Handler() = default;
     struct Welcome {
       v1::LocalWelcome message;
-      int arena_fd = -1;  // passed to the process with the welcome (SCM_RIGHTS); still owned by the handler
+      // Passed to the process with the welcome (SCM_RIGHTS), then closed: the handler hands over
+      // its own descriptor (a dup), so the job's arena may go meanwhile.
+      int arena_fd = -1;
     };
     // The welcome for a new training process, or an error to send it (e.g. no job yet).
     virtual absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello) = 0;

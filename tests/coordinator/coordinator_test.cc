@@ -411,6 +411,22 @@ TEST_F(CoordinatorTest, ARanksFailedDataPlaneFailsTheJobWithItsMessageAndStopsEv
   EXPECT_THAT(Channel(w2).stops, ElementsAre(RecordingChannel::Stop{id, reason}));
 }
 
+TEST_F(CoordinatorTest, ARanksFirstExitStandsSoAFailureIsNotTurnedIntoSuccess) {
+  const std::string w1 = Connect("host-a", "cuda:0");
+  const std::string id = coordinator_.RegisterJob(Spec(1))->id;
+  ASSERT_TRUE(Update(w1, id, 0, RankState::kStarted).ok());
+  ASSERT_TRUE(Update(w1, id, 0, RankState::kExited, 1, "NCCL error on rank 0 (host-a, cuda:0): x",
+                     /*failed=*/true)
+                  .ok());
+  // Its process then exits 0 (it caught the error): the failure stands.
+  ASSERT_TRUE(Update(w1, id, 0, RankState::kExited, 0).ok());
+  clock_.Advance(absl::Milliseconds(300));
+  coordinator_.Tick();
+  EXPECT_EQ(GetJob(id).state, JobState::kFailed);
+  EXPECT_EQ(GetJob(id).reason,
+            "rank 0 on host host-a (worker-000001) failed: NCCL error on rank 0 (host-a, cuda:0): x");
+}
+
 TEST_F(CoordinatorTest, CancelStopsEveryRankAndFreesTheWorkers) {
   const std::string w1 = Connect("host-a", "cuda:0");
   const std::string w2 = Connect("host-a", "cuda:1");

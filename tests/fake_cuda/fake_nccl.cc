@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -125,13 +126,15 @@ struct ncclComm {
       return true;
     }
     const auto deadline = std::chrono::steady_clock::now() + Timeout();
+    auto pause = std::chrono::microseconds(10);  // backs off to 1 ms: waiters leave the CPU to others
     while (control->generation.load() == generation) {
       if (aborted.load()) return false;
       if (std::chrono::steady_clock::now() > deadline) {
         async_error = ncclSystemError;  // a peer never came: what NCCL reports asynchronously
         return false;
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }
     return true;
   }
@@ -297,9 +300,9 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
   comm->control = static_cast<Control*>(p);  // zero-filled by ftruncate: the atomics start at 0
   // Every rank arrives, then rank 0 removes the segment's name (everyone has it mapped).
   auto rendezvous = [comm] {
-    if (!comm->Barrier()) return ncclSystemError;
-    if (comm->rank == 0) shm_unlink(comm->name.c_str());
-    return ncclSuccess;
+    const bool met = comm->Barrier();
+    if (comm->rank == 0 || !met) shm_unlink(comm->name.c_str());  // nobody else opens it now
+    return met ? ncclSuccess : ncclSystemError;
   };
   *out = comm;
   if (!comm->blocking) return comm->Enqueue(rendezvous);  // ncclInProgress: poll the comm
@@ -361,7 +364,11 @@ ncclResult_t AllReduceNow(const void* send, void* recv, size_t count, ncclDataTy
                           ncclRedOp_t op, ncclComm_t comm) {
   const size_t bytes = count * Size(type);
   const int mine = comm->Publish(send, bytes);
-  if (mine < 0 || !comm->Barrier()) return ncclSystemError;
+  if (mine < 0) return ncclSystemError;
+  if (!comm->Barrier()) {
+    close(mine);
+    return ncclSystemError;
+  }
   std::vector<const void*> parts;
   for (int r = 0; r < comm->nranks; ++r) parts.push_back(comm->Open(r, bytes));
   bool ok = true;
@@ -398,7 +405,10 @@ ncclResult_t BroadcastNow(const void* send, void* recv, size_t count, ncclDataTy
     if (mine < 0) return ncclSystemError;
     if (recv != send) std::memmove(recv, send, bytes);
   }
-  if (!comm->Barrier()) return ncclSystemError;
+  if (!comm->Barrier()) {
+    if (mine >= 0) close(mine);
+    return ncclSystemError;
+  }
   bool ok = true;
   if (comm->rank != root && bytes > 0) {
     const void* p = comm->Open(root, bytes);

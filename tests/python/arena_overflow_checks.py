@@ -46,8 +46,9 @@ def main():
     if worst > 1e-5:
         failures.append(f"parameters differ from one process by {worst}")
     in_arena = len(opt._arena_grads)
-    if not 0 < in_arena < 24 or opt._arena_grad_bytes > arena // 2:
-        failures.append(f"{in_arena} gradients ({opt._arena_grad_bytes} bytes) in an arena of "
+    in_arena_bytes = sum(b.numel() * b.element_size() for b in opt._arena_grads.values())
+    if not 0 < in_arena < 24 or in_arena_bytes > arena // 2:
+        failures.append(f"{in_arena} gradients ({in_arena_bytes} bytes) in an arena of "
                         f"{arena}: want some, within half of it")
     # One tensor larger than the whole arena: refused at once, saying what to do.
     try:

@@ -257,7 +257,12 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
       }
       Pause(&spins);
     }
-    if (r != ncclSuccess) return NcclStatus(r, what, options_.where, detail);
+    if (r != ncclSuccess) {
+      // An asynchronous error: the watchdog aborts and reports it (as if its own poll found it).
+      if (auto failed = watchdog_->Check(absl::Now())) return *failed;
+      if (watchdog_->state() == Watchdog::State::kAborted) return watchdog_->failure();
+      return NcclStatus(r, what, options_.where, detail);
+    }
     if (absl::Status s = CudaStatus(cudaEventRecord(event_, stream_), "event record",
                                     options_.where);
         !s.ok()) {

@@ -9,6 +9,7 @@ once (later backward passes accumulate into it in place), so the daemon reduces 
 """
 import os
 import warnings
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -26,6 +27,19 @@ def _split_list(items, n):
     d, r = divmod(len(items), n)
     return [items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
 
+
+
+# Bytes of gradient buffers in the arena, every optimizer of this process together (a list: mutable
+# from the finalizers).
+_arena_grad_bytes = [0]
+
+
+def _aligned(nbytes):
+    return (nbytes + 63) // 64 * 64  # the arena allocator's alignment
+
+
+def _release_arena_grad(nbytes):
+    _arena_grad_bytes[0] -= nbytes
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     _ringmaster_distributed = True
@@ -75,7 +89,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._arena_grads = {}  # parameter -> its gradient's buffer in the shared arena
-        self._arena_grad_bytes = 0  # their size
 
         if groups is not None:
             if not (isinstance(groups, list) or groups > 0):
@@ -168,18 +181,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         buf = self._arena_grads.get(p)
         if buf is None or buf.shape != grad.shape or buf.dtype != grad.dtype:
-            # Gradients take at most half of the arena: the rest stages the tensors that are not
-            # there (the other gradients of a model too big for it, compressed ones, ...).
-            old = buf.numel() * buf.element_size() if buf is not None else 0
-            nbytes = grad.numel() * grad.element_size()
+            # Gradients (of every optimizer of this process) take at most half of the arena: the
+            # rest stages the tensors that are not there (the other gradients of a model too big
+            # for it, compressed ones, ...).
+            self._arena_grads.pop(p, None)  # a buffer of another shape is of no use any more
+            nbytes = _aligned(grad.numel() * grad.element_size())
             budget = _basics.client().topology.arena_bytes // 2
-            if self._arena_grad_bytes - old + nbytes > budget:
+            if _arena_grad_bytes[0] + nbytes > budget:
                 return  # the client copies this gradient in and out
             buf = _arena_empty(grad.shape, grad.dtype)
             if buf is None:
                 return  # the arena is full: the client copies this gradient in and out
             self._arena_grads[p] = buf
-            self._arena_grad_bytes += nbytes - old
+            _arena_grad_bytes[0] += nbytes
+            weakref.finalize(buf, _release_arena_grad, nbytes)  # its memory goes with it
         if grad.data_ptr() != buf.data_ptr():
             buf.copy_(grad)
             p.grad = buf
