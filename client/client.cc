@@ -555,8 +555,11 @@ class ClientImpl : public Client {
       // GPU: reusable once the copy out queued on the op's stream is done (ReleaseAfter). After a
       // failure the memory stays allocated: the daemon may still write it (as in FailAll).
       if (status.ok() && op->copy_out) {
+        // Into host memory (a CPU tensor on a GPU slot) the copy is complete before the operation
+        // is: the caller reads it on the CPU, with no stream to order it (a copy into pinned memory
+        // would otherwise still be in flight).
         status = Copy(op->user, base_ + op->offset, op->bytes, op->stream,
-                      "copying a result out of the arena");
+                      "copying a result out of the arena", /*wait=*/HostMemory(op->user));
       }
       ReleaseAfter(op->offset, op->stream);
     }
@@ -633,6 +636,21 @@ class ClientImpl : public Client {
     return slot;
 #else
     return absl::InternalError("no CUDA in this build");
+#endif
+  }
+
+  // Whether `p` is host memory (GPU slots; a CPU slot's arena is host memory anyway).
+  bool HostMemory(const void* p) const {
+#ifdef RINGMASTER_HAVE_CUDA
+    if (device_ == nullptr) return true;
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return true;  // unknown to CUDA: plain host memory
+    }
+    return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+#else
+    return true;
 #endif
   }
 

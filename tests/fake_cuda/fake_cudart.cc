@@ -256,6 +256,22 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
   return cudaSuccess;
 }
 
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  std::memset(a, 0, sizeof(*a));
+  std::lock_guard lock(mappings_mu);
+  for (const auto& [base, m] : Mappings()) {
+    const auto* b = static_cast<const uint8_t*>(base);
+    const auto* q = static_cast<const uint8_t*>(p);
+    if (q >= b && q < b + (m.bytes == 0 ? 1 : m.bytes)) {
+      a->type = cudaMemoryTypeDevice;
+      a->devicePointer = const_cast<void*>(p);
+      return cudaSuccess;
+    }
+  }
+  a->type = cudaMemoryTypeUnregistered;
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   std::memmove(dst, src, bytes);
   return cudaSuccess;
