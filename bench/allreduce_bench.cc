@@ -137,11 +137,7 @@ int Main() {
   // Gradients live in the arena, back to back in backward order, as views into one buffer (as DDP's
   // gradient_as_bucket_view does), so a fused response is already contiguous: no pack, no unpack.
   int64_t total = 0;
-  for (const auto& t : profile->tensors) {
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    total += n;
-  }
+  for (const auto& t : profile->tensors) total += t.Elements();
   float* flat_grads = static_cast<float*>(c.Allocate(total * sizeof(float)));
   if (flat_grads == nullptr) {
     std::fprintf(stderr, "ringmaster-bench: the worker's arena is too small (--arena-mb)\n");
@@ -152,11 +148,9 @@ int Main() {
   std::vector<std::vector<int64_t>> shapes;
   int64_t at = 0;
   for (const auto& t : profile->tensors) {
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
     grads.push_back(flat_grads + at);
     shapes.push_back(t.shape);
-    at += n;
+    at += t.Elements();
   }
   const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
   const ReduceOp op = absl::GetFlag(FLAGS_op) == "average" ? ReduceOp::kAverage : ReduceOp::kSum;

@@ -74,8 +74,7 @@ RankResult RunRank(int rank, int world, const ModelProfile& p, std::shared_ptr<K
   std::vector<int64_t> bytes;
   std::vector<void*> grads;
   for (const auto& t : p.tensors) {
-    int64_t n = 4;
-    for (int64_t d : t.shape) n *= d;
+    const int64_t n = 4 * t.Elements();
     void* g = nullptr;
     CHECK_CUDA(cudaMalloc(&g, n));
     CHECK_CUDA(cudaMemset(g, 0, n));

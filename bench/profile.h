@@ -15,6 +15,11 @@ struct ModelProfile {
   struct Tensor {
     std::string name;
     std::vector<int64_t> shape;
+    int64_t Elements() const {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      return n;
+    }
   };
   std::vector<Tensor> tensors;
   int64_t bytes_fp32 = 0;

@@ -406,6 +406,7 @@ class ClientImpl : public Client {
     size_t offset = 0;       // where it is in the arena
     size_t bytes = 0;
     bool staged = false;     // copied into the arena: copy back and free on completion
+    bool user_on_host = false;  // GPU slot, staged from host memory: the copy back is waited for
     bool copy_out = false;
     bool allgather = false;
     int64_t elem = 0;
@@ -454,6 +455,7 @@ class ClientImpl : public Client {
       if (!offset.ok()) return offset.status();
       op.offset = *offset;
       op.staged = true;
+      op.user_on_host = device_ != nullptr && HostMemory(data);
       if (absl::Status s = Copy(base_ + op.offset, data, bytes, op.stream,
                                 "staging a tensor into the arena");
           !s.ok()) {
@@ -559,7 +561,7 @@ class ClientImpl : public Client {
         // is: the caller reads it on the CPU, with no stream to order it (a copy into pinned memory
         // would otherwise still be in flight).
         status = Copy(op->user, base_ + op->offset, op->bytes, op->stream,
-                      "copying a result out of the arena", /*wait=*/HostMemory(op->user));
+                      "copying a result out of the arena", /*wait=*/op->user_on_host);
       }
       ReleaseAfter(op->offset, op->stream);
     }
@@ -680,27 +682,22 @@ class ClientImpl : public Client {
 #ifdef RINGMASTER_HAVE_CUDA
     if (device_ != nullptr) {
       DeviceGuard guard(device_->device);  // the events are the slot device's
-      absl::MutexLock lock(&free_mu_);
-      cudaEvent_t event = nullptr;
-      if (!device_->spare_events.empty()) {
-        event = device_->spare_events.back();
-        device_->spare_events.pop_back();
-      } else if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+      const auto s = static_cast<cudaStream_t>(stream);
+      if (cudaEvent_t event = TakeEvent()) {
+        if (cudaEventRecord(event, s) == cudaSuccess) {
+          absl::MutexLock lock(&free_mu_);
+          device_->pending_frees.emplace_back(offset, event);
+          return;
+        }
         cudaGetLastError();
-        event = nullptr;
+        ReturnEvent(event);
       }
-      if (event != nullptr &&
-          cudaEventRecord(event, static_cast<cudaStream_t>(stream)) == cudaSuccess) {
-        device_->pending_frees.emplace_back(offset, event);
-        return;
-      }
-      cudaGetLastError();
-      if (event != nullptr) device_->spare_events.push_back(event);
-      cudaStreamSynchronize(static_cast<cudaStream_t>(stream));  // no event: wait here instead
+      cudaStreamSynchronize(s);  // no event: wait here instead (no lock held)
     }
 #endif
     allocator_.Free(offset).IgnoreError();
   }
+
 
   // Arena memory (for the caller, or a staged tensor). GPU: released memory whose last use on its
   // stream is done is reclaimed first; when the arena is full, the pending releases are waited for,
@@ -717,11 +714,7 @@ class ClientImpl : public Client {
     if (bytes > allocator_.end()) return full(", more than the whole arena");
     const absl::Time deadline = absl::Now() + kArenaWait;
     while (true) {
-      int64_t seen;
-      {
-        absl::MutexLock lock(&mu_);
-        seen = releases_;
-      }
+      const int64_t seen = releases_.load();
 #ifdef RINGMASTER_HAVE_CUDA
       if (device_ != nullptr) {
         ReapFrees(/*wait=*/false);
@@ -791,31 +784,42 @@ class ClientImpl : public Client {
   // Makes `to` wait for the work queued on `from` so far.
   absl::Status JoinStreams(void* from, void* to) {
     DeviceGuard guard(device_->device);
-    cudaEvent_t event = nullptr;
-    {
-      absl::MutexLock lock(&free_mu_);
-      if (!device_->spare_events.empty()) {
-        event = device_->spare_events.back();
-        device_->spare_events.pop_back();
-      }
-    }
-    if (event == nullptr) {
-      if (absl::Status s = CudaError(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
-                                     "creating an event");
-          !s.ok()) {
-        return s;
-      }
-    }
+    cudaEvent_t event = TakeEvent();
+    if (event == nullptr) return absl::UnavailableError("CUDA: cannot create an event");
     absl::Status s = CudaError(cudaEventRecord(event, static_cast<cudaStream_t>(from)),
                                "ordering the result on the waiting stream");
     if (s.ok()) {
       s = CudaError(cudaStreamWaitEvent(static_cast<cudaStream_t>(to), event, 0),
                     "ordering the result on the waiting stream");
     }
-    absl::MutexLock lock(&free_mu_);
-    device_->spare_events.push_back(event);  // the wait captured the record: reusable at once
+    ReturnEvent(event);  // the wait captured the record: reusable at once
     return s;
   }
+
+  // An event of the slot's device (current on this thread) from the spares, or a new one; nullptr
+  // when CUDA cannot create one.
+  cudaEvent_t TakeEvent() {
+    {
+      absl::MutexLock lock(&free_mu_);
+      if (!device_->spare_events.empty()) {
+        cudaEvent_t event = device_->spare_events.back();
+        device_->spare_events.pop_back();
+        return event;
+      }
+    }
+    cudaEvent_t event = nullptr;
+    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return event;
+  }
+
+  void ReturnEvent(cudaEvent_t event) {
+    absl::MutexLock lock(&free_mu_);
+    device_->spare_events.push_back(event);
+  }
+
 #endif
 
   void FailAll(const absl::Status& status) {
@@ -850,7 +854,9 @@ class ClientImpl : public Client {
   absl::flat_hash_map<Handle, AllgatherOutput> gathered_ ABSL_GUARDED_BY(mu_);
   int last_joined_rank_ ABSL_GUARDED_BY(mu_) = -1;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t releases_ ABSL_GUARDED_BY(mu_) = 0;  // staged buffers given back so far
+  // Staged buffers given back so far: incremented under mu_ (waits on it are conditions on mu_),
+  // read without it.
+  std::atomic<int64_t> releases_{0};
 };
 
 }  // namespace

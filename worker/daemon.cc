@@ -454,7 +454,7 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   const v1::RankInfo& me = spec.ranks(job->assignment.rank());
   // Held until the welcome is built: FinishJob marks the job closing under it before it releases
   // the arena.
-  absl::MutexLock lock(&job->attach_mu);
+  absl::ReleasableMutexLock lock(&job->attach_mu);
   if (job->closing) return absl::UnavailableError("no job is assigned to this worker yet");
   const int pid = hello.pid() > 0 ? hello.pid() : -1;
   if (job->attached_connections > 0 && (job->attached_pid != pid || pid == -1)) {
@@ -490,6 +490,7 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
     w.set_device_arena(job->device_arena_handle);
     for (const std::string& h : job->done_event_handles) w.add_done_events(h);
   }
+  lock.Release();  // not held across the message to the coordinator
   if (!job->started.exchange(true)) SendRankUpdate(*job, v1::RANK_STATE_STARTED, 0, "");
   return Welcome{std::move(w), arena_fd};
 }

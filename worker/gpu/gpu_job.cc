@@ -192,7 +192,9 @@ absl::Status GpuJob::WaitReady(const std::vector<Tensor>& tensors) {
 absl::StatusOr<uint8_t*> GpuJob::Scratch(int64_t bytes) {
   if (bytes <= scratch_bytes_) return scratch_;
   if (scratch_ != nullptr) {
-    // Work queued on the stream may still use it.
+    // Work queued on the stream may still use it. That is earlier responses' work only (whose
+    // collectives have completed: callers queue this response's ready-event waits after this), so
+    // the wait is short and cannot hang on a training process.
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
     cudaFree(scratch_);
     scratch_ = nullptr;
@@ -221,7 +223,8 @@ absl::StatusOr<int32_t> GpuJob::RecordDone() {
 
 absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, DataType dtype,
                                           ReduceOp op, double prescale, double postscale) {
-  if (absl::Status s = WaitReady(tensors); !s.ok()) return s;
+  // The stream waits for the tensors' ready events only once the fusion buffer is there: growing
+  // it synchronizes the stream, which must not wait for the training process then.
   absl::StatusOr<NcclReduction> reduction =
       ToNcclReduction(op, dtype, options_.size, nccl_version_);
   if (!reduction.ok()) return reduction.status();
@@ -239,6 +242,7 @@ absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, Da
   const bool post = postscale != 1.0 || reduction->divide_by > 1;
   if (contiguous) {
     // Already one buffer: scale in place (if at all) and reduce there.
+    if (absl::Status s = WaitReady(tensors); !s.ok()) return s;
     uint8_t* data = arena_ + tensors[0].offset;
     if (prescale != 1.0) {
       if (absl::Status s = ScaledCopy({{data, data, total}}, dtype, prescale, 1, stream); !s.ok()) {
@@ -261,6 +265,7 @@ absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, Da
   if (!layout.ok()) return layout.status();
   absl::StatusOr<uint8_t*> fusion = Scratch(layout->total_bytes);
   if (!fusion.ok()) return fusion.status();
+  if (absl::Status s = WaitReady(tensors); !s.ok()) return s;
   std::vector<DeviceSegment> pack, unpack;
   for (size_t i = 0; i < tensors.size(); ++i) {
     uint8_t* slot = *fusion + layout->offsets[i];
@@ -283,15 +288,15 @@ absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, Da
 }
 
 absl::StatusOr<int32_t> GpuJob::Broadcast(const Tensor& tensor, int64_t bytes, int root) {
-  if (absl::Status s = WaitReady({tensor}); !s.ok()) return s;
   uint8_t* data;
   if (tensor.offset >= 0) {
     data = arena_ + tensor.offset;
-  } else {  // joined: take part with scratch memory
+  } else {  // joined: take part with scratch memory (before any wait is queued: see Allreduce)
     absl::StatusOr<uint8_t*> scratch = Scratch(bytes);
     if (!scratch.ok()) return scratch.status();
     data = *scratch;
   }
+  if (absl::Status s = WaitReady({tensor}); !s.ok()) return s;
   if (absl::Status s = backend_->Broadcast(data, bytes, root); !s.ok()) return s;
   return RecordDone();
 }

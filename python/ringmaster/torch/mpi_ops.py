@@ -187,7 +187,7 @@ def _check_dense(tensor):
 
 
 def _gpu_slot(c):
-    return c.topology.device >= 0
+    return _basics.topology().device >= 0
 
 
 def _daemon_buffer(tensor):
@@ -197,10 +197,11 @@ def _daemon_buffer(tensor):
     through a contiguous copy on the GPU."""
     c = _basics.client()
     if tensor.device.type == "cuda" and _gpu_slot(c):
-        if tensor.device.index != c.topology.device:
+        slot = _basics.topology().device
+        if tensor.device.index != slot:
             raise ValueError(
                 f"ringmaster: the tensor is on {tensor.device} but this rank's worker runs on "
-                f"cuda:{c.topology.device} (call torch.cuda.set_device(hvd.local_rank()) and keep "
+                f"cuda:{slot} (call torch.cuda.set_device(hvd.local_rank()) and keep "
                 f"the model's tensors there)")
         stream = torch.cuda.current_stream(tensor.device)
         c.set_cuda_stream(stream.cuda_stream)
@@ -251,7 +252,7 @@ def _arena_empty(shape, dtype):
     if not _gpu_slot(c):
         return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)
     try:
-        raw = torch.as_tensor(buf, device=torch.device("cuda", c.topology.device))
+        raw = torch.as_tensor(buf, device=torch.device("cuda", _basics.topology().device))
         if raw.data_ptr() != buf.address:
             raise RuntimeError("torch.as_tensor copied the arena instead of viewing it")
         return raw.view(dtype).view(shape)

@@ -175,7 +175,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Moves p.grad into p's arena buffer (allocated once) unless it is already there. Only
         without compression: a compressed gradient is a new tensor, which the client copies."""
         grad = p.grad
-        slot = _basics.client().topology.device
+        slot = _basics.topology().device
         on_slot = grad.device.type == "cpu" if slot < 0 else grad.device == torch.device("cuda", slot)
         if self._compression is not Compression.none or not on_slot or grad.is_sparse:
             return
@@ -186,7 +186,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # for it, compressed ones, ...).
             self._arena_grads.pop(p, None)  # a buffer of another shape is of no use any more
             nbytes = _aligned(grad.numel() * grad.element_size())
-            budget = _basics.client().topology.arena_bytes // 2
+            budget = _basics.topology().arena_bytes // 2
             if _arena_grad_bytes[0] + nbytes > budget:
                 return  # the client copies this gradient in and out
             buf = _arena_empty(grad.shape, grad.dtype)

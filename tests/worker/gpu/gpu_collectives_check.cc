@@ -216,11 +216,9 @@ int main(int argc, char** argv) {
     CHECK(flat != nullptr, "arena too small for the profile");
     int64_t at = 0;
     for (const auto& t : profile->tensors) {
-      int64_t e = 1;
-      for (int64_t d : t.shape) e *= d;
       grads.push_back(flat + at);
       shapes.push_back(t.shape);
-      at += e;
+      at += t.Elements();
     }
     cudaMemset(flat, 0, profile->bytes_fp32);
     std::vector<double> times;
