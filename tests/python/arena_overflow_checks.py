@@ -1,7 +1,7 @@
 """Run as every rank of a job whose workers' arena is small (`ringmaster local --np 2 --arena-mb 16
 -- python3 arena_overflow_checks.py`): a model whose gradients do not fit in the arena still trains,
-and matches one process on the whole batch; a single tensor larger than the arena is refused with
-a message that says what to do. Prints "arena_overflow_checks: rank R: ok (K of N gradients in the
+and matches one process on the whole batch; a single tensor, or a group, larger than the arena is
+refused with a message that says what to do, and the job goes on. Prints "arena_overflow_checks: rank R: ok (K of N gradients in the
 arena)" or the failures; exits 0 only if every check passed.
 """
 import copy
@@ -58,6 +58,18 @@ def main():
         want = (f"shared arena full: {arena + 4} bytes requested, ")
         if not str(e).startswith(want) or "start the workers with a larger --arena-mb" not in str(e):
             failures.append(f"unexpected error for a tensor larger than the arena: {e}")
+    # A grouped allreduce whose members cannot all be in the arena at once (they complete
+    # together): refused before any member is submitted, the job goes on.
+    try:
+        hvd.grouped_allreduce([torch.ones(arena // 8) for _ in range(3)], name="too.big.group")
+        failures.append("a group larger than the arena was accepted")
+    except hvd.HorovodInternalError as e:
+        if not str(e).startswith(f"shared arena full: the grouped allreduce needs {3 * arena // 2} "
+                                 f"bytes staged at once; the arena holds {arena} bytes"):
+            failures.append(f"unexpected error for a group larger than the arena: {e}")
+    after = hvd.allreduce(torch.ones(4), op=hvd.Sum, name="after.refusals")
+    if not torch.equal(after, torch.full((4,), float(size))):
+        failures.append(f"allreduce after the refusals: {after}")
     for f in failures:
         print(f"FAIL rank {rank}: {f}", flush=True)
     if failures:

@@ -146,6 +146,18 @@ TEST_F(LocalServerTest, AWelcomedProcessSharesItsReadyEventsAndItsDisconnectName
   EXPECT_EQ(handler_.ready_events, std::vector<int>{3});
 }
 
+TEST_F(LocalServerTest, ASecondHelloOnAWelcomedConnectionIsRefused) {
+  int fd = Dial();
+  ASSERT_EQ(Hello(fd, 1234).kind_case(), v1::LocalReply::kWelcome);
+  v1::LocalReply again = Hello(fd, 1234);
+  ASSERT_EQ(again.kind_case(), v1::LocalReply::kCompletion);
+  EXPECT_EQ(again.completion().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(again.completion().message(), "this connection was already welcomed");
+  EXPECT_EQ(Enqueue(fd, 5, "still served"), "5:still served");
+  close(fd);
+  EXPECT_EQ(handler_.Disconnects(1), std::vector<std::string>{"job-7@3"});  // one welcome, one end
+}
+
 TEST_F(LocalServerTest, RefusedReadyEventsCloseOnlyThatConnection) {
   handler_.refuse_ready_events = true;  // what a CPU slot answers
   int cuda_client = Dial();
