@@ -90,7 +90,7 @@ int Artifacts(const Global& g, v1::JobService::Stub& stub, Args& args) {
     request.set_job_id(job_id);
     v1::ListArtifactsResponse response;
     if (grpc::Status s = stub.ListArtifacts(Context(g).get(), request, &response); !s.ok()) {
-      Fail(s);
+      Fail(g, s);
     }
     if (g.json) {
       std::printf("%s\n", Json(response).c_str());
@@ -103,7 +103,7 @@ int Artifacts(const Global& g, v1::JobService::Stub& stub, Args& args) {
     return 0;
   }
   std::vector<FetchedArtifact> fetched;
-  if (grpc::Status s = FetchArtifacts(stub, g, job_id, dir, &fetched); !s.ok()) Fail(s);
+  if (grpc::Status s = FetchArtifacts(stub, g, job_id, dir, &fetched); !s.ok()) Fail(g, s);
   for (const FetchedArtifact& f : fetched) {
     if (g.json) {
       std::printf("{\"name\":\"%s\",\"path\":\"%s\",\"size_bytes\":%lld}\n", f.name.c_str(),

@@ -43,9 +43,25 @@ std::string Describe(const grpc::Status& status) {
                       status.error_message());
 }
 
-void Fail(const grpc::Status& status) {
+std::string UnreachableHint(const std::string& address) {
+  return absl::StrCat("(no coordinator answered at ", address,
+                      "; is ringmaster-coordinator running there? Name another with --coordinator "
+                      "ADDR:PORT or RINGMASTER_COORDINATOR=ADDR:PORT)");
+}
+
+void Fail(const Global& g, const grpc::Status& status) {
   std::fprintf(stderr, "ringmaster: %s\n", Describe(status).c_str());
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    std::fprintf(stderr, "%s\n", UnreachableHint(g.coordinator).c_str());
+  }
   std::exit(1);
+}
+
+void HelpIfAsked(const Args& args, const std::string& help) {
+  if (args.Has("--help") || args.Has("-h")) {
+    std::fputs(help.c_str(), stdout);
+    std::exit(0);
+  }
 }
 
 bool Args::Extract(const std::string& flag) {
@@ -64,6 +80,19 @@ bool Args::Extract(const std::string& flag) {
 std::string Args::Value(const std::string& flag) {
   if (Done()) Usage(absl::StrCat(flag, " needs a value"));
   return Next();
+}
+
+bool Args::Has(const std::string& flag) const {
+  for (size_t i = pos_; i < args_.size() && args_[i] != "--"; ++i) {
+    if (args_[i] == flag) return true;
+  }
+  return false;
+}
+
+std::string Args::Remaining() const {
+  std::string out;
+  for (size_t i = pos_; i < args_.size(); ++i) absl::StrAppend(&out, i > pos_ ? " " : "", args_[i]);
+  return out;
 }
 
 std::vector<std::string> Args::Rest() {

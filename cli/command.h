@@ -32,8 +32,13 @@ std::unique_ptr<grpc::ClientContext> Context(const Global& g);
 // "INVALID_ARGUMENT: message": the code's name and the message.
 std::string Describe(const grpc::Status& status);
 
-// Prints `ringmaster: CODE: message` to stderr and exits 1.
-[[noreturn]] void Fail(const grpc::Status& status);
+// Prints `ringmaster: CODE: message` to stderr and exits 1. When the coordinator could not be
+// reached (UNAVAILABLE), a second line says which address was tried and how to name another.
+[[noreturn]] void Fail(const Global& g, const grpc::Status& status);
+
+// The hint Fail() prints for an unreachable coordinator at `address`.
+std::string UnreachableHint(const std::string& address);
+
 
 // Walks argv, handing out options and their values.
 class Args {
@@ -47,11 +52,18 @@ class Args {
   // The value of `flag`: the next argument (a usage error when there is none).
   std::string Value(const std::string& flag);
   std::vector<std::string> Rest();
+  // Whether `flag` stands at or after the current position, before any "--".
+  bool Has(const std::string& flag) const;
+  // The arguments from the current position on, joined by spaces (for messages).
+  std::string Remaining() const;
 
  private:
   std::vector<std::string> args_;
   size_t pos_ = 0;
 };
+
+// When `args` asks for help (--help or -h before any "--"), prints `help` and exits 0.
+void HelpIfAsked(const Args& args, const std::string& help);
 
 // `text` as a number; a usage error naming `flag` otherwise.
 template <typename T>

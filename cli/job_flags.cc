@@ -1,9 +1,16 @@
 #include "cli/job_flags.h"
 
+#include <filesystem>
+#include <system_error>
+
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/knobs.h"
+
+extern char** environ;
 
 namespace ringmaster::cli {
 
@@ -20,6 +27,74 @@ std::string ArtifactName(const std::string& value,
 }
 
 }  // namespace
+
+const char kJobOptionsHelp[] = R"(job options:
+  --np N                          number of ranks (required)
+  --processes-per-host K          at most K ranks per host (default: no limit)
+  --name NAME                     job name (default: the command's base name)
+  --env KEY=VALUE                 environment for the training processes (repeatable; wins over
+                                  what is inherited)
+  --working-dir DIR               working directory of the training processes (default: the
+                                  current directory)
+  --label KEY=VALUE               job label (repeatable)
+  --fusion-threshold-mb MB        fusion buffer size in MiB (default 128; 0 disables fusion)
+  --fusion-threshold-bytes B      the same in bytes
+  --cycle-time-ms MS              negotiation cycle time (default 1)
+  --cache-capacity N              response cache entries (default 1024; 0 disables)
+  --autotune                      tune fusion threshold, cycle time and response cache on/off
+                                  (Bayesian optimisation); knobs given by a flag or environment
+                                  variable stay fixed
+  --autotune-start-from-given     tune the given knobs too, starting from the given values
+  --autotune-log-file FILE        autotune CSV log (a job artifact)
+  --autotune-warmup-samples N     (default 3)
+  --autotune-steps-per-sample N   (default 10)
+  --autotune-bayes-opt-max-samples N  (default 20)
+  --autotune-gaussian-process-noise X (default 0.8)
+  --timeline FILE                 Chrome-trace timeline (a job artifact)
+  --timeline-mark-cycles          mark negotiation cycles in the timeline
+  --stall-check-seconds S         report stalled tensors after S seconds (default 60; 0 disables)
+  --no-stall-check                the same as --stall-check-seconds 0
+  --stall-shutdown-seconds S      fail the job when a stall lasts S seconds (default 0: never)
+  --backend auto|gloo|nccl        collective backend (default auto)
+Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...);
+flags win over the environment.
+)";
+
+std::string ExecutableDir() {
+  std::error_code error;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? "." : exe.parent_path().string();
+}
+
+bool Inherited(const std::string& key) {
+  if (key == "RINGMASTER_COORDINATOR" || key == "RINGMASTER_TOKEN") return false;
+  return key == "PATH" || key == "PYTHONPATH" || key == "HOME" || key == "LANG" ||
+         key == "LC_ALL" || absl::StartsWith(key, "HOROVOD_") ||
+         absl::StartsWith(key, "RINGMASTER_") || absl::StartsWith(key, "NCCL_");
+}
+
+void InheritCallerEnvironment(const std::string& bin_dir, v1::JobSpec* spec) {
+  auto& env = *spec->mutable_env();
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    const std::string key = entry.substr(0, eq);
+    if (Inherited(key) && !env.contains(key)) env[key] = entry.substr(eq + 1);
+  }
+  std::error_code error;
+  const std::filesystem::path python =
+      std::filesystem::weakly_canonical(std::filesystem::path(bin_dir) / ".." / "python", error);
+  if (!error && std::filesystem::is_directory(python, error)) {
+    const std::string old = env.contains("PYTHONPATH") ? env.at("PYTHONPATH") : "";
+    env["PYTHONPATH"] = old.empty() ? python.string() : absl::StrCat(python.string(), ":", old);
+  }
+  // The build's bin/ first on PATH, so the job finds this build's tools (ringmaster-bench, ...).
+  const std::string path = env.contains("PATH") ? env.at("PATH") : "";
+  bool listed = false;
+  for (absl::string_view entry : absl::StrSplit(path, ':')) listed |= entry == bin_dir;
+  if (!listed) env["PATH"] = path.empty() ? bin_dir : absl::StrCat(bin_dir, ":", path);
+}
 
 v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag& extra,
                          std::map<std::string, std::string>* requested_paths) {
@@ -104,7 +179,14 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
         Usage(absl::StrCat("--backend '", b, "' is not auto, gloo or nccl"));
       }
     } else if (!extra || !extra(flag, args)) {
-      Usage(absl::StrCat(command, ": unknown option '", flag, "'"));
+      if (!absl::StartsWith(flag, "-")) {
+        // The command itself, without the "--" that separates it from the options.
+        Usage(absl::StrCat(command, ": '", flag, "' is not an option; put -- before the command: ",
+                           "ringmaster ", command, " [options] -- ", flag,
+                           args.Done() ? "" : " ", args.Remaining()));
+      }
+      Usage(absl::StrCat(command, ": unknown option '", flag, "' (ringmaster ", command,
+                         " --help lists them)"));
     }
   }
   if (!have_np) Usage(absl::StrCat(command, " needs --np N"));

@@ -25,4 +25,21 @@ using ExtraFlag = std::function<bool(const std::string& flag, Args& args)>;
 v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag& extra = nullptr,
                          std::map<std::string, std::string>* requested_paths = nullptr);
 
+// The directory of the running executable, where the coordinator and worker binaries are built too.
+std::string ExecutableDir();
+
+// Whether a variable of the caller's environment goes to the job's processes: PATH, PYTHONPATH,
+// HOME, LANG, LC_ALL and every HOROVOD_*, RINGMASTER_* and NCCL_* variable, except
+// RINGMASTER_COORDINATOR (it would name the caller's coordinator, not the job's) and
+// RINGMASTER_TOKEN (the caller's credential).
+bool Inherited(const std::string& key);
+
+// Adds the caller's inherited variables to the spec's environment (--env wins). PYTHONPATH is
+// prefixed with the build tree's python/ (next to `bin_dir`) when it exists, so a built `ringmaster`
+// Python package is found, and PATH with `bin_dir`.
+void InheritCallerEnvironment(const std::string& bin_dir, v1::JobSpec* spec);
+
+// The job options of `submit` and `local`, as their --help lists them.
+extern const char kJobOptionsHelp[];
+
 }  // namespace ringmaster::cli

@@ -88,38 +88,6 @@ struct LocalOptions {
   int arena_mb = 0;  // the workers' --arena-mb; 0: theirs
 };
 
-// The directory of the running executable, where the coordinator and worker binaries are built too.
-std::string ExecutableDir() {
-  std::error_code error;
-  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
-  return error ? "." : exe.parent_path().string();
-}
-
-// What the job's processes get from the caller's environment: PATH, PYTHONPATH, HOME, LANG, LC_ALL
-// and every HOROVOD_* and RINGMASTER_* variable, except RINGMASTER_COORDINATOR (it would name
-// another coordinator than this run's). --env wins. PYTHONPATH is prefixed with the build tree's
-// python/ (next to bin/) when it exists, so a built `ringmaster` Python package is found.
-void AddCallerEnvironment(const std::string& bin_dir, v1::JobSpec* spec) {
-  auto& env = *spec->mutable_env();
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    const size_t eq = entry.find('=');
-    if (eq == std::string::npos || eq == 0) continue;
-    const std::string key = entry.substr(0, eq);
-    const bool wanted = key == "PATH" || key == "PYTHONPATH" || key == "HOME" || key == "LANG" ||
-                        key == "LC_ALL" || absl::StartsWith(key, "HOROVOD_") ||
-                        (absl::StartsWith(key, "RINGMASTER_") && key != "RINGMASTER_COORDINATOR");
-    if (wanted && !env.contains(key)) env[key] = entry.substr(eq + 1);
-  }
-  std::error_code error;
-  const std::filesystem::path python =
-      std::filesystem::weakly_canonical(std::filesystem::path(bin_dir) / ".." / "python", error);
-  if (!error && std::filesystem::is_directory(python, error)) {
-    const std::string old = env.contains("PYTHONPATH") ? env.at("PYTHONPATH") : "";
-    env["PYTHONPATH"] = old.empty() ? python.string() : absl::StrCat(python.string(), ":", old);
-  }
-}
-
 // One run: the processes it started, the job, and the thread that watches both.
 class LocalRun {
  public:
@@ -148,8 +116,10 @@ class LocalRun {
     std::fflush(stdout);
     if (job.ok() && job->state() == v1::JOB_STATE_SUCCEEDED) return 0;
     if (job.ok() && IsTerminal(job->state())) {
+      // The reason's first line: the rest (a failed rank's last output, and how to see it with a
+      // coordinator that is gone when we exit) was printed already.
       std::fprintf(stderr, "ringmaster local: job %s: %s\n", StateName(job->state()).c_str(),
-                   job->reason().c_str());
+                   job->reason().substr(0, job->reason().find('\n')).c_str());
       const int sig = g_signal.load();
       return sig != 0 ? 128 + sig : 1;
     }
@@ -492,7 +462,7 @@ int Local(const Global& g, Args& args) {
     spec.set_working_dir(std::filesystem::current_path(error).string());
   }
   const std::string bin_dir = ExecutableDir();
-  AddCallerEnvironment(bin_dir, &spec);
+  InheritCallerEnvironment(bin_dir, &spec);
   for (const char* binary : {"ringmaster-coordinator", "ringmaster-worker"}) {
     const std::string path = absl::StrCat(bin_dir, "/", binary);
     if (access(path.c_str(), X_OK) != 0) {

@@ -14,8 +14,11 @@
 // localhost:50051. Exit status: 0 on success, 1 when the call fails (one line on stderr), 2 for a usage
 // error; `watch` exits 0 when the job SUCCEEDED and 1 when it FAILED or was CANCELLED; `local` as
 // documented in cli/local.h.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cli/artifacts.h"
@@ -34,6 +38,7 @@
 #include "cli/local.h"
 #include "cli/log_printer.h"
 #include "grpcpp/grpcpp.h"
+#include "ringmaster/v1/cluster.grpc.pb.h"
 #include "ringmaster/v1/job.grpc.pb.h"
 
 namespace ringmaster::cli {
@@ -53,41 +58,94 @@ commands:
                                              rank R unless --rank); --follow: until the job ends
   artifacts JOB [--output DIR] [--list]      fetch the job's timeline and autotune log into DIR
                                              (default: the current directory); --list: only list
+  workers                                    list the worker daemons the coordinator knows
   local --np N [options] -- CMD [ARGS...]    run a job on this machine: starts a coordinator and
                                              N workers, prints the output, exits with the job
 
-submit and local options:
-  --np N                          number of ranks (required)
-  --processes-per-host K          at most K ranks per host (default: no limit)
-  --name NAME                     job name (default: the command's base name)
-  --env KEY=VALUE                 environment for the training processes (repeatable)
-  --working-dir DIR               working directory of the training processes
-  --label KEY=VALUE               job label (repeatable)
-  --fusion-threshold-mb MB        fusion buffer size in MiB (default 128; 0 disables fusion)
-  --fusion-threshold-bytes B      the same in bytes
-  --cycle-time-ms MS              negotiation cycle time (default 1)
-  --cache-capacity N              response cache entries (default 1024; 0 disables)
-  --autotune                      tune fusion threshold, cycle time and response cache on/off
-                                  (Bayesian optimisation); knobs given by a flag or environment
-                                  variable stay fixed
-  --autotune-start-from-given     tune the given knobs too, starting from the given values
-  --autotune-log-file FILE        autotune CSV log (a job artifact)
-  --autotune-warmup-samples N     (default 3)
-  --autotune-steps-per-sample N   (default 10)
-  --autotune-bayes-opt-max-samples N  (default 20)
-  --autotune-gaussian-process-noise X (default 0.8)
-  --timeline FILE                 Chrome-trace timeline (a job artifact)
-  --timeline-mark-cycles          mark negotiation cycles in the timeline
-  --stall-check-seconds S         report stalled tensors after S seconds (default 60; 0 disables)
-  --no-stall-check                the same as --stall-check-seconds 0
-  --stall-shutdown-seconds S      fail the job when a stall lasts S seconds (default 0: never)
-  --backend auto|gloo|nccl        collective backend (default auto)
-Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...);
-flags win over the environment.
+global options:
+  --coordinator ADDR:PORT   the coordinator (default: $RINGMASTER_COORDINATOR, else localhost:50051)
+  --json                    print replies as JSON, one message per line
+  --timeout-seconds S       deadline of each call (default 10)
 
-local options (besides the above; --processes-per-host K simulates hosts local-0, local-1, ... of
-K ranks each, default all on one):
+`ringmaster COMMAND --help` lists a command's own options.
+)";
+
+constexpr char kSubmitHelp[] = R"(usage: ringmaster submit --np N [options] -- CMD [ARGS...]
+
+Registers a job of N ranks running CMD; prints its id, name and state. The job's processes start in
+the current directory (--working-dir to change it) with the caller's PATH, PYTHONPATH, HOME, LANG,
+LC_ALL and every HOROVOD_*, RINGMASTER_* and NCCL_* variable (--no-inherit-env: only --env).
+
+options:
+  --no-inherit-env                pass none of the caller's environment, and the workers' own
+                                  working directory unless --working-dir
+)";
+
+constexpr char kJobsHelp[] = R"(usage: ringmaster jobs [--state STATE]...
+
+Lists jobs, newest first: id, name, state, ranks, age and reason.
+
+options:
+  --state STATE   only jobs in STATE (PENDING, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED);
+                  repeatable
+)";
+
+constexpr char kStatusHelp[] = R"(usage: ringmaster status JOB
+
+Prints a job: state, why it waits (PENDING) or why it ended, ranks (host, device, worker, local and
+cross rank, state, exit status), knobs, throughput (live while it runs, the last figures after) and
+events.
+)";
+
+constexpr char kCancelHelp[] = R"(usage: ringmaster cancel JOB [--reason TEXT]
+
+Cancels a job: its ranks are stopped and it ends CANCELLED.
+
+options:
+  --reason TEXT   recorded as the job's reason ("cancelled: TEXT")
+)";
+
+constexpr char kWatchHelp[] = R"(usage: ringmaster watch JOB
+
+Prints a job's events (those so far, then each as it happens) until the job ends. Exits 0 when it
+SUCCEEDED, 1 when it FAILED or was CANCELLED.
+)";
+
+constexpr char kLogsHelp[] = R"(usage: ringmaster logs JOB [--rank R] [--follow]
+
+Prints a job's output, "[R] " before each line of rank R.
+
+options:
+  --rank R        only rank R's output, without the prefix
+  --follow, -f    keep printing new output until the job ends
+)";
+
+constexpr char kArtifactsHelp[] = R"(usage: ringmaster artifacts JOB [--output DIR] [--list]
+
+Fetches the job's artifacts (its timeline and autotune log) into DIR.
+
+options:
+  --output DIR, -o DIR   where to write them (default: the current directory)
+  --list                 only list them, with their sizes
+)";
+
+constexpr char kWorkersHelp[] = R"(usage: ringmaster workers
+
+Lists the worker daemons the coordinator knows, by host and device: id, host, device, state (IDLE,
+BUSY, DISCONNECTED, LOST), the job and rank it serves, and how long ago it last sent a heartbeat.
+)";
+
+constexpr char kLocalHelp[] = R"(usage: ringmaster local --np N [options] -- CMD [ARGS...]
+
+Runs a job on this machine: starts a coordinator and N worker daemons on 127.0.0.1, prints each
+rank's output prefixed "[R] ", and exits with the job's status (0 when it succeeded). Ctrl-C stops
+it all.
+
+options (besides the job options below; --processes-per-host K simulates hosts local-0, local-1,
+... of K ranks each, default all on one):
   --coordinator-port P            the coordinator's port on 127.0.0.1 (default: any free port)
+  --metrics-port-base P           serve metrics: the coordinator on port P, worker i on P+1+i
+                                  (default: no metrics)
   --start-timeout-seconds S       fail when the workers have not all connected after S (default 60)
   --gpus                          worker i serves cuda:(i mod K) (K: processes per host) with NCCL
   --arena-mb MB                   the workers' shared arena per rank (default 1024, at least 16; the
@@ -95,6 +153,22 @@ K ranks each, default all on one):
   --artifacts-output DIR          where the job's artifacts (timeline, autotune log) are written
                                   when it ends (default: the current directory)
 )";
+
+// A command's --help: its own text, and the job options for the two that take them.
+std::string HelpOf(const std::string& command) {
+  static const std::map<std::string, const char*> kHelp = {
+      {"submit", kSubmitHelp}, {"jobs", kJobsHelp},           {"status", kStatusHelp},
+      {"cancel", kCancelHelp}, {"watch", kWatchHelp},         {"logs", kLogsHelp},
+      {"artifacts", kArtifactsHelp}, {"workers", kWorkersHelp}, {"local", kLocalHelp}};
+  auto it = kHelp.find(command);
+  if (it == kHelp.end()) return kUsage;
+  std::string help = it->second;
+  if (command == "submit" || command == "local") absl::StrAppend(&help, "\n", kJobOptionsHelp);
+  return help;
+}
+
+// How long a command waits for the coordinator to accept its connection before calling anyway.
+constexpr double kConnectGraceSeconds = 3;
 
 std::string StateName(v1::JobState state) {
   std::string name = v1::JobState_Name(state);
@@ -140,7 +214,11 @@ void PrintJob(const v1::Job& job) {
   std::printf("Job:       %s\n", job.id().c_str());
   std::printf("Name:      %s\n", s.name().c_str());
   std::printf("State:     %s\n", StateName(job.state()).c_str());
-  if (!job.reason().empty()) std::printf("Reason:    %s\n", job.reason().c_str());
+  if (!job.waiting_reason().empty()) std::printf("Waiting:   %s\n", job.waiting_reason().c_str());
+  if (!job.reason().empty()) {
+    // A multi-line reason (a failed rank's last output) is indented under its first line.
+    std::printf("Reason:    %s\n", absl::StrReplaceAll(job.reason(), {{"\n", "\n           "}}).c_str());
+  }
   std::printf("Ranks:     %d (%s)\n", s.np(),
               s.processes_per_host() > 0
                   ? absl::StrCat("at most ", s.processes_per_host(), " per host").c_str()
@@ -160,13 +238,18 @@ void PrintJob(const v1::Job& job) {
       absl::AsciiStrToLower(v1::Backend_Name(k.backend()).substr(8)).c_str());
   if (job.has_throughput()) {
     const v1::JobThroughput& t = job.throughput();
+    const bool ended = job.state() == v1::JOB_STATE_SUCCEEDED ||
+                       job.state() == v1::JOB_STATE_FAILED ||
+                       job.state() == v1::JOB_STATE_CANCELLED;
     std::printf(
-        "Live:      %.1f MB/s allreduced, %.2f steps/s, %.1f cycles/s (last 10 s); %lld tensors, "
-        "%.1f MB since start; in force: fusion_threshold=%lld bytes, cycle_time=%g ms, "
+        "%s %.1f MB/s allreduced, %.2f steps/s, %.1f cycles/s (%s); %lld tensors, "
+        "%.1f MB since start; %s: fusion_threshold=%lld bytes, cycle_time=%g ms, "
         "cache=%s\n",
-        t.bytes_per_second() / 1e6, t.steps_per_second(), t.cycles_per_second(),
+        ended ? "Last:     " : "Live:     ", t.bytes_per_second() / 1e6, t.steps_per_second(),
+        t.cycles_per_second(), ended ? "its last 10 s" : "last 10 s",
         static_cast<long long>(t.tensors_negotiated()), t.bytes_negotiated() / 1e6,
-        static_cast<long long>(t.fusion_threshold_bytes()), t.cycle_time_ms(),
+        ended ? "at its end" : "in force", static_cast<long long>(t.fusion_threshold_bytes()),
+        t.cycle_time_ms(),
         t.cache_enabled() ? "on" : "off");
     if (t.has_autotune()) {
       const v1::AutotuneStatus& a = t.autotune();
@@ -199,7 +282,23 @@ void PrintJob(const v1::Job& job) {
 
 int Submit(const Global& g, v1::JobService::Stub& stub, Args& args) {
   std::map<std::string, std::string> requested_paths;
-  v1::JobSpec spec = ParseJobSpec("submit", args, nullptr, &requested_paths);
+  bool inherit = true;
+  v1::JobSpec spec = ParseJobSpec(
+      "submit", args,
+      [&inherit](const std::string& flag, Args&) {
+        if (flag != "--no-inherit-env") return false;
+        inherit = false;
+        return true;
+      },
+      &requested_paths);
+  // As Horovod's launchers do: the job runs where and with what the caller runs.
+  if (inherit) {
+    if (spec.working_dir().empty()) {
+      std::error_code error;
+      spec.set_working_dir(std::filesystem::current_path(error).string());
+    }
+    InheritCallerEnvironment(ExecutableDir(), &spec);
+  }
   for (const auto& [name, path] : requested_paths) {
     std::fprintf(stderr,
                  "ringmaster: %s will be the job artifact '%s' (the coordinator keeps it): fetch it "
@@ -210,7 +309,7 @@ int Submit(const Global& g, v1::JobService::Stub& stub, Args& args) {
   *request.mutable_spec() = spec;
   v1::RegisterJobResponse response;
   grpc::Status status = stub.RegisterJob(Context(g).get(), request, &response);
-  if (!status.ok()) Fail(status);
+  if (!status.ok()) Fail(g, status);
   if (g.json) {
     std::printf("%s\n", Json(response.job()).c_str());
   } else {
@@ -236,7 +335,7 @@ int Jobs(const Global& g, v1::JobService::Stub& stub, Args& args) {
   }
   v1::ListJobsResponse response;
   grpc::Status status = stub.ListJobs(Context(g).get(), request, &response);
-  if (!status.ok()) Fail(status);
+  if (!status.ok()) Fail(g, status);
   if (g.json) {
     std::printf("%s\n", Json(response).c_str());
     return 0;
@@ -244,7 +343,9 @@ int Jobs(const Global& g, v1::JobService::Stub& stub, Args& args) {
   std::vector<std::vector<std::string>> rows = {{"JOB", "NAME", "STATE", "NP", "AGE", "REASON"}};
   for (const v1::Job& job : response.jobs()) {
     rows.push_back({job.id(), job.spec().name(), StateName(job.state()),
-                    absl::StrCat(job.spec().np()), Age(job.create_time_unix_ms()), job.reason()});
+                    absl::StrCat(job.spec().np()), Age(job.create_time_unix_ms()),
+                    // The first line (a failed rank's last output follows in `status`).
+                    std::string(job.reason().substr(0, job.reason().find('\n')))});
   }
   PrintTable(rows);
   return 0;
@@ -261,7 +362,7 @@ int Status(const Global& g, v1::JobService::Stub& stub, Args& args) {
   if (!args.Done()) Usage(absl::StrCat("status: unexpected '", args.Peek(), "'"));
   v1::GetJobResponse response;
   grpc::Status status = stub.GetJob(Context(g).get(), request, &response);
-  if (!status.ok()) Fail(status);
+  if (!status.ok()) Fail(g, status);
   if (g.json) {
     std::printf("%s\n", Json(response.job()).c_str());
   } else {
@@ -280,7 +381,7 @@ int Cancel(const Global& g, v1::JobService::Stub& stub, Args& args) {
   }
   v1::CancelJobResponse response;
   grpc::Status status = stub.CancelJob(Context(g).get(), request, &response);
-  if (!status.ok()) Fail(status);
+  if (!status.ok()) Fail(g, status);
   if (g.json) {
     std::printf("%s\n", Json(response.job()).c_str());
   } else {
@@ -318,7 +419,7 @@ int Watch(const Global& g, v1::JobService::Stub& stub, Args& args) {
     first = false;
   }
   grpc::Status status = reader->Finish();
-  if (!status.ok()) Fail(status);
+  if (!status.ok()) Fail(g, status);
   return last == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
 }
 
@@ -344,7 +445,39 @@ int Logs(const Global& g, v1::JobService::Stub& stub, Args& args) {
       request.follow() ? std::make_unique<grpc::ClientContext>() : Context(g);
   auto reader = stub.GetLogs(context.get(), request);
   grpc::Status status = PrintLogs(*reader, request.all_ranks(), g.json);
-  if (!status.ok()) Fail(status);
+  if (!status.ok()) Fail(g, status);
+  return 0;
+}
+
+std::string WorkerStateName(v1::WorkerState state) {
+  std::string name = v1::WorkerState_Name(state);
+  return absl::StartsWith(name, "WORKER_STATE_") ? name.substr(13) : name;
+}
+
+int Workers(const Global& g, v1::ClusterService::Stub& stub, Args& args) {
+  if (!args.Done()) Usage(absl::StrCat("workers: unexpected '", args.Peek(), "'"));
+  v1::ListWorkersResponse response;
+  grpc::Status status = stub.ListWorkers(Context(g).get(), v1::ListWorkersRequest(), &response);
+  if (!status.ok()) Fail(g, status);
+  if (g.json) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  if (response.workers().empty()) {
+    std::printf("no workers registered with the coordinator at %s; start one with:\n"
+                "  ringmaster-worker --coordinator %s --device cpu\n",
+                g.coordinator.c_str(), g.coordinator.c_str());
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"WORKER", "HOST", "DEVICE", "STATE", "JOB", "RANK", "HEARTBEAT"}};
+  for (const v1::WorkerInfo& w : response.workers()) {
+    rows.push_back({w.worker_id(), w.host(), w.device(), WorkerStateName(w.state()),
+                    w.job_id().empty() ? "-" : w.job_id(),
+                    w.job_id().empty() ? "-" : absl::StrCat(w.rank()),
+                    absl::StrCat(Age(w.last_heartbeat_unix_ms()), " ago")});
+  }
+  PrintTable(rows);
   return 0;
 }
 
@@ -375,9 +508,19 @@ int Main(int argc, char** argv) {
   }
   if (args.Done()) Usage("no command given");
   const std::string command = args.Next();
+  HelpIfAsked(args, HelpOf(command));
   // Before any channel exists: `local` forks its coordinator and workers.
   if (command == "local") return Local(g, args);
   auto channel = grpc::CreateChannel(g.coordinator, grpc::InsecureChannelCredentials());
+  // A coordinator started a moment ago (`ringmaster-coordinator ... &` in a script) is given a
+  // moment to listen; one that stays away fails the call at once, with gRPC's reason.
+  channel->WaitForConnected(std::chrono::system_clock::now() +
+                            std::chrono::milliseconds(static_cast<int64_t>(
+                                std::min(g.timeout_seconds, kConnectGraceSeconds) * 1000)));
+  if (command == "workers") {
+    auto cluster = v1::ClusterService::NewStub(channel);
+    return Workers(g, *cluster, args);
+  }
   auto stub = v1::JobService::NewStub(channel);
   static const std::map<std::string, int (*)(const Global&, v1::JobService::Stub&, Args&)>
       kCommands = {{"submit", Submit}, {"jobs", Jobs},   {"status", Status},

@@ -18,4 +18,12 @@ class KebabFlags {
   std::vector<char*> pointers_;
 };
 
+// When argv asks for help (--help or -h, before any lone "--"), prints `usage`, then every flag
+// defined in a source file whose path ends with `flags_file` (e.g. "coordinator/main.cc") with its
+// name in dashes, its default and its help text, and exits 0. Returns otherwise.
+void HandleHelp(int argc, char** argv, const std::string& usage, const std::string& flags_file);
+
+// The help text HandleHelp prints.
+std::string HelpText(const std::string& usage, const std::string& flags_file);
+
 }  // namespace ringmaster

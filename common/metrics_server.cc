@@ -1,7 +1,10 @@
 #include "common/metrics_server.h"
 
+#include <sys/socket.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/bind_probe.h"
 #include "httplib.h"
 
 namespace ringmaster {
@@ -19,6 +22,12 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   if (host.empty()) host = "0.0.0.0";
   auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
   server->server_ = std::make_unique<httplib::Server>();
+  // cpp-httplib's default sets SO_REUSEPORT, with which a second server on a port in use would
+  // share it silently; SO_REUSEADDR alone lets a restarted server bind while old connections linger.
+  server->server_->set_socket_options([](int fd) {
+    const int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   server->server_->Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry->Exposition(), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -28,7 +37,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   server->port_ = port == 0 ? server->server_->bind_to_any_port(host.c_str())
                             : (server->server_->bind_to_port(host.c_str(), port) ? port : -1);
   if (server->port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address));
+    const std::string why = BindError(address);
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ",
+                                               why.empty() ? "bind failed" : why,
+                                               " (choose another address with --metrics-listen)"));
   }
   httplib::Server* raw = server->server_.get();
   server->thread_ = std::thread([raw] { raw->listen_after_bind(); });

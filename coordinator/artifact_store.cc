@@ -8,6 +8,7 @@
 #include <fstream>
 #include <system_error>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/knobs.h"
 
@@ -15,10 +16,22 @@ namespace ringmaster {
 
 namespace fs = std::filesystem;
 
-std::string DefaultArtifactsDir() {
+std::string DefaultArtifactsDir(const std::string& instance) {
   const char* tmp = std::getenv("TMPDIR");
   return absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/ringmaster-artifacts-",
-                      getuid());
+                      getuid(), "/", instance);
+}
+
+std::string ArtifactsInstanceName(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : address.substr(colon + 1);
+  if (port.empty() || port == "0") return absl::StrCat("pid-", getpid());
+  std::string name;
+  for (char c : address) {
+    // "[::1]:50051" -> "--1-50051": only characters that are safe in one path component.
+    name += absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ? c : '-';
+  }
+  return name;
 }
 
 std::string ArtifactStore::JobDir(const std::string& job_id) const {
@@ -31,7 +44,13 @@ std::string ArtifactStore::PathOf(const std::string& job_id, const std::string& 
 
 absl::Status ArtifactStore::Reset(const std::string& job_id) const {
   std::error_code error;
-  // The root is private to the coordinator's user (it may live in a shared /tmp).
+  // The root and its parent (the user's directory of every coordinator's roots) are private to
+  // the coordinator's user: they may live in a shared /tmp.
+  const fs::path parent = fs::path(root_).parent_path();
+  if (!parent.empty() && fs::create_directories(parent, error)) {
+    fs::permissions(parent, fs::perms::owner_all, fs::perm_options::replace, error);
+  }
+  error.clear();
   if (fs::create_directories(root_, error)) {
     fs::permissions(root_, fs::perms::owner_all, fs::perm_options::replace, error);
   }

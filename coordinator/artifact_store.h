@@ -18,9 +18,14 @@ struct ArtifactInfo {
   int64_t size_bytes = 0;
 };
 
-// Where artifacts go when not configured: $TMPDIR/ringmaster-artifacts-<uid> (TMPDIR defaults to
-// /tmp), created private to the user.
-std::string DefaultArtifactsDir();
+// Where artifacts go when not configured: $TMPDIR/ringmaster-artifacts-<uid>/<instance> (TMPDIR
+// defaults to /tmp), created private to the user. `instance` names one coordinator (its listen
+// address, e.g. "127.0.0.1-50051"), so two coordinators never share a directory.
+std::string DefaultArtifactsDir(const std::string& instance);
+
+// The instance name for a coordinator listening on `address` ("host:port"): "host-port", or
+// "pid-PID" when the port is 0 (picked at start).
+std::string ArtifactsInstanceName(const std::string& address);
 
 class ArtifactStore {
  public:

@@ -8,6 +8,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "coordinator/scheduler.h"
 #include "spdlog/spdlog.h"
@@ -89,7 +91,7 @@ absl::StatusOr<Job> Coordinator::RegisterJob(JobSpec spec) {
   if (!job.ok()) return job;
   spdlog::info("job {} '{}' registered: np={}", job->id, job->spec.name, job->spec.np);
   Schedule();
-  return jobs_.Get(job->id);
+  return GetJob(job->id);
 }
 
 absl::StatusOr<Worker> Coordinator::RegisterWorker(std::string host, std::string device,
@@ -108,10 +110,25 @@ void Coordinator::Schedule() {
   absl::MutexLock schedule_lock(&schedule_mu_);
   std::vector<Job> pending = jobs_.List({JobState::kPending});
   std::reverse(pending.begin(), pending.end());  // oldest first
+  // Forget jobs that are no longer pending (started, cancelled).
+  absl::erase_if(waiting_, [&pending](const auto& entry) {
+    return std::none_of(pending.begin(), pending.end(),
+                        [&entry](const Job& j) { return j.id == entry.first; });
+  });
   for (const Job& job : pending) {
     absl::StatusOr<std::vector<RankInfo>> ranks =
         GangSchedule(workers_.Available(), job.spec.np, job.spec.processes_per_host);
-    if (!ranks.ok()) continue;
+    if (!ranks.ok()) {
+      // Watchers see why it waits, each time that changes.
+      std::string why = WaitingReason(workers_.List(), job.spec.np, job.spec.processes_per_host,
+                                      job.spec.knobs.backend);
+      if (!why.empty() && waiting_[job.id] != why) {
+        jobs_.AddEvent(job.id, absl::StrCat("waiting: ", why)).IgnoreError();
+        waiting_[job.id] = std::move(why);
+      }
+      continue;
+    }
+    waiting_.erase(job.id);
     std::vector<std::string> ids;
     std::vector<int32_t> numbers;
     for (const RankInfo& r : *ranks) {
@@ -175,7 +192,11 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
   // The job's artifacts are complete before it turns terminal, so a user who sees it end and fetches
   // them gets them whole (what ranks still send is dropped).
   std::shared_ptr<Runtime> running = RuntimeOf(job_id);
+  std::optional<JobThroughput> last_figures;
   if (running != nullptr) {
+    // What `status` keeps showing once the job has ended: its rates over the window that ends at its
+    // last negotiation cycle.
+    last_figures = ThroughputOf(*running, absl::InfiniteFuture());
     {
       // Under flush_mu, the last events queue in order behind those of earlier cycles.
       absl::MutexLock flush_lock(&running->flush_mu);
@@ -186,7 +207,7 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
     // Writing them out (file I/O, joining the writer) holds no lock; what arrives later is dropped.
     if (running->timeline != nullptr) running->timeline->Close();
   }
-  absl::StatusOr<Job> job = jobs_.Transition(job_id, state, reason);
+  absl::StatusOr<Job> job = jobs_.Transition(job_id, state, reason, std::move(last_figures));
   if (!job.ok()) return job;
   if (state == JobState::kFailed) {
     spdlog::warn("job {} failed: {}", job_id, reason);
@@ -212,7 +233,7 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
   // After the transition: a follower that sees the log end finds the job terminal. Ranks that had
   // not exited may still have output on its way.
   const bool all_exited = std::all_of(job->ranks.begin(), job->ranks.end(), [](const RankInfo& r) {
-    return r.state == RankState::kExited;
+    return r.state == RankState::kExited;  // not kStopped: those were running until now
   });
   logs_.End(job_id, all_exited ? absl::ZeroDuration() : log_linger_);
   Schedule();
@@ -263,7 +284,12 @@ void Coordinator::CloseSession(const std::string& worker_id, WorkerChannel* chan
     // within the reconnect grace.
     workers_.SetConnected(worker_id, false).IgnoreError();
   }
-  spdlog::info("worker {} disconnected", worker_id);
+  if (absl::StatusOr<Worker> w = workers_.Get(worker_id); w.ok()) {
+    spdlog::info("worker {} on host {} ({}) disconnected; {}", worker_id, w->host, w->device,
+                 w->job_id.empty() ? absl::StrCat("it is lost unless it reconnects within its lease")
+                                   : absl::StrCat("it served rank ", w->rank, " of job ", w->job_id));
+  }
+  Schedule();  // a pending job's reason to wait counts idle workers
   if (absl::StatusOr<Worker> w = workers_.Get(worker_id); w.ok() && !w->job_id.empty()) {
     jobs_.AddEvent(w->job_id, absl::StrCat("worker ", worker_id, " serving rank ", w->rank,
                                            " on host ", w->host, " disconnected"))
@@ -517,32 +543,42 @@ absl::StatusOr<Coordinator::ArtifactSnapshot> Coordinator::SnapshotArtifact(
 absl::StatusOr<Job> Coordinator::GetJob(const std::string& id) const {
   absl::StatusOr<Job> job = jobs_.Get(id);
   if (!job.ok()) return job;
+  if (job->state == JobState::kPending) {
+    job->waiting_reason = WaitingReason(workers_.List(), job->spec.np, job->spec.processes_per_host,
+                                        job->spec.knobs.backend);
+  }
   std::shared_ptr<Runtime> runtime = RuntimeOf(id);
-  if (runtime == nullptr) return job;
+  if (runtime == nullptr) return job;  // an ended job keeps its last figures
+  job->throughput = ThroughputOf(*runtime, clock_->Now());
+  return job;
+}
+
+JobThroughput Coordinator::ThroughputOf(Runtime& runtime, absl::Time until) {
   JobThroughput out;
-  out.fusion_threshold_bytes = runtime->negotiator->fusion_threshold_bytes();
-  out.cycle_time_ms = absl::ToDoubleMilliseconds(runtime->negotiator->cycle_time());
-  out.cache_enabled = runtime->negotiator->cache_enabled();
-  absl::MutexLock lock(&runtime->flush_mu);
-  if (runtime->autotuner != nullptr) out.autotune = runtime->autotuner->status();
-  const Runtime::Totals& now = runtime->totals;
+  out.fusion_threshold_bytes = runtime.negotiator->fusion_threshold_bytes();
+  out.cycle_time_ms = absl::ToDoubleMilliseconds(runtime.negotiator->cycle_time());
+  out.cache_enabled = runtime.negotiator->cache_enabled();
+  absl::MutexLock lock(&runtime.flush_mu);
+  if (runtime.autotuner != nullptr) out.autotune = runtime.autotuner->status();
+  const Runtime::Totals& now = runtime.totals;
   out.tensors_negotiated = now.tensors;
   out.bytes_negotiated = now.bytes;
-  if (!runtime->window.empty()) {
-    // From the oldest snapshot of the window to now (the clock, so an idle job decays to zero).
-    const Runtime::Totals& then = runtime->window.front();
-    const double seconds = absl::ToDoubleSeconds(clock_->Now() - then.time);
+  if (until == absl::InfiniteFuture()) until = now.time;  // as of the last cycle
+  if (!runtime.window.empty()) {
+    // From the oldest snapshot of the window to `until` (the clock, for a running job, so an idle
+    // job decays to zero).
+    const Runtime::Totals& then = runtime.window.front();
+    const double seconds = absl::ToDoubleSeconds(until - then.time);
     if (seconds > 0) {
       out.bytes_per_second = (now.bytes - then.bytes) / seconds;
       out.cycles_per_second = (now.cycles - then.cycles) / seconds;
       const double allreduced_per_second = (now.allreduced - then.allreduced) / seconds;
-      if (const int64_t distinct = runtime->negotiator->stats().distinct_tensors; distinct > 0) {
+      if (const int64_t distinct = runtime.negotiator->stats().distinct_tensors; distinct > 0) {
         out.steps_per_second = allreduced_per_second / static_cast<double>(distinct);
       }
     }
   }
-  job->throughput = out;
-  return job;
+  return out;
 }
 
 absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpdate& update) {
@@ -590,6 +626,8 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     // failure settles for failure_settle first, and names the disconnected worker if one shows up.
     // The reporting worker's process is gone, so it needs no stop; unless only its data plane
     // failed (`failed`): then its process runs on and is stopped with the others.
+    // The rank's output is all here: a worker forwards it before reporting the exit.
+    absl::StrAppend(&reason, OutputTail(update.job_id, update.rank));
     const std::string stopped_already = update.failed ? "" : worker_id;
     if (std::string cause = DisconnectedWorkerOf(*job, worker_id); !cause.empty()) {
       return Finish(update.job_id, JobState::kFailed, absl::StrCat(cause, "; then ", reason),
@@ -653,6 +691,34 @@ absl::StatusOr<int64_t> Coordinator::FollowLogs(const std::string& job_id,
   // Every job reaches its terminal state through Finish(), which ends its log (at once, or after
   // the linger), so a follower is woken at the end.
   return logs_.Subscribe(job_id, std::move(wake));
+}
+
+std::string Coordinator::OutputTail(const std::string& job_id, int32_t rank) const {
+  constexpr int kLines = 5;
+  constexpr size_t kLineBytes = 240;
+  constexpr int64_t kKeepBytes = 16 << 10;
+  // Reads the rank's log (at most LogStore's per-rank bound, a few MiB) keeping only its end.
+  std::string text;
+  int64_t cursor = 0;
+  for (int page = 0; page < 64; ++page) {
+    LogRead read = logs_.Read(job_id, rank, cursor, int64_t{1} << 20, logs_.Head(job_id));
+    if (read.chunks.empty()) break;
+    for (const LogChunk& c : read.chunks) text += c.data;
+    if (static_cast<int64_t>(text.size()) > kKeepBytes) text.erase(0, text.size() - kKeepBytes);
+    cursor = read.cursor;
+  }
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    lines.emplace_back(line.substr(0, kLineBytes));
+  }
+  if (lines.empty()) return "";
+  std::string out = "; its last output:";
+  for (size_t i = lines.size() > kLines ? lines.size() - kLines : 0; i < lines.size(); ++i) {
+    absl::StrAppend(&out, "\n  ", lines[i]);
+  }
+  absl::StrAppend(&out, "\nsee all of it with: ringmaster logs ", job_id, " --rank ", rank);
+  return out;
 }
 
 std::string Coordinator::DisconnectedWorkerOf(const Job& job, const std::string& except) {
@@ -786,6 +852,7 @@ void Coordinator::Housekeeping(absl::Time now) {
         channels_.erase(w.id);
       }
     }
+    if (w.job_id.empty()) Schedule();  // pending jobs' reasons count registered workers
     if (!w.job_id.empty()) {
       Finish(w.job_id, JobState::kFailed,
              absl::StrCat("worker ", w.id, " serving rank ", w.rank, " on host ", w.host,
@@ -819,8 +886,10 @@ void Coordinator::Housekeeping(absl::Time now) {
 
 void Coordinator::Shutdown(const std::string& reason) {
   {
+    // The daemons stay up: their sessions end UNAVAILABLE, which makes them reconnect (with backoff)
+    // to whatever coordinator serves the address next.
     absl::MutexLock lock(&mu_);
-    for (auto& [id, channel] : channels_) channel->SendShutdown(reason);
+    for (auto& [id, channel] : channels_) channel->Close(absl::UnavailableError(reason));
   }
   rendezvous_.AbortAll(reason);
 }

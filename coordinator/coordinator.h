@@ -60,7 +60,7 @@ struct CoordinatorOptions {
   // way. Followers of the job's logs end after it.
   absl::Duration log_linger = absl::Seconds(2);
   // Where jobs' artifacts (timelines, autotune logs) are kept: <dir>/<job id>/<name>.
-  std::string artifacts_dir = DefaultArtifactsDir();
+  std::string artifacts_dir = DefaultArtifactsDir(ArtifactsInstanceName(""));
 };
 
 // Most output bytes one RankOutput message may carry.
@@ -98,6 +98,7 @@ class Coordinator {
   MetricsRegistry& metrics() { return metrics_; }
 
   absl::Duration lease() const { return workers_.lease(); }
+  const std::string& artifacts_dir() const { return artifacts_.root(); }
   absl::Duration heartbeat_interval() const { return heartbeat_interval_; }
 
   // Jobs.
@@ -189,8 +190,8 @@ class Coordinator {
   // Makes WaitForTick() return by `when`.
   void WakeTicker(absl::Time when);
 
-  // Graceful server stop: tells every connected worker to shut down and fails pending rendezvous
-  // waits with UNAVAILABLE.
+  // Graceful server stop: ends every worker's session with UNAVAILABLE (the daemons stay up and
+  // reconnect) and fails pending rendezvous waits with UNAVAILABLE.
   void Shutdown(const std::string& reason);
 
  private:
@@ -238,6 +239,9 @@ class Coordinator {
         nullptr, &std::fclose};
   };
 
+  // "; its last output:\n  LINE..." with the last lines of the rank's output and the command that
+  // shows the rest, or "" when it printed nothing.
+  std::string OutputTail(const std::string& job_id, int32_t rank) const;
   // "worker W serving rank R on host H disconnected (its session broke)" for the first worker of
   // `job` other than `except` that is not connected, or "".
   std::string DisconnectedWorkerOf(const Job& job, const std::string& except);
@@ -245,7 +249,8 @@ class Coordinator {
   void SettleFailures(absl::Time now, const std::string& disconnected_job);
   // Jobs and workers by state, computed at each scrape.
   void RegisterCollectors();
-  // Places pending jobs on idle workers, oldest first.
+  // Places pending jobs on idle workers, oldest first; a job that stays pending gets an event saying
+  // why whenever that changes.
   void Schedule();
   // Ends the job in `state` (FAILED or CANCELLED or SUCCEEDED) with `reason`: stops its other ranks,
   // frees its workers and drops its rendezvous scope.
@@ -258,6 +263,8 @@ class Coordinator {
                                                       int32_t rank);
   absl::Status CheckScope(const std::string& job_id, int64_t epoch) const;
   void Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now);
+  // The job's figures over its 10 s window up to `until` (InfiniteFuture: its last cycle).
+  static JobThroughput ThroughputOf(Runtime& runtime, absl::Time until);
   // Polls the negotiator and sends the cycle, under flush_mu. Returns autotune log lines to write
   // in `log_lines`, with runtime.log_mu then held (Flush writes them and releases it).
   void FlushLocked(Runtime& runtime, absl::Time now, std::vector<std::string>* log_lines);
@@ -295,6 +302,8 @@ class Coordinator {
 
   // Serialises scheduling decisions (read idle workers, assign, start), which span registries.
   absl::Mutex schedule_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // The last waiting reason reported for each pending job (no others).
+  absl::flat_hash_map<std::string, std::string> waiting_ ABSL_GUARDED_BY(schedule_mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Runtime>> runtimes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, WorkerChannel*> channels_ ABSL_GUARDED_BY(mu_);

@@ -18,7 +18,8 @@
 namespace ringmaster {
 
 enum class JobState { kPending = 1, kStarting, kRunning, kSucceeded, kFailed, kCancelled };
-enum class RankState { kAssigned = 1, kStarted, kExited };
+// kStopped: the job ended before the rank's process exited (its worker was told to stop it).
+enum class RankState { kAssigned = 1, kStarted, kExited, kStopped };
 
 struct JobSpec {
   std::string name;
@@ -73,7 +74,11 @@ struct Job {
   absl::Time update_time;
   std::vector<RankInfo> ranks;
   std::vector<JobEvent> events;
-  std::optional<JobThroughput> throughput;  // set by Coordinator::GetJob while the job runs
+  // Live figures, set by Coordinator::GetJob while the job runs; once it has ended, the figures as
+  // they were at its end (kept by the registry).
+  std::optional<JobThroughput> throughput;
+  // Why a PENDING job waits; set by Coordinator::GetJob.
+  std::string waiting_reason;
 };
 
 inline constexpr int32_t kMaxNp = 4096;

@@ -86,7 +86,8 @@ void JobRegistry::Notify(const std::vector<std::shared_ptr<Watcher>>& watchers, 
 }
 
 absl::StatusOr<Job> JobRegistry::Transition(const std::string& id, JobState to,
-                                            std::string message) {
+                                            std::string message,
+                                            std::optional<JobThroughput> final_throughput) {
   std::vector<std::shared_ptr<Watcher>> watchers;
   Job job;
   {
@@ -99,7 +100,13 @@ absl::StatusOr<Job> JobRegistry::Transition(const std::string& id, JobState to,
                                                         "; it cannot become ", JobStateName(to)));
     }
     job.state = to;
-    if (IsTerminal(to)) job.reason = message;
+    if (IsTerminal(to)) {
+      job.reason = message;
+      for (RankInfo& r : job.ranks) {
+        if (r.state != RankState::kExited) r.state = RankState::kStopped;
+      }
+      if (final_throughput.has_value()) job.throughput = std::move(final_throughput);
+    }
     watchers = CommitLocked(job, std::move(message));
     // Notify under notify_mu_ (taken before mu_ is released) so events reach watchers in order.
     notify_mu_.Lock();

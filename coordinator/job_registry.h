@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,9 +40,12 @@ class JobRegistry {
   // Newest first; only jobs in `states` when it is not empty.
   std::vector<Job> List(const std::vector<JobState>& states) const;
 
-  // Moves the job to `to` with `message` as the event (and reason, for a terminal state).
+  // Moves the job to `to` with `message` as the event (and reason, for a terminal state). A terminal
+  // state stops every rank that had not exited (RankState::kStopped) and keeps `final_throughput`
+  // (when given) as the job's last figures.
   // FAILED_PRECONDITION when the move is not allowed (e.g. the job already ended); NOT_FOUND.
-  absl::StatusOr<Job> Transition(const std::string& id, JobState to, std::string message);
+  absl::StatusOr<Job> Transition(const std::string& id, JobState to, std::string message,
+                                 std::optional<JobThroughput> final_throughput = std::nullopt);
 
   // Places the job's ranks and increments its epoch; the job moves to STARTING.
   absl::StatusOr<Job> Start(const std::string& id, std::vector<RankInfo> ranks, std::string message);

@@ -11,19 +11,22 @@
 #include "absl/time/time.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "coordinator/artifact_store.h"
 #include "coordinator/server.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "address to serve gRPC on (host:port)");
-ABSL_FLAG(std::string, log_level, "warning",
-          "trace, debug, info, warning, error, fatal or off (env HOROVOD_LOG_LEVEL)");
+ABSL_FLAG(std::string, log_level, "info",
+          "trace, debug, info, warning, error, fatal or off (env HOROVOD_LOG_LEVEL); info logs "
+          "jobs and workers coming and going");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://ADDR:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(double, lease_seconds, 10, "a worker without a heartbeat for this long is lost");
 ABSL_FLAG(double, heartbeat_interval_seconds, 2, "how often workers are told to heartbeat");
 ABSL_FLAG(std::string, artifacts_dir, "",
           "where jobs' timelines and autotune logs are kept, as DIR/JOB_ID/NAME (empty: "
-          "$TMPDIR/ringmaster-artifacts-UID, TMPDIR defaulting to /tmp)");
+          "$TMPDIR/ringmaster-artifacts-UID/HOST-PORT of --listen, or .../pid-PID for port 0; TMPDIR "
+          "defaulting to /tmp)");
 
 namespace {
 
@@ -33,13 +36,17 @@ void OnSignal(int) { g_stop = 1; }
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("ringmaster-coordinator --listen ADDR:PORT [--log-level LEVEL]");
+  constexpr char kUsage[] =
+      "ringmaster-coordinator [--listen ADDR:PORT] [--metrics-listen ADDR:PORT] "
+      "[--log-level LEVEL] [--artifacts-dir DIR]";
+  ringmaster::HandleHelp(argc, argv, kUsage, "coordinator/main.cc");
+  absl::SetProgramUsageMessage(kUsage);
   // Debian's Abseil is built with mutex deadlock detection on; it costs every lock a graph update.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   ringmaster::KebabFlags flags(argc, argv);
   absl::ParseCommandLine(flags.argc(), flags.argv());
   std::string level = absl::GetFlag(FLAGS_log_level);
-  if (const char* env = std::getenv("HOROVOD_LOG_LEVEL"); env != nullptr && level == "warning") {
+  if (const char* env = std::getenv("HOROVOD_LOG_LEVEL"); env != nullptr && level == "info") {
     level = env;
   }
   if (absl::Status s = ringmaster::InitLogging(level); !s.ok()) {
@@ -59,6 +66,10 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Milliseconds(heartbeat * 1000);
   if (std::string dir = absl::GetFlag(FLAGS_artifacts_dir); !dir.empty()) {
     options.artifacts_dir = std::move(dir);
+  } else {
+    // Per coordinator: two coordinators on one machine must not share (and wipe) each other's.
+    options.artifacts_dir =
+        ringmaster::DefaultArtifactsDir(ringmaster::ArtifactsInstanceName(absl::GetFlag(FLAGS_listen)));
   }
   ringmaster::CoordinatorServer server(std::move(options));
   absl::StatusOr<int> port = server.Start(absl::GetFlag(FLAGS_listen));
@@ -80,7 +91,8 @@ int main(int argc, char** argv) {
     std::printf("ringmaster-coordinator metrics on port %d\n", *metrics_port);
   }
   std::fflush(stdout);
-  spdlog::info("listening on {}", absl::GetFlag(FLAGS_listen));
+  spdlog::info("listening on {} (port {}); artifacts in {}", absl::GetFlag(FLAGS_listen), *port,
+               server.coordinator().artifacts_dir());
   while (!g_stop) absl::SleepFor(absl::Milliseconds(50));
   spdlog::info("shutting down");
   server.Stop();

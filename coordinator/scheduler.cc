@@ -21,6 +21,38 @@ std::tuple<int, int, std::string> DeviceKey(const std::string& device) {
 
 }  // namespace
 
+std::string WaitingReason(const std::vector<Worker>& workers, int np, int processes_per_host,
+                          Backend backend) {
+  std::vector<Worker> idle;
+  int registered = 0, gpus = 0;
+  for (const Worker& w : workers) {
+    if (w.state == WorkerState::kLost) continue;
+    ++registered;
+    if (w.device != "cpu") ++gpus;
+    if (w.state == WorkerState::kIdle && w.connected) idle.push_back(w);
+  }
+  if (GangSchedule(idle, np, processes_per_host).ok()) return "";
+  // The slots the job's backend runs on; with AUTO, the kind the registered workers are.
+  const char* kind = backend == Backend::kNccl   ? "gpu "
+                     : backend == Backend::kGloo ? "cpu "
+                     : gpus == 0                 ? "cpu "
+                     : gpus == registered        ? "gpu "
+                                                 : "";
+  std::string reason = absl::StrCat("needs ", np, " idle ", kind, np == 1 ? "slot" : "slots");
+  if (processes_per_host > 0) absl::StrAppend(&reason, " (at most ", processes_per_host, " per host)");
+  absl::StrAppend(&reason, "; ", registered, " registered, ", idle.size(), " idle");
+  if (static_cast<int>(idle.size()) >= np) {
+    // Enough idle workers, but the per-host limit leaves too few of them usable.
+    std::map<std::string, int> by_host;
+    for (const Worker& w : idle) ++by_host[w.host];
+    int usable = 0;
+    for (const auto& [host, n] : by_host) usable += std::min(n, processes_per_host);
+    absl::StrAppend(&reason, " on ", by_host.size(), by_host.size() == 1 ? " host" : " hosts", ", ",
+                    usable, " usable with at most ", processes_per_host, " per host");
+  }
+  return reason;
+}
+
 absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& available, int np,
                                                    int processes_per_host) {
   std::map<std::string, std::vector<const Worker*>> by_host;

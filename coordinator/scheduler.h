@@ -17,4 +17,10 @@ namespace ringmaster {
 absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& available, int np,
                                                    int processes_per_host);
 
+// Why a job of `np` ranks (at most `processes_per_host` per host, 0: no limit, on `backend`) cannot be
+// placed on `workers` (every registered worker, any state), e.g. "needs 16 idle cpu slots; 0
+// registered, 0 idle". Empty when GangSchedule would place it.
+std::string WaitingReason(const std::vector<Worker>& workers, int np, int processes_per_host,
+                          Backend backend);
+
 }  // namespace ringmaster

@@ -3,6 +3,8 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/bind_probe.h"
+#include "coordinator/service/cluster_service.h"
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/rendezvous_service.h"
 #include "coordinator/service/worker_service.h"
@@ -20,7 +22,8 @@ CoordinatorServer::CoordinatorServer(CoordinatorOptions options)
     : coordinator_(std::make_unique<Coordinator>(std::move(options))),
       job_service_(std::make_unique<JobService>(*coordinator_)),
       worker_service_(std::make_unique<WorkerService>(*coordinator_)),
-      rendezvous_service_(std::make_unique<RendezvousService>(*coordinator_)) {}
+      rendezvous_service_(std::make_unique<RendezvousService>(*coordinator_)),
+      cluster_service_(std::make_unique<ClusterService>(*coordinator_)) {}
 
 CoordinatorServer::~CoordinatorServer() { Stop(); }
 
@@ -28,14 +31,24 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  // gRPC shares a port by default (SO_REUSEPORT): a second coordinator on a port in use would
+  // listen too, and clients would reach one or the other at random.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(job_service_.get());
   builder.RegisterService(worker_service_.get());
   builder.RegisterService(rendezvous_service_.get());
+  builder.RegisterService(cluster_service_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     server_.reset();
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+    const std::string why = BindError(address);
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", address, ": ", why.empty() ? "gRPC could not bind it" : why,
+        why == "Address already in use"
+            ? " (another process, e.g. a ringmaster-coordinator, listens there; choose another "
+              "address with --listen)"
+            : ""));
   }
   ticker_ = std::thread([this] { TickLoop(); });
   return port;

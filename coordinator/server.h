@@ -17,6 +17,7 @@ class Server;
 
 namespace ringmaster {
 
+class ClusterService;
 class JobService;
 class WorkerService;
 class RendezvousService;
@@ -46,6 +47,7 @@ class CoordinatorServer {
   std::unique_ptr<JobService> job_service_;
   std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<RendezvousService> rendezvous_service_;
+  std::unique_ptr<ClusterService> cluster_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::atomic<bool> stopping_{false};

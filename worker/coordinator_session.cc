@@ -167,8 +167,10 @@ void CoordinatorSession::Run() {
       v1::RegisterWorkerResponse response;
       grpc::Status s = stub_->RegisterWorker(&context, registration_, &response);
       if (!s.ok()) {
-        spdlog::warn("registering with the coordinator failed: {}; retrying in {}",
-                     s.error_message(), absl::FormatDuration(backoff));
+        // A coordinator starting beside the worker is not there for a moment: said quietly.
+        spdlog::log(backoff >= absl::Milliseconds(800) ? spdlog::level::warn : spdlog::level::info,
+                    "registering with the coordinator failed: {}; retrying in {}",
+                    s.error_message(), absl::FormatDuration(backoff));
         if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
           // A bad --host-name or --device will not get better by retrying.
           listener_->OnSessionLost(FromGrpc(s), true);

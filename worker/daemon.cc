@@ -80,6 +80,11 @@ absl::Status Daemon::Start() {
   local_ = *std::move(local);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
+  // gRPC's own reconnect backoff (1 s growing to 120 s) would hold a worker back long after a
+  // coordinator (re)started; the session's backoff (100 ms doubling to 5 s) paces retries instead.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   channel_ = grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
   v1::RegisterWorkerRequest registration;
   registration.set_host(options_.host_name);

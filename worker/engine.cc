@@ -212,6 +212,11 @@ void Engine::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+bool Engine::Stopping() {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
 void Engine::Loop() {
   if (options_.device != nullptr) {
     backend_status_ = options_.device->Setup();
@@ -234,8 +239,15 @@ void Engine::Loop() {
       backends_.clear();
       backend_ = nullptr;
       backend_status_ = backend.status();
-      spdlog::error("job {} {}: communicator: {}", options_.job_id, RankName(),
-                    backend_status_.ToString());
+      if (backend_status_.code() == absl::StatusCode::kFailedPrecondition || Stopping()) {
+        // The job ended while its ranks were still meeting (a command that exits at once): its
+        // rendezvous is closed, which is no error of this rank.
+        spdlog::info("job {} {}: no communicator, the job ended: {}", options_.job_id, RankName(),
+                     std::string(backend_status_.message()));
+      } else {
+        spdlog::error("job {} {}: communicator: {}", options_.job_id, RankName(),
+                      backend_status_.ToString());
+      }
       Abort(absl::UnavailableError(absl::StrCat("communicator setup failed on ", RankName(), ": ",
                                                 backend_status_.message())));
       break;

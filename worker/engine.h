@@ -172,6 +172,8 @@ class Engine {
   int64_t fusion_threshold_ = 0;        // engine thread only: as the last response list said
   WorkerCache cache_;  // engine thread only
 
+  bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
+
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::TensorRequest> unsent_ ABSL_GUARDED_BY(mu_);  // copies: ops may be aborted

@@ -1,6 +1,7 @@
 #include "worker/local_server.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -48,14 +49,37 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::strin
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  unlink(path.c_str());
+  // A path that exists is replaced only when it is a socket nobody answers on (left by a daemon
+  // that died): a live one belongs to another worker, whose training processes would lose it.
+  if (struct stat st; lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      close(fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat("--socket ", path, " exists and is not a socket; choose another path"));
+    }
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool answered =
+        probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (probe >= 0) close(probe);
+    if (answered) {
+      close(fd);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--socket ", path,
+          " is in use: another ringmaster-worker serves it (give each worker its own --socket)"));
+    }
+    unlink(path.c_str());
+  }
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 64) != 0) {
     absl::Status s = absl::UnavailableError(
         absl::StrCat("cannot listen on ", path, ": ", std::strerror(errno)));
     close(fd);
     return s;
   }
+  struct stat bound {};
+  stat(path.c_str(), &bound);
   auto server = std::unique_ptr<LocalServer>(new LocalServer(path, fd, handler));
+  server->socket_device_ = bound.st_dev;
+  server->socket_inode_ = bound.st_ino;
   server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
@@ -162,7 +186,11 @@ void LocalServer::Stop() {
     for (auto& c : connections_) c->Shutdown();
   }
   readers_.JoinAll();
-  unlink(path_.c_str());
+  // Only the socket this server created: the path may since have been taken over by another.
+  if (struct stat st; stat(path_.c_str(), &st) == 0 && st.st_dev == socket_device_ &&
+                      st.st_ino == socket_inode_) {
+    unlink(path_.c_str());
+  }
 }
 
 }  // namespace ringmaster

@@ -4,6 +4,8 @@
 // connection's write lock.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -47,12 +49,15 @@ class LocalServer {
     virtual void OnDisconnect(const v1::LocalWelcome* welcome) = 0;
   };
 
-  // Listens on `path` (an existing socket file there is replaced). `handler` is borrowed.
+  // Listens on `path`. A socket file there that nobody answers on (a dead daemon's) is replaced;
+  // FAILED_PRECONDITION when a live server answers there, or the path is not a socket. `handler` is
+  // borrowed.
   static absl::StatusOr<std::unique_ptr<LocalServer>> Start(const std::string& path,
                                                             Handler* handler);
   ~LocalServer();  // Stop()s
 
-  // Closes the listener and every connection, joins the threads, removes the socket file.
+  // Closes the listener and every connection, joins the threads, removes the socket file (only if
+  // the path still names the one it created).
   void Stop();
   // Closes every connection (the job ended); keeps listening.
   void DisconnectAll();
@@ -66,6 +71,9 @@ class LocalServer {
 
   const std::string path_;
   const int listen_fd_;
+  // The socket file this server created (unlinked at Stop() only if the path still names it).
+  dev_t socket_device_ = 0;
+  ino_t socket_inode_ = 0;
   Handler* const handler_;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;

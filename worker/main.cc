@@ -17,7 +17,9 @@
 ABSL_FLAG(std::string, coordinator, "", "coordinator address host:port (env RINGMASTER_COORDINATOR)");
 ABSL_FLAG(std::string, device, "cpu", "the slot this daemon serves: cpu or cuda:N");
 ABSL_FLAG(std::string, host_name, "", "host name reported to the coordinator (default: hostname)");
-ABSL_FLAG(std::string, socket, "", "Unix socket of the local API (default /tmp/ringmaster-worker-PID.sock)");
+ABSL_FLAG(std::string, socket, "",
+          "Unix socket of the local API (default /tmp/ringmaster-worker-PID.sock); refused when "
+          "another worker answers there");
 ABSL_FLAG(std::string, iface, "", "network interface for Gloo (env HOROVOD_GLOO_IFACE); default 127.0.0.1");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://ADDR:PORT/metrics (empty: off; port 0 picks one)");
@@ -38,9 +40,11 @@ std::string Env(const char* name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "ringmaster-worker --coordinator ADDR:PORT --device cpu|cuda:N [--host-name NAME] "
-      "[--socket PATH] [--iface IFACE]");
+  constexpr char kUsage[] =
+      "ringmaster-worker --coordinator ADDR:PORT [--device cpu|cuda:N] [--host-name NAME] "
+      "[--socket PATH] [--iface IFACE] [--metrics-listen ADDR:PORT]";
+  ringmaster::HandleHelp(argc, argv, kUsage, "worker/main.cc");
+  absl::SetProgramUsageMessage(kUsage);
   // Debian's Abseil is built with mutex deadlock detection on; it costs every lock a graph update.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   ringmaster::KebabFlags flags(argc, argv);

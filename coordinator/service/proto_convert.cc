@@ -92,6 +92,21 @@ void ToProto(const JobEvent& in, v1::JobEvent* out) {
   out->set_message(in.message);
 }
 
+void ToProto(const Worker& in, v1::WorkerInfo* out) {
+  out->set_worker_id(in.id);
+  out->set_host(in.host);
+  out->set_device(in.device);
+  out->set_state(in.state == WorkerState::kLost  ? v1::WORKER_STATE_LOST
+                 : !in.connected                 ? v1::WORKER_STATE_DISCONNECTED
+                 : in.state == WorkerState::kBusy ? v1::WORKER_STATE_BUSY
+                                                  : v1::WORKER_STATE_IDLE);
+  out->set_job_id(in.job_id);
+  out->set_rank(in.job_id.empty() ? -1 : in.rank);
+  out->set_last_heartbeat_unix_ms(UnixMs(in.last_heartbeat));
+  out->set_lost_reason(in.lost_reason);
+  for (const auto& [k, v] : in.labels) (*out->mutable_labels())[k] = v;
+}
+
 void ToProto(const Job& in, v1::Job* out) {
   out->set_id(in.id);
   ToProto(in.spec, out->mutable_spec());
@@ -114,6 +129,7 @@ void ToProto(const Job& in, v1::Job* out) {
     o->set_exit_code(r.exit_code);
   }
   for (const JobEvent& e : in.events) ToProto(e, out->add_events());
+  out->set_waiting_reason(in.waiting_reason);
   if (in.throughput.has_value()) {
     const JobThroughput& t = *in.throughput;
     v1::JobThroughput* o = out->mutable_throughput();

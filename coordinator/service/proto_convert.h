@@ -8,6 +8,7 @@
 #include "coordinator/log_store.h"
 #include "coordinator/negotiation_types.h"
 #include "coordinator/worker_registry.h"
+#include "ringmaster/v1/cluster.pb.h"
 #include "ringmaster/v1/job.pb.h"
 #include "ringmaster/v1/worker.pb.h"
 
@@ -18,6 +19,7 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out);
 void ToProto(const JobSpec& in, v1::JobSpec* out);
 void ToProto(const Job& in, v1::Job* out);
 void ToProto(const JobEvent& in, v1::JobEvent* out);
+void ToProto(const Worker& in, v1::WorkerInfo* out);
 v1::JobState ToProto(JobState state);
 // INVALID_ARGUMENT for JOB_STATE_UNSPECIFIED or an unknown value.
 absl::Status FromProto(v1::JobState in, JobState* out);

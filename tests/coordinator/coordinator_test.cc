@@ -886,7 +886,7 @@ TEST_F(CoordinatorTest, ReconnectingWorkerGetsItsAssignmentAgainAndTheOldSession
             absl::StatusCode::kNotFound);
 }
 
-TEST_F(CoordinatorTest, ShutdownTellsEveryWorkerAndFailsRendezvousWaits) {
+TEST_F(CoordinatorTest, ShutdownEndsEverySessionUnavailableAndFailsRendezvousWaits) {
   const std::string w0 = Connect("host-a", "cuda:0");
   const std::string w1 = Connect("host-a", "cuda:1");
   const std::string id = coordinator_.RegisterJob(Spec(2))->id;
@@ -896,8 +896,11 @@ TEST_F(CoordinatorTest, ShutdownTellsEveryWorkerAndFailsRendezvousWaits) {
                                 waited = r.status();
                               });
   coordinator_.Shutdown("coordinator is shutting down");
-  EXPECT_THAT(Channel(w0).shutdowns, ElementsAre("coordinator is shutting down"));
-  EXPECT_THAT(Channel(w1).shutdowns, ElementsAre("coordinator is shutting down"));
+  // No daemon is told to exit: an UNAVAILABLE session makes it reconnect.
+  EXPECT_THAT(Channel(w0).shutdowns, IsEmpty());
+  EXPECT_THAT(Channel(w1).shutdowns, IsEmpty());
+  EXPECT_THAT(Channel(w0).closes, ElementsAre(absl::UnavailableError("coordinator is shutting down")));
+  EXPECT_THAT(Channel(w1).closes, ElementsAre(absl::UnavailableError("coordinator is shutting down")));
   ASSERT_TRUE(waited.has_value());
   EXPECT_EQ(waited->code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(waited->message(), "coordinator is shutting down");
@@ -949,9 +952,60 @@ TEST_F(CoordinatorTest, GetJobReportsLiveThroughputOverTheLastTenSeconds) {
   EXPECT_DOUBLE_EQ(t.cycles_per_second, 0.9);
   EXPECT_EQ(t.fusion_threshold_bytes, int64_t{128} << 20);
   EXPECT_EQ(t.cycle_time_ms, 1.0);
-  // Once the job ends there is nothing live to report.
+  // Once the job ends it keeps its figures as of its last cycle (step 10, 9 s after the first),
+  // however long ago that is.
+  ASSERT_TRUE(coordinator_.CancelJob(id, "").ok());
+  clock_.Advance(absl::Seconds(30));
+  Job ended = GetJob(id);
+  ASSERT_TRUE(ended.throughput.has_value());
+  EXPECT_EQ(ended.throughput->tensors_negotiated, 20);
+  EXPECT_EQ(ended.throughput->bytes_negotiated, 20000);
+  EXPECT_DOUBLE_EQ(ended.throughput->bytes_per_second, 18000.0 / 9);
+  EXPECT_DOUBLE_EQ(ended.throughput->steps_per_second, 1.0);
+  EXPECT_DOUBLE_EQ(ended.throughput->cycles_per_second, 1.0);
+  EXPECT_EQ(ended.throughput->fusion_threshold_bytes, int64_t{128} << 20);
+}
+
+TEST_F(CoordinatorTest, AJobThatNeverRanHasNoThroughput) {
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+  EXPECT_FALSE(GetJob(id).throughput.has_value());
   ASSERT_TRUE(coordinator_.CancelJob(id, "").ok());
   EXPECT_FALSE(GetJob(id).throughput.has_value());
+}
+
+TEST_F(CoordinatorTest, APendingJobSaysWhyItWaitsAndWatchersSeeEachChange) {
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+  EXPECT_EQ(GetJob(id).waiting_reason, "needs 2 idle cpu slots; 0 registered, 0 idle");
+  const std::string w0 = Connect("host-a", "cpu");
+  EXPECT_EQ(GetJob(id).waiting_reason, "needs 2 idle cpu slots; 1 registered, 1 idle");
+  coordinator_.CloseSession(w0, &Channel(w0));
+  EXPECT_EQ(GetJob(id).waiting_reason, "needs 2 idle cpu slots; 1 registered, 0 idle");
+  std::vector<std::string> events;
+  for (const JobEvent& e : GetJob(id).events) events.push_back(e.message);
+  EXPECT_THAT(events, ElementsAre("registered: 2 ranks",
+                                  "waiting: needs 2 idle cpu slots; 0 registered, 0 idle",
+                                  "waiting: needs 2 idle cpu slots; 1 registered, 1 idle",
+                                  "waiting: needs 2 idle cpu slots; 1 registered, 0 idle"));
+  ASSERT_TRUE(coordinator_.OpenSession(w0, &Channel(w0)).ok());
+  Connect("host-b", "cpu");
+  EXPECT_EQ(GetJob(id).state, JobState::kStarting);
+  EXPECT_EQ(GetJob(id).waiting_reason, "");
+}
+
+TEST_F(CoordinatorTest, RanksThatHadNotExitedWhenTheJobEndedAreStopped) {
+  const std::string w0 = Connect("host-a", "cpu");
+  const std::string w1 = Connect("host-b", "cpu");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+  ASSERT_TRUE(Update(w0, id, 0, RankState::kStarted, 0).ok());
+  ASSERT_TRUE(Update(w1, id, 1, RankState::kStarted, 0).ok());
+  ASSERT_TRUE(Update(w1, id, 1, RankState::kExited, 3).ok());
+  clock_.Advance(absl::Seconds(1));
+  coordinator_.Tick();
+  Job job = GetJob(id);
+  ASSERT_EQ(job.state, JobState::kFailed);
+  EXPECT_EQ(job.ranks[0].state, RankState::kStopped);
+  EXPECT_EQ(job.ranks[1].state, RankState::kExited);
+  EXPECT_EQ(job.ranks[1].exit_code, 3);
 }
 
 // ---- Autotune and the timeline ----

@@ -155,5 +155,35 @@ TEST(GangScheduleTest, SingleRank) {
   EXPECT_THAT(Placement(*ranks), ElementsAre(Placed{0, "w1", "host-a", "cpu", 0, 1, 0, 1}));
 }
 
+TEST(WaitingReasonTest, CountsRegisteredAndIdleSlotsOfTheJobsKind) {
+  EXPECT_EQ(WaitingReason({}, 16, 0, Backend::kAuto), "needs 16 idle cpu slots; 0 registered, 0 idle");
+  Worker busy = MakeWorker("w1", "h0", "cpu");
+  busy.state = WorkerState::kBusy;
+  Worker away = MakeWorker("w2", "h0", "cpu");
+  away.connected = false;
+  Worker lost = MakeWorker("w3", "h0", "cpu");
+  lost.state = WorkerState::kLost;
+  const std::vector<Worker> workers = {busy, away, lost, MakeWorker("w4", "h1", "cpu")};
+  EXPECT_EQ(WaitingReason(workers, 2, 0, Backend::kAuto),
+            "needs 2 idle cpu slots; 3 registered, 1 idle");
+  EXPECT_EQ(WaitingReason(workers, 1, 0, Backend::kAuto), "");
+  EXPECT_EQ(WaitingReason({MakeWorker("g0", "h0", "cuda:0")}, 1, 0, Backend::kNccl), "");
+  EXPECT_EQ(WaitingReason({MakeWorker("g0", "h0", "cuda:0")}, 2, 0, Backend::kAuto),
+            "needs 2 idle gpu slots; 1 registered, 1 idle");
+  EXPECT_EQ(WaitingReason({MakeWorker("g0", "h0", "cuda:0"), MakeWorker("c0", "h0", "cpu")}, 3, 0,
+                          Backend::kAuto),
+            "needs 3 idle slots; 2 registered, 2 idle");
+  EXPECT_EQ(WaitingReason({}, 1, 0, Backend::kNccl), "needs 1 idle gpu slot; 0 registered, 0 idle");
+}
+
+TEST(WaitingReasonTest, SaysWhenThePerHostLimitLeavesTooFewUsable) {
+  const std::vector<Worker> one_host = {MakeWorker("w1", "h0", "cpu"), MakeWorker("w2", "h0", "cpu"),
+                                        MakeWorker("w3", "h0", "cpu")};
+  EXPECT_EQ(WaitingReason(one_host, 2, 1, Backend::kGloo),
+            "needs 2 idle cpu slots (at most 1 per host); 3 registered, 3 idle on 1 host, 1 usable "
+            "with at most 1 per host");
+  EXPECT_EQ(WaitingReason(one_host, 2, 2, Backend::kGloo), "");
+}
+
 }  // namespace
 }  // namespace ringmaster

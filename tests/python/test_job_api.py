@@ -311,7 +311,11 @@ def test_register_job_fills_defaults(pb, py_job):
     assert knobs.autotune_gaussian_process_noise == 0.8
     assert knobs.autotune is False
 
-    assert [e.message for e in job.events] == ["registered: 2 ranks"]
+    # No worker is registered: the job says why it waits.
+    assert [e.message for e in job.events] == [
+        "registered: 2 ranks",
+        "waiting: needs 2 idle cpu slots (at most 1 per host); 0 registered, 0 idle"]
+    assert job.waiting_reason == "needs 2 idle cpu slots (at most 1 per host); 0 registered, 0 idle"
     assert job.events[0].state == job_pb2.JOB_STATE_PENDING
 
 

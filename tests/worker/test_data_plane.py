@@ -137,8 +137,12 @@ def kill_a_training_process(cluster, rank, host):
     os.kill(pid, signal.SIGKILL)
     failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 10)
     assert time.monotonic() - killed_at < 10
+    # The reason's first line names the rank; its last output and how to see all of it follow.
+    first, *tail = failed["reason"].split("\n")
     assert re.fullmatch(rf"rank {rank} on host {host} \(worker-\d+\) exited with status 137: "
-                        r"killed by signal 9 \(Killed\)", failed["reason"]), failed["reason"]
+                        r"killed by signal 9 \(Killed\); its last output:", first), failed["reason"]
+    assert tail[-1] == f"see all of it with: ringmaster logs {job} --rank {rank}", failed["reason"]
+    assert any(line.startswith("  ") and "step" in line for line in tail[:-1]), failed["reason"]
     wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10, "the other ranks to be stopped")
 
 
@@ -239,10 +243,12 @@ def test_on_gpus_an_nccl_error_fails_the_job_with_it_though_the_process_runs_on(
         job = cluster.submit(2, "sh", "-c", f"{BIN}/train_loop 1000; sleep 60",
                              extra=["--processes-per-host", "2"])
         failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 30)
+        first, *tail = failed["reason"].split("\n")
         assert re.fullmatch(
             r"rank 1 on host h0 \(worker-\d+\) failed: NCCL error on rank 1 \(h0, cuda:1\): a "
-            r"remote peer failed or exited, or the network broke \(ncclRemoteError\)",
-            failed["reason"]), failed["reason"]
+            r"remote peer failed or exited, or the network broke \(ncclRemoteError\); its last "
+            r"output:", first), failed["reason"]
+        assert tail[-1] == f"see all of it with: ringmaster logs {job} --rank 1", failed["reason"]
         # Every rank is stopped, the failed one's process too (it would sleep on).
         wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10, "the ranks to be stopped")
     finally:

@@ -328,6 +328,16 @@ CudaProbe ProbeCuda() {
 absl::Status CheckCudaDevice(int device) {
   int n = 0;
   const cudaError_t count = cudaGetDeviceCount(&n);
+  if (count == cudaErrorInsufficientDriver || count == cudaErrorNoDevice) {
+    // What CUDA says on a machine without the NVIDIA driver ("CUDA driver version is
+    // insufficient") reads as if an upgrade would help.
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda:", device, " cannot be used: no NVIDIA GPU is usable here (",
+        cudaGetErrorString(count),
+        "; is the NVIDIA driver installed and the GPU visible, e.g. nvidia-smi lists it?); on a "
+        "machine without GPUs run the worker with --device cpu"));
+  }
   if (count != cudaSuccess) {
     return absl::FailedPreconditionError(
         absl::StrCat("cuda:", device, " cannot be used: ", cudaGetErrorString(count)));
