@@ -452,3 +452,21 @@ def test_workers_outlive_a_coordinator_stop_and_join_its_successor(cluster):
     job = submit(cluster, successor, "--np", "1", "--", str(BIN / "hello_allreduce"))
     assert cluster.wait_state(successor, job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 30)[
         "state"] == "JOB_STATE_SUCCEEDED"
+
+
+FAKE_CUDA = BIN.parent / "fake_cuda"
+
+
+@pytest.mark.skipif(not (FAKE_CUDA / "libcudart.so.13").exists(),
+                    reason="no fake CUDA runtime (built with CUDA only)")
+def test_a_gpu_worker_on_a_machine_without_gpus_says_so():
+    # The fake CUDA runtime with no devices answers as CUDA does without a usable GPU.
+    env = {**os.environ, "LD_LIBRARY_PATH": str(FAKE_CUDA), "FAKE_CUDA_DEVICES": "0"}
+    r = subprocess.run([str(BIN / "ringmaster-worker"), "--coordinator", "127.0.0.1:1", "--device",
+                        "cuda:0"], capture_output=True, text=True, timeout=30, env=env)
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[-1] == (
+        "ringmaster-worker: --device cuda:0: cuda:0 cannot be used: no NVIDIA GPU is usable here "
+        "(no CUDA-capable device is detected (fake CUDA); is the NVIDIA driver installed and the GPU "
+        "visible, e.g. nvidia-smi lists it?); on a machine without GPUs run the worker with --device "
+        "cpu")
