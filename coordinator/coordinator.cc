@@ -17,28 +17,6 @@
 namespace ringmaster {
 namespace {
 
-NegotiatorOptions NegotiatorOptionsFor(const Job& job) {
-  NegotiatorOptions o;
-  o.job_id = job.id;
-  for (const RankInfo& r : job.ranks) o.rank_hosts.push_back(r.host);
-  const Knobs& k = job.spec.knobs;
-  o.fusion_threshold_bytes = k.fusion_threshold_bytes;
-  o.cycle_time = absl::Microseconds(static_cast<int64_t>(k.cycle_time_ms * 1000));
-  o.cache_capacity = k.cache_capacity;
-  o.stall_check = absl::Milliseconds(static_cast<int64_t>(k.stall_check_seconds * 1000));
-  o.stall_shutdown = absl::Milliseconds(static_cast<int64_t>(k.stall_shutdown_seconds * 1000));
-  o.record_timeline = !k.timeline.empty();
-  return o;
-}
-
-bool Fixed(const Knobs& k, absl::string_view knob) {
-  return std::find(k.autotune_fixed.begin(), k.autotune_fixed.end(), knob) !=
-         k.autotune_fixed.end();
-}
-
-// Autotune turns a disabled cache on with Horovod's default capacity.
-constexpr int kDefaultCacheCapacity = 1024;
-
 std::string Placement(const RankInfo& r) {
   return absl::StrCat("rank ", r.rank, " on host ", r.host, " (", r.worker_id, ")");
 }
@@ -106,7 +84,7 @@ WorkerChannel* Coordinator::ChannelOf(const std::string& worker_id) {
   return it == channels_.end() ? nullptr : it->second;
 }
 
-void Coordinator::Schedule() {
+std::optional<Job> Coordinator::PlaceOne() {
   absl::MutexLock schedule_lock(&schedule_mu_);
   std::vector<Job> pending = jobs_.List({JobState::kPending});
   std::reverse(pending.begin(), pending.end());  // oldest first
@@ -148,64 +126,53 @@ void Coordinator::Schedule() {
       for (const std::string& id : ids) workers_.Release(id);
       continue;
     }
-    auto runtime = std::make_shared<Runtime>();
-    runtime->job_id = started->id;
-    runtime->epoch = started->epoch;
-    runtime->ranks = started->ranks;
-    StartObservers(*started, *runtime);
-    const Labels job_label = {{"job", started->id}};
-    runtime->cycles = &metrics_.GetCounter(
-        "ringmaster_negotiation_cycles_total", "Negotiation cycles that produced responses.", job_label);
-    runtime->tensors = &metrics_.GetCounter("ringmaster_tensors_negotiated_total",
-                                            "Tensors that left the negotiator in a response.",
-                                            job_label);
-    runtime->cache_hits = &metrics_.GetCounter(
-        "ringmaster_response_cache_hits_total", "Ready tensors requested by response-cache id.",
-        job_label);
-    runtime->cache_misses = &metrics_.GetCounter(
-        "ringmaster_response_cache_misses_total", "Ready tensors requested in full.", job_label);
-    runtime->latency = &metrics_.GetHistogram(
-        "ringmaster_negotiation_latency_seconds",
-        "From the first request of a tensor in a cycle to the cycle's response.",
-        ExponentialBuckets(0.0001, 2, 16), job_label);
-    runtime->stalled = &metrics_.GetGauge(
-        "ringmaster_stalled_tensors",
-        "Tensors submitted by some ranks and waiting for the others longer than the stall-check "
-        "time.",
-        job_label);
-    spdlog::info("job {} starting on {} workers", started->id, ids.size());
-    absl::MutexLock lock(&mu_);
-    // Cancelled (or failed) since Start(): Finish() found no runtime to stop; do not create one.
-    if (absl::StatusOr<Job> now = jobs_.Get(started->id);
-        !now.ok() || IsTerminal(now->state) || now->epoch != started->epoch) {
-      continue;
-    }
-    runtimes_[started->id] = runtime;
-    for (const RankInfo& r : started->ranks) {
-      if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendAssignment(*started, r.rank);
-    }
+    return *started;
   }
+  return std::nullopt;
 }
 
+void Coordinator::Schedule() {
+  // One job at a time: its workers are marked busy under schedule_mu_, so the next placement sees
+  // them taken; its runtime's files are created after the lock is released (file I/O).
+  while (std::optional<Job> started = PlaceOne()) {
+    std::vector<std::string> problems;
+    std::shared_ptr<JobRuntime> runtime =
+        JobRuntime::Open(*started, artifacts_, metrics_, clock_->Now(), &problems);
+    for (const std::string& problem : problems) {
+      spdlog::error("job {}: {}", started->id, problem);
+      jobs_.AddEvent(started->id, problem).IgnoreError();
+    }
+    spdlog::info("job {} starting on {} workers", started->id, started->ranks.size());
+    {
+      absl::MutexLock lock(&mu_);
+      // Cancelled (or failed) since Start(): Finish() found no runtime to stop; none is added.
+      if (absl::StatusOr<Job> now = jobs_.Get(started->id);
+          now.ok() && !IsTerminal(now->state) && now->epoch == started->epoch) {
+        runtimes_[started->id] = runtime;
+        for (const RankInfo& r : started->ranks) {
+          if (WorkerChannel* channel = ChannelOf(r.worker_id)) {
+            channel->SendAssignment(*started, r.rank);
+          }
+        }
+        continue;
+      }
+    }
+    runtime->Close();  // with no lock held: file I/O
+  }
+}
 absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState state,
                                         std::string reason, const std::string& except_worker) {
   // The job's artifacts are complete before it turns terminal, so a user who sees it end and fetches
   // them gets them whole (what ranks still send is dropped).
-  std::shared_ptr<Runtime> running = RuntimeOf(job_id);
+  std::shared_ptr<JobRuntime> running = RuntimeOf(job_id);
   std::optional<JobThroughput> last_figures;
   if (running != nullptr) {
     // What `status` keeps showing once the job has ended: its rates over the window that ends at its
     // last negotiation cycle.
-    last_figures = ThroughputOf(*running, absl::InfiniteFuture());
-    {
-      // Under flush_mu, the last events queue in order behind those of earlier cycles.
-      absl::MutexLock flush_lock(&running->flush_mu);
-      if (running->timeline != nullptr) {
-        running->timeline->Negotiation(running->negotiator->DrainTimeline());
-      }
-    }
-    // Writing them out (file I/O, joining the writer) holds no lock; what arrives later is dropped.
-    if (running->timeline != nullptr) running->timeline->Close();
+    last_figures = running->Throughput(absl::InfiniteFuture());
+    // Its files are complete (file I/O, with no lock held) before it turns terminal; what ranks
+    // send afterwards is dropped.
+    running->Close();
   }
   absl::StatusOr<Job> job = jobs_.Transition(job_id, state, reason, std::move(last_figures));
   if (!job.ok()) return job;
@@ -214,14 +181,10 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
   } else {
     spdlog::info("job {} {}: {}", job_id, JobStateName(state), reason);
   }
-  std::shared_ptr<Runtime> ended;
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = runtimes_.find(job_id); it != runtimes_.end()) {
-      it->second->stalled->Set(0);  // an ended job stalls nothing
-      ended = std::move(it->second);
-      runtimes_.erase(it);
-    }
+    runtimes_.erase(job_id);
+    pending_failures_.erase(job_id);
     for (const RankInfo& r : job->ranks) {
       if (r.worker_id == except_worker) continue;
       if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendStopJob(job_id, reason);
@@ -303,19 +266,19 @@ absl::Status Coordinator::Heartbeat(const std::string& worker_id) {
   return workers_.Heartbeat(worker_id);
 }
 
-absl::StatusOr<std::shared_ptr<Coordinator::Runtime>> Coordinator::RuntimeFor(
+absl::StatusOr<std::shared_ptr<JobRuntime>> Coordinator::RuntimeFor(
     const std::string& worker_id, const std::string& job_id, int64_t epoch, int32_t rank) {
   {
     absl::MutexLock lock(&mu_);
     auto it = runtimes_.find(job_id);
     if (it != runtimes_.end()) {
-      const std::shared_ptr<Runtime>& runtime = it->second;
-      if (epoch != runtime->epoch) {
+      const std::shared_ptr<JobRuntime>& runtime = it->second;
+      if (epoch != runtime->epoch()) {
         return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id,
-                                               " is stale; the job is at epoch ", runtime->epoch));
+                                               " is stale; the job is at epoch ", runtime->epoch()));
       }
-      if (rank < 0 || rank >= static_cast<int32_t>(runtime->ranks.size()) ||
-          runtime->ranks[rank].worker_id != worker_id) {
+      if (rank < 0 || rank >= static_cast<int32_t>(runtime->ranks().size()) ||
+          runtime->ranks()[rank].worker_id != worker_id) {
         return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id,
                                                           " is not assigned rank ", rank,
                                                           " of job ", job_id));
@@ -334,173 +297,29 @@ absl::Status Coordinator::SubmitRequests(const std::string& worker_id, RequestBa
   auto runtime = RuntimeFor(worker_id, batch.job_id, batch.epoch, batch.rank);
   if (!runtime.ok()) return runtime.status();
   const absl::Time now = clock_->Now();
-  (*runtime)->negotiator->Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now);
-  Flush(*runtime, now);
+  (*runtime)->Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now);
+  Flush(**runtime, now);
   // A cycle that is not due yet (some ranks have not submitted) must be flushed at its deadline.
-  if (const absl::Time next = (*runtime)->negotiator->NextDeadline(); next != absl::InfiniteFuture()) {
+  if (const absl::Time next = (*runtime)->NextDeadline(); next != absl::InfiniteFuture()) {
     WakeTicker(next);
   }
   return absl::OkStatus();
 }
 
-void Coordinator::Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now) {
-  std::vector<std::string> log_lines;
-  FlushLocked(*runtime, now, &log_lines);
-  if (!log_lines.empty()) {
-    // Taken in FlushLocked, before flush_mu was released, so lines stay in order; the file I/O
-    // happens under this lock alone.
-    WriteAutotuneLog(*runtime, log_lines);
-    runtime->log_mu.Unlock();
-  }
-}
-
-void Coordinator::FlushLocked(Runtime& runtime, absl::Time now,
-                              std::vector<std::string>* log_lines) {
-  absl::MutexLock flush_lock(&runtime.flush_mu);
-  std::optional<CycleOutput> output = runtime.negotiator->Poll(now);
-  if (!output) return;
-  if (output->oldest_submit != absl::InfiniteFuture()) {
-    runtime.latency->Observe(absl::ToDoubleSeconds(now - output->oldest_submit));
-  }
-  runtime.cycles->Increment();
-  const NegotiatorStats stats = runtime.negotiator->stats();
-  runtime.tensors->Increment(stats.tensors_negotiated - runtime.reported.tensors_negotiated);
-  runtime.cache_hits->Increment(stats.cache_hits - runtime.reported.cache_hits);
-  runtime.cache_misses->Increment(stats.cache_misses - runtime.reported.cache_misses);
-  runtime.reported = stats;
-  const auto [bytes, allreduced] = RecordThroughput(runtime, *output, now);
-  if (runtime.timeline != nullptr) {
-    runtime.timeline->Negotiation(runtime.negotiator->DrainTimeline());
-    if (!output->responses.empty()) runtime.timeline->Cycle(now);
-  }
-  if (runtime.autotuner != nullptr) {
-    *log_lines = Autotune(runtime, bytes, allreduced, now);
-    if (!log_lines->empty()) runtime.log_mu.Lock();  // released by Flush after writing
-  }
-  auto cycle = std::make_shared<CycleBroadcast>();
-  cycle->job_id = runtime.job_id;
-  cycle->output = *std::move(output);
-  cycle->fusion_threshold_bytes = runtime.negotiator->fusion_threshold_bytes();
-  cycle->cycle_time_ms = absl::ToDoubleMilliseconds(runtime.negotiator->cycle_time());
-  absl::MutexLock lock(&mu_);
-  for (const RankInfo& r : runtime.ranks) {
-    if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendResponses(cycle, r.rank);
-  }
-}
-
-std::pair<int64_t, int64_t> Coordinator::RecordThroughput(Runtime& runtime,
-                                                          const CycleOutput& output,
-                                                          absl::Time now) {
-  Runtime::Totals& t = runtime.totals;
-  int64_t bytes = 0, tensors = 0, allreduced = 0;
-  for (const Response& r : output.responses) {
-    if (r.type != Response::Type::kAllreduce && r.type != Response::Type::kBroadcast) continue;
-    for (int64_t n : r.tensor_sizes) bytes += n * DataTypeSize(r.dtype);
-    tensors += static_cast<int64_t>(r.names.size());
-    if (r.type == Response::Type::kAllreduce) allreduced += static_cast<int64_t>(r.names.size());
-  }
-  t.bytes += bytes;
-  t.tensors += tensors;
-  t.allreduced += allreduced;
-  ++t.cycles;
-  t.time = now;
-  if (runtime.window.empty() || now - runtime.window.back().time >= absl::Seconds(1)) {
-    runtime.window.push_back(t);
-    while (runtime.window.size() > 11) runtime.window.pop_front();
-  }
-  return {bytes, allreduced};
-}
-
-void Coordinator::StartObservers(const Job& job, Runtime& runtime) {
-  const Knobs& k = job.spec.knobs;
-  NegotiatorOptions options = NegotiatorOptionsFor(job);
-  const bool tune_cache = k.autotune && !Fixed(k, "cache_capacity");
-  if (tune_cache && options.cache_capacity == 0) options.cache_capacity = kDefaultCacheCapacity;
-  runtime.negotiator = std::make_unique<Negotiator>(std::move(options));
-  if (k.cache_capacity == 0) runtime.negotiator->SetCacheEnabled(false);
-  // Always: a job id reused by a later coordinator run must not show the earlier job's files.
-  if (absl::Status s = artifacts_.Reset(job.id); !s.ok()) {
-    spdlog::error("job {}: {}", job.id, s.message());
-  }
-  if (!k.timeline.empty()) {
-    absl::StatusOr<std::unique_ptr<Timeline>> timeline =
-        Timeline::Create(artifacts_.PathOf(job.id, k.timeline), absl::StrCat("job ", job.id),
-                         k.timeline_mark_cycles, clock_->Now());
-    if (timeline.ok()) {
-      runtime.timeline = *std::move(timeline);
-      runtime.timeline_name = k.timeline;
-    } else {
-      spdlog::error("job {}: {}", job.id, timeline.status().message());
-      jobs_.AddEvent(job.id, absl::StrCat("no timeline: ", timeline.status().message()))
-          .IgnoreError();
+void Coordinator::Flush(JobRuntime& runtime, absl::Time now) {
+  runtime.Flush(now, [this, &runtime](const std::shared_ptr<CycleBroadcast>& cycle) {
+    absl::MutexLock lock(&mu_);
+    for (const RankInfo& r : runtime.ranks()) {
+      if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendResponses(cycle, r.rank);
     }
-  }
-  if (!k.autotune) return;
-  AutotuneOptions a;
-  a.warmup_samples = k.autotune_warmup_samples;
-  a.steps_per_sample = k.autotune_steps_per_sample;
-  a.max_samples = k.autotune_bayes_opt_max_samples;
-  a.noise = k.autotune_gaussian_process_noise;
-  a.start = {k.fusion_threshold_bytes, k.cycle_time_ms, k.cache_capacity > 0};
-  a.tune_fusion_threshold = !Fixed(k, "fusion_threshold_bytes");
-  a.tune_cycle_time = !Fixed(k, "cycle_time_ms");
-  a.tune_cache = tune_cache;
-  std::vector<std::string> header;
-  {
-    absl::MutexLock lock(&runtime.flush_mu);
-    runtime.autotuner = std::make_unique<Autotuner>(a);
-    // The first sample starts with the job's first negotiation cycle (not now, at scheduling,
-    // which would count process start-up against the starting setting).
-    header = runtime.autotuner->TakeLog();
-  }
-  if (k.autotune_log.empty()) return;
-  const std::string path = artifacts_.PathOf(job.id, k.autotune_log);
-  absl::MutexLock lock(&runtime.log_mu);
-  runtime.autotune_log.reset(std::fopen(path.c_str(), "we"));
-  if (runtime.autotune_log == nullptr) {
-    spdlog::error("job {}: cannot create autotune log {}: {}", job.id, path, std::strerror(errno));
-  }
-  WriteAutotuneLog(runtime, header);
+  });
 }
-
-void Coordinator::WriteAutotuneLog(Runtime& runtime, const std::vector<std::string>& lines) {
-  if (runtime.autotune_log == nullptr) return;
-  for (const std::string& line : lines) {
-    std::fprintf(runtime.autotune_log.get(), "%s\n", line.c_str());
-  }
-  std::fflush(runtime.autotune_log.get());
-}
-
-std::vector<std::string> Coordinator::Autotune(Runtime& runtime, int64_t bytes, int64_t allreduced,
-                                               absl::Time now) {
-  Autotuner& tuner = *runtime.autotuner;
-  const AutotunePhase before = tuner.status().phase;
-  std::optional<AutotuneParameters> change =
-      tuner.Observe(bytes, allreduced, runtime.negotiator->stats().distinct_tensors, now);
-  if (change.has_value()) {
-    runtime.negotiator->SetParameters(
-        change->fusion_threshold_bytes,
-        absl::Microseconds(static_cast<int64_t>(change->cycle_time_ms * 1000)));
-    runtime.negotiator->SetCacheEnabled(change->cache_enabled);
-  }
-  const AutotuneStatus status = tuner.status();
-  if (status.phase != before || change.has_value()) {
-    spdlog::info(
-        "job {} autotune {} (sample {}/{}): fusion_threshold={} bytes, cycle_time={} ms, cache={}; "
-        "best so far {:.1f} MB/s",
-        runtime.job_id, AutotunePhaseName(status.phase), status.samples, status.max_samples,
-        status.current.fusion_threshold_bytes, status.current.cycle_time_ms,
-        status.current.cache_enabled ? "on" : "off", status.best_score / 1e6);
-  }
-  return tuner.TakeLog();
-}
-
 absl::Status Coordinator::RecordTimeline(const std::string& worker_id, const std::string& job_id,
                                          int64_t epoch, int32_t rank,
                                          std::vector<ExecutionSpan> spans) {
   auto runtime = RuntimeFor(worker_id, job_id, epoch, rank);
   if (!runtime.ok()) return runtime.status();
-  if ((*runtime)->timeline != nullptr) (*runtime)->timeline->Execution(rank, std::move(spans));
+  (*runtime)->RecordExecution(rank, std::move(spans));
   return absl::OkStatus();
 }
 
@@ -509,19 +328,19 @@ absl::StatusOr<std::vector<ArtifactInfo>> Coordinator::ListArtifacts(
   if (absl::StatusOr<Job> job = jobs_.Get(job_id); !job.ok()) return job.status();
   std::vector<ArtifactInfo> list = artifacts_.List(job_id);
   // A timeline being written is listed at the size a read would serve.
-  std::shared_ptr<Runtime> runtime = RuntimeOf(job_id);
-  if (runtime != nullptr && runtime->timeline != nullptr) {
-    for (ArtifactInfo& a : list) {
-      if (a.name == runtime->timeline_name) {
-        a.size_bytes = runtime->timeline->StableSize() +
-                       static_cast<int64_t>(std::strlen(Timeline::kTail));
+  if (std::shared_ptr<JobRuntime> runtime = RuntimeOf(job_id); runtime != nullptr) {
+    if (std::optional<JobRuntime::TimelineSnapshot> timeline = runtime->Timeline()) {
+      for (ArtifactInfo& a : list) {
+        if (a.name == timeline->name) {
+          a.size_bytes = timeline->stable_size + static_cast<int64_t>(std::strlen(Timeline::kTail));
+        }
       }
     }
   }
   return list;
 }
 
-std::shared_ptr<Coordinator::Runtime> Coordinator::RuntimeOf(const std::string& job_id) const {
+std::shared_ptr<JobRuntime> Coordinator::RuntimeOf(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = runtimes_.find(job_id);
   return it != runtimes_.end() ? it->second : nullptr;
@@ -530,9 +349,10 @@ std::shared_ptr<Coordinator::Runtime> Coordinator::RuntimeOf(const std::string& 
 absl::StatusOr<Coordinator::ArtifactSnapshot> Coordinator::SnapshotArtifact(
     const std::string& job_id, const std::string& name) const {
   if (absl::StatusOr<Job> job = jobs_.Get(job_id); !job.ok()) return job.status();
-  std::shared_ptr<Runtime> runtime = RuntimeOf(job_id);
-  if (runtime != nullptr && runtime->timeline != nullptr && runtime->timeline_name == name) {
-    return ArtifactSnapshot{runtime->timeline->StableSize(), Timeline::kTail};
+  if (std::shared_ptr<JobRuntime> runtime = RuntimeOf(job_id); runtime != nullptr) {
+    if (std::optional<JobRuntime::TimelineSnapshot> t = runtime->Timeline(); t && t->name == name) {
+      return ArtifactSnapshot{t->stable_size, Timeline::kTail};
+    }
   }
   for (const ArtifactInfo& a : artifacts_.List(job_id)) {
     if (a.name == name) return ArtifactSnapshot{a.size_bytes, ""};
@@ -547,38 +367,10 @@ absl::StatusOr<Job> Coordinator::GetJob(const std::string& id) const {
     job->waiting_reason = WaitingReason(workers_.List(), job->spec.np, job->spec.processes_per_host,
                                         job->spec.knobs.backend);
   }
-  std::shared_ptr<Runtime> runtime = RuntimeOf(id);
+  std::shared_ptr<JobRuntime> runtime = RuntimeOf(id);
   if (runtime == nullptr) return job;  // an ended job keeps its last figures
-  job->throughput = ThroughputOf(*runtime, clock_->Now());
+  job->throughput = runtime->Throughput(clock_->Now());
   return job;
-}
-
-JobThroughput Coordinator::ThroughputOf(Runtime& runtime, absl::Time until) {
-  JobThroughput out;
-  out.fusion_threshold_bytes = runtime.negotiator->fusion_threshold_bytes();
-  out.cycle_time_ms = absl::ToDoubleMilliseconds(runtime.negotiator->cycle_time());
-  out.cache_enabled = runtime.negotiator->cache_enabled();
-  absl::MutexLock lock(&runtime.flush_mu);
-  if (runtime.autotuner != nullptr) out.autotune = runtime.autotuner->status();
-  const Runtime::Totals& now = runtime.totals;
-  out.tensors_negotiated = now.tensors;
-  out.bytes_negotiated = now.bytes;
-  if (until == absl::InfiniteFuture()) until = now.time;  // as of the last cycle
-  if (!runtime.window.empty()) {
-    // From the oldest snapshot of the window to `until` (the clock, for a running job, so an idle
-    // job decays to zero).
-    const Runtime::Totals& then = runtime.window.front();
-    const double seconds = absl::ToDoubleSeconds(until - then.time);
-    if (seconds > 0) {
-      out.bytes_per_second = (now.bytes - then.bytes) / seconds;
-      out.cycles_per_second = (now.cycles - then.cycles) / seconds;
-      const double allreduced_per_second = (now.allreduced - then.allreduced) / seconds;
-      if (const int64_t distinct = runtime.negotiator->stats().distinct_tensors; distinct > 0) {
-        out.steps_per_second = allreduced_per_second / static_cast<double>(distinct);
-      }
-    }
-  }
-  return out;
 }
 
 absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpdate& update) {
@@ -635,10 +427,10 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
           .status();
     }
     absl::MutexLock lock(&mu_);
-    if (auto it = runtimes_.find(update.job_id);
-        it != runtimes_.end() && !it->second->pending_failure.has_value()) {
-      it->second->pending_failure =
-          PendingFailure{std::move(reason), stopped_already, clock_->Now() + failure_settle_};
+    if (runtimes_.contains(update.job_id)) {
+      // The first failure stands.
+      pending_failures_.try_emplace(update.job_id, PendingFailure{std::move(reason), stopped_already,
+                                                                  clock_->Now() + failure_settle_});
     }
     return absl::OkStatus();
   }
@@ -737,10 +529,9 @@ void Coordinator::SettleFailures(absl::Time now, const std::string& disconnected
   std::vector<std::pair<std::string, PendingFailure>> due;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [id, runtime] : runtimes_) {
-      if (!runtime->pending_failure.has_value()) continue;
-      if (now < runtime->pending_failure->deadline && id != disconnected_job) continue;
-      due.emplace_back(id, *runtime->pending_failure);
+    for (const auto& [id, failure] : pending_failures_) {
+      if (now < failure.deadline && id != disconnected_job) continue;
+      due.emplace_back(id, failure);
     }
   }
   for (auto& [job_id, failure] : due) {
@@ -798,7 +589,7 @@ void Coordinator::RendezvousWait(const std::string& job_id, int64_t epoch,
 
 void Coordinator::Tick() {
   const absl::Time now = clock_->Now();
-  std::vector<std::shared_ptr<Runtime>> runtimes;
+  std::vector<std::shared_ptr<JobRuntime>> runtimes;
   bool housekeeping = false;
   {
     absl::MutexLock lock(&mu_);
@@ -809,7 +600,7 @@ void Coordinator::Tick() {
       housekeeping = true;
     }
   }
-  for (const auto& runtime : runtimes) Flush(runtime, now);
+  for (const auto& runtime : runtimes) Flush(*runtime, now);
   SettleFailures(now, "");
   if (housekeeping) Housekeeping(now);
 }
@@ -835,7 +626,7 @@ absl::Time Coordinator::NextDeadline() const {
   absl::Time next = absl::InfiniteFuture();
   absl::MutexLock lock(&mu_);
   for (const auto& [id, runtime] : runtimes_) {
-    next = std::min(next, runtime->negotiator->NextDeadline());
+    next = std::min(next, runtime->NextDeadline());
   }
   return next;
 }
@@ -860,24 +651,19 @@ void Coordinator::Housekeeping(absl::Time now) {
           .IgnoreError();  // the job may have ended meanwhile
     }
   }
-  std::vector<std::shared_ptr<Runtime>> runtimes;
+  std::vector<std::shared_ptr<JobRuntime>> runtimes;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, runtime] : runtimes_) runtimes.push_back(runtime);
   }
   for (const auto& runtime : runtimes) {
-    if (runtime->timeline != nullptr) {
-      absl::MutexLock flush_lock(&runtime->flush_mu);  // keeps the events in order
-      runtime->timeline->Negotiation(runtime->negotiator->DrainTimeline());
-    }
-    StallReport report = runtime->negotiator->CheckStalls(now);
-    runtime->stalled->Set(report.stalled);
+    StallReport report = runtime->Housekeeping(now);
     if (report.message.empty()) continue;
     spdlog::warn("{}", report.message);
     if (report.shutdown) {
-      Finish(runtime->job_id, JobState::kFailed, report.message).IgnoreError();
+      Finish(runtime->job_id(), JobState::kFailed, report.message).IgnoreError();
     } else {
-      jobs_.AddEvent(runtime->job_id, report.message).IgnoreError();
+      jobs_.AddEvent(runtime->job_id(), report.message).IgnoreError();
     }
   }
   rendezvous_.ExpireWaiters(now);

@@ -10,8 +10,6 @@
 
 #include <cstdint>
 #include <limits>
-#include <cstdio>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,12 +25,10 @@
 #include "common/clock.h"
 #include "common/metrics.h"
 #include "coordinator/artifact_store.h"
-#include "coordinator/autotuner.h"
 #include "coordinator/job_registry.h"
+#include "coordinator/job_runtime.h"
 #include "coordinator/log_store.h"
-#include "coordinator/negotiator.h"
 #include "coordinator/rendezvous_store.h"
-#include "coordinator/timeline.h"
 #include "coordinator/worker_channel.h"
 #include "coordinator/worker_registry.h"
 
@@ -202,43 +198,6 @@ class Coordinator {
     absl::Time deadline;
   };
 
-  // A job's live state while it has workers.
-  struct Runtime {
-    std::string job_id;
-    int64_t epoch = 0;
-    std::vector<RankInfo> ranks;
-    std::unique_ptr<Negotiator> negotiator;
-    // Held from Poll() until the cycle is queued on every channel, so all ranks see cycles in order.
-    absl::Mutex flush_mu ABSL_ACQUIRED_BEFORE(mu_);
-    // The job's series (owned by the registry).
-    Counter* cycles = nullptr;
-    Counter* tensors = nullptr;
-    Counter* cache_hits = nullptr;
-    Counter* cache_misses = nullptr;
-    Histogram* latency = nullptr;
-    Gauge* stalled = nullptr;
-    NegotiatorStats reported ABSL_GUARDED_BY(flush_mu);  // stats already added to the counters
-    std::optional<PendingFailure> pending_failure;  // guarded by the coordinator's mu_
-    // Throughput: running totals, and snapshots of them about every second for a 10 s window.
-    struct Totals {
-      absl::Time time;
-      int64_t bytes = 0;
-      int64_t tensors = 0;
-      int64_t allreduced = 0;  // allreduce tensors alone: steps count in these
-      int64_t cycles = 0;
-    };
-    Totals totals ABSL_GUARDED_BY(flush_mu);
-    std::deque<Totals> window ABSL_GUARDED_BY(flush_mu);
-    // The job's timeline (null without one) and its file name.
-    std::unique_ptr<Timeline> timeline;
-    std::string timeline_name;
-    // The autotuner (null unless the job autotunes) and its log (null without one).
-    std::unique_ptr<Autotuner> autotuner ABSL_GUARDED_BY(flush_mu);
-    absl::Mutex log_mu ABSL_ACQUIRED_AFTER(flush_mu);
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> autotune_log ABSL_GUARDED_BY(log_mu){
-        nullptr, &std::fclose};
-  };
-
   // "; its last output:\n  LINE..." with the last lines of the rank's output and the command that
   // shows the rest, or "" when it printed nothing.
   std::string OutputTail(const std::string& job_id, int32_t rank) const;
@@ -250,37 +209,22 @@ class Coordinator {
   // Jobs and workers by state, computed at each scrape.
   void RegisterCollectors();
   // Places pending jobs on idle workers, oldest first; a job that stays pending gets an event saying
-  // why whenever that changes.
+  // why whenever that changes. Opens each placed job's runtime (file I/O) with no lock held.
   void Schedule();
+  // Places the oldest pending job that fits, under schedule_mu_; nullopt when none does.
+  std::optional<Job> PlaceOne();
   // Ends the job in `state` (FAILED or CANCELLED or SUCCEEDED) with `reason`: stops its other ranks,
   // frees its workers and drops its rendezvous scope.
   absl::StatusOr<Job> Finish(const std::string& job_id, JobState state, std::string reason,
                              const std::string& except_worker = "");
   // The job's runtime, or null when it has none.
-  std::shared_ptr<Runtime> RuntimeOf(const std::string& job_id) const;
-  absl::StatusOr<std::shared_ptr<Runtime>> RuntimeFor(const std::string& worker_id,
-                                                      const std::string& job_id, int64_t epoch,
-                                                      int32_t rank);
+  std::shared_ptr<JobRuntime> RuntimeOf(const std::string& job_id) const;
+  absl::StatusOr<std::shared_ptr<JobRuntime>> RuntimeFor(const std::string& worker_id,
+                                                         const std::string& job_id, int64_t epoch,
+                                                         int32_t rank);
   absl::Status CheckScope(const std::string& job_id, int64_t epoch) const;
-  void Flush(const std::shared_ptr<Runtime>& runtime, absl::Time now);
-  // The job's figures over its 10 s window up to `until` (InfiniteFuture: its last cycle).
-  static JobThroughput ThroughputOf(Runtime& runtime, absl::Time until);
-  // Polls the negotiator and sends the cycle, under flush_mu. Returns autotune log lines to write
-  // in `log_lines`, with runtime.log_mu then held (Flush writes them and releases it).
-  void FlushLocked(Runtime& runtime, absl::Time now, std::vector<std::string>* log_lines);
-  static void WriteAutotuneLog(Runtime& runtime, const std::vector<std::string>& lines)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime.log_mu);
-  // Adds the cycle to the job's totals; returns the bytes of allreduce and broadcast it carried,
-  // and its number of allreduce tensors.
-  static std::pair<int64_t, int64_t> RecordThroughput(Runtime& runtime, const CycleOutput& output,
-                                                      absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime.flush_mu);
-  // Sets up the job's timeline and autotuner (when its knobs ask for them).
-  void StartObservers(const Job& job, Runtime& runtime);
-  // Feeds the autotuner one cycle and applies what it decides; returns log lines to write.
-  static std::vector<std::string> Autotune(Runtime& runtime, int64_t bytes, int64_t allreduced,
-                                           absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(runtime.flush_mu);
+  // Flushes the job's due cycle to its ranks' channels.
+  void Flush(JobRuntime& runtime, absl::Time now);
   void Housekeeping(absl::Time now);
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -305,7 +249,10 @@ class Coordinator {
   // The last waiting reason reported for each pending job (no others).
   absl::flat_hash_map<std::string, std::string> waiting_ ABSL_GUARDED_BY(schedule_mu_);
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Runtime>> runtimes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<JobRuntime>> runtimes_ ABSL_GUARDED_BY(mu_);
+  // A rank's non-zero exit waiting for failure_settle before it fails its job, by job (running jobs
+  // only).
+  absl::flat_hash_map<std::string, PendingFailure> pending_failures_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, WorkerChannel*> channels_ ABSL_GUARDED_BY(mu_);
   absl::Time last_housekeeping_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

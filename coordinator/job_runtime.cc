@@ -1,0 +1,273 @@
+#include "coordinator/job_runtime.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "spdlog/spdlog.h"
+
+namespace ringmaster {
+namespace {
+
+NegotiatorOptions NegotiatorOptionsFor(const Job& job) {
+  NegotiatorOptions o;
+  o.job_id = job.id;
+  for (const RankInfo& r : job.ranks) o.rank_hosts.push_back(r.host);
+  const Knobs& k = job.spec.knobs;
+  o.fusion_threshold_bytes = k.fusion_threshold_bytes;
+  o.cycle_time = absl::Microseconds(static_cast<int64_t>(k.cycle_time_ms * 1000));
+  o.cache_capacity = k.cache_capacity;
+  o.stall_check = absl::Milliseconds(static_cast<int64_t>(k.stall_check_seconds * 1000));
+  o.stall_shutdown = absl::Milliseconds(static_cast<int64_t>(k.stall_shutdown_seconds * 1000));
+  o.record_timeline = !k.timeline.empty();
+  return o;
+}
+
+bool Fixed(const Knobs& k, absl::string_view knob) {
+  return std::find(k.autotune_fixed.begin(), k.autotune_fixed.end(), knob) !=
+         k.autotune_fixed.end();
+}
+
+// Autotune turns a disabled cache on with Horovod's default capacity.
+constexpr int kDefaultCacheCapacity = 1024;
+
+}  // namespace
+
+JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics)
+    : job_id_(job.id),
+      epoch_(job.epoch),
+      ranks_(job.ranks),
+      cycles_(&metrics.GetCounter("ringmaster_negotiation_cycles_total",
+                                  "Negotiation cycles that produced responses.", {{"job", job.id}})),
+      tensors_(&metrics.GetCounter("ringmaster_tensors_negotiated_total",
+                                   "Tensors that left the negotiator in a response.",
+                                   {{"job", job.id}})),
+      cache_hits_(&metrics.GetCounter("ringmaster_response_cache_hits_total",
+                                      "Ready tensors requested by response-cache id.",
+                                      {{"job", job.id}})),
+      cache_misses_(&metrics.GetCounter("ringmaster_response_cache_misses_total",
+                                        "Ready tensors requested in full.", {{"job", job.id}})),
+      latency_(&metrics.GetHistogram(
+          "ringmaster_negotiation_latency_seconds",
+          "From the first request of a tensor in a cycle to the cycle's response.",
+          ExponentialBuckets(0.0001, 2, 16), {{"job", job.id}})),
+      stalled_(&metrics.GetGauge(
+          "ringmaster_stalled_tensors",
+          "Tensors submitted by some ranks and waiting for the others longer than the stall-check "
+          "time.",
+          {{"job", job.id}})) {}
+
+JobRuntime::~JobRuntime() { Close(); }
+
+std::unique_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore& artifacts,
+                                             MetricsRegistry& metrics, absl::Time now,
+                                             std::vector<std::string>* problems) {
+  auto runtime = std::unique_ptr<JobRuntime>(new JobRuntime(job, metrics));
+  const Knobs& k = job.spec.knobs;
+  NegotiatorOptions options = NegotiatorOptionsFor(job);
+  const bool tune_cache = k.autotune && !Fixed(k, "cache_capacity");
+  if (tune_cache && options.cache_capacity == 0) options.cache_capacity = kDefaultCacheCapacity;
+  runtime->negotiator_ = std::make_unique<Negotiator>(std::move(options));
+  if (k.cache_capacity == 0) runtime->negotiator_->SetCacheEnabled(false);
+  // Always: a job id reused by a later coordinator run must not show the earlier job's files.
+  if (absl::Status s = artifacts.Reset(job.id); !s.ok()) problems->emplace_back(s.message());
+  if (!k.timeline.empty()) {
+    absl::StatusOr<std::unique_ptr<ringmaster::Timeline>> timeline = ringmaster::Timeline::Create(
+        artifacts.PathOf(job.id, k.timeline), absl::StrCat("job ", job.id), k.timeline_mark_cycles,
+        now);
+    if (timeline.ok()) {
+      runtime->timeline_ = *std::move(timeline);
+      runtime->timeline_name_ = k.timeline;
+    } else {
+      problems->push_back(absl::StrCat("no timeline: ", timeline.status().message()));
+    }
+  }
+  if (!k.autotune) return runtime;
+  AutotuneOptions a;
+  a.warmup_samples = k.autotune_warmup_samples;
+  a.steps_per_sample = k.autotune_steps_per_sample;
+  a.max_samples = k.autotune_bayes_opt_max_samples;
+  a.noise = k.autotune_gaussian_process_noise;
+  a.start = {k.fusion_threshold_bytes, k.cycle_time_ms, k.cache_capacity > 0};
+  a.tune_fusion_threshold = !Fixed(k, "fusion_threshold_bytes");
+  a.tune_cycle_time = !Fixed(k, "cycle_time_ms");
+  a.tune_cache = tune_cache;
+  std::vector<std::string> header;
+  {
+    absl::MutexLock lock(&runtime->mu_);
+    runtime->autotuner_ = std::make_unique<Autotuner>(a);
+    // The first sample starts with the job's first negotiation cycle (not now, at scheduling,
+    // which would count process start-up against the starting setting).
+    header = runtime->autotuner_->TakeLog();
+  }
+  if (k.autotune_log.empty()) return runtime;
+  const std::string path = artifacts.PathOf(job.id, k.autotune_log);
+  absl::MutexLock lock(&runtime->log_mu_);
+  runtime->autotune_log_.reset(std::fopen(path.c_str(), "we"));
+  if (runtime->autotune_log_ == nullptr) {
+    problems->push_back(
+        absl::StrCat("cannot create autotune log ", path, ": ", std::strerror(errno)));
+  }
+  runtime->WriteAutotuneLog(header);
+  return runtime;
+}
+
+void JobRuntime::Submit(int32_t rank, std::vector<TensorRequest> requests,
+                        const std::vector<uint32_t>& cached_ids, absl::Time now) {
+  negotiator_->Submit(rank, std::move(requests), cached_ids, now);
+}
+
+void JobRuntime::Flush(absl::Time now,
+                       absl::FunctionRef<void(const std::shared_ptr<CycleBroadcast>&)> deliver) {
+  std::vector<std::string> log_lines;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    std::optional<CycleOutput> output = negotiator_->Poll(now);
+    if (!output) return;
+    if (output->oldest_submit != absl::InfiniteFuture()) {
+      latency_->Observe(absl::ToDoubleSeconds(now - output->oldest_submit));
+    }
+    cycles_->Increment();
+    const NegotiatorStats stats = negotiator_->stats();
+    tensors_->Increment(stats.tensors_negotiated - reported_.tensors_negotiated);
+    cache_hits_->Increment(stats.cache_hits - reported_.cache_hits);
+    cache_misses_->Increment(stats.cache_misses - reported_.cache_misses);
+    reported_ = stats;
+    const auto [bytes, allreduced] = RecordThroughput(*output, now);
+    if (timeline_ != nullptr) {
+      timeline_->Negotiation(negotiator_->DrainTimeline());
+      if (!output->responses.empty()) timeline_->Cycle(now);
+    }
+    if (autotuner_ != nullptr) log_lines = Autotune(bytes, allreduced, now);
+    auto cycle = std::make_shared<CycleBroadcast>();
+    cycle->job_id = job_id_;
+    cycle->output = *std::move(output);
+    cycle->fusion_threshold_bytes = negotiator_->fusion_threshold_bytes();
+    cycle->cycle_time_ms = absl::ToDoubleMilliseconds(negotiator_->cycle_time());
+    deliver(cycle);
+    // Taken before mu_ is released, so the lines of successive cycles are written in order; the
+    // file I/O then happens under log_mu_ alone.
+    if (!log_lines.empty()) log_mu_.Lock();
+  }
+  if (log_lines.empty()) return;
+  WriteAutotuneLog(log_lines);
+  log_mu_.Unlock();
+}
+
+std::pair<int64_t, int64_t> JobRuntime::RecordThroughput(const CycleOutput& output, absl::Time now) {
+  Totals& t = totals_;
+  int64_t bytes = 0, tensors = 0, allreduced = 0;
+  for (const Response& r : output.responses) {
+    if (r.type != Response::Type::kAllreduce && r.type != Response::Type::kBroadcast) continue;
+    for (int64_t n : r.tensor_sizes) bytes += n * DataTypeSize(r.dtype);
+    tensors += static_cast<int64_t>(r.names.size());
+    if (r.type == Response::Type::kAllreduce) allreduced += static_cast<int64_t>(r.names.size());
+  }
+  t.bytes += bytes;
+  t.tensors += tensors;
+  t.allreduced += allreduced;
+  ++t.cycles;
+  t.time = now;
+  if (window_.empty() || now - window_.back().time >= absl::Seconds(1)) {
+    window_.push_back(t);
+    while (window_.size() > 11) window_.pop_front();
+  }
+  return {bytes, allreduced};
+}
+
+std::vector<std::string> JobRuntime::Autotune(int64_t bytes, int64_t allreduced, absl::Time now) {
+  Autotuner& tuner = *autotuner_;
+  const AutotunePhase before = tuner.status().phase;
+  std::optional<AutotuneParameters> change =
+      tuner.Observe(bytes, allreduced, negotiator_->stats().distinct_tensors, now);
+  if (change.has_value()) {
+    negotiator_->SetParameters(
+        change->fusion_threshold_bytes,
+        absl::Microseconds(static_cast<int64_t>(change->cycle_time_ms * 1000)));
+    negotiator_->SetCacheEnabled(change->cache_enabled);
+  }
+  const AutotuneStatus status = tuner.status();
+  if (status.phase != before || change.has_value()) {
+    spdlog::info(
+        "job {} autotune {} (sample {}/{}): fusion_threshold={} bytes, cycle_time={} ms, cache={}; "
+        "best so far {:.1f} MB/s",
+        job_id_, AutotunePhaseName(status.phase), status.samples, status.max_samples,
+        status.current.fusion_threshold_bytes, status.current.cycle_time_ms,
+        status.current.cache_enabled ? "on" : "off", status.best_score / 1e6);
+  }
+  return tuner.TakeLog();
+}
+
+void JobRuntime::WriteAutotuneLog(const std::vector<std::string>& lines) {
+  if (autotune_log_ == nullptr) return;
+  for (const std::string& line : lines) std::fprintf(autotune_log_.get(), "%s\n", line.c_str());
+  std::fflush(autotune_log_.get());
+}
+
+JobThroughput JobRuntime::Throughput(absl::Time until) const {
+  JobThroughput out;
+  out.fusion_threshold_bytes = negotiator_->fusion_threshold_bytes();
+  out.cycle_time_ms = absl::ToDoubleMilliseconds(negotiator_->cycle_time());
+  out.cache_enabled = negotiator_->cache_enabled();
+  absl::MutexLock lock(&mu_);
+  if (autotuner_ != nullptr) out.autotune = autotuner_->status();
+  const Totals& now = totals_;
+  out.tensors_negotiated = now.tensors;
+  out.bytes_negotiated = now.bytes;
+  if (until == absl::InfiniteFuture()) until = now.time;  // as of the last cycle
+  if (!window_.empty()) {
+    // From the oldest snapshot of the window to `until` (the clock, for a running job, so an idle
+    // job decays to zero).
+    const Totals& then = window_.front();
+    const double seconds = absl::ToDoubleSeconds(until - then.time);
+    if (seconds > 0) {
+      out.bytes_per_second = (now.bytes - then.bytes) / seconds;
+      out.cycles_per_second = (now.cycles - then.cycles) / seconds;
+      const double allreduced_per_second = (now.allreduced - then.allreduced) / seconds;
+      if (const int64_t distinct = negotiator_->stats().distinct_tensors; distinct > 0) {
+        out.steps_per_second = allreduced_per_second / static_cast<double>(distinct);
+      }
+    }
+  }
+  return out;
+}
+
+StallReport JobRuntime::Housekeeping(absl::Time now) {
+  if (timeline_ != nullptr) {
+    absl::MutexLock lock(&mu_);  // keeps the events in order with the cycles'
+    if (!closed_) timeline_->Negotiation(negotiator_->DrainTimeline());
+  }
+  StallReport report = negotiator_->CheckStalls(now);
+  stalled_->Set(report.stalled);
+  return report;
+}
+
+void JobRuntime::RecordExecution(int32_t rank, std::vector<ExecutionSpan> spans) {
+  if (timeline_ != nullptr) timeline_->Execution(rank, std::move(spans));
+}
+
+std::optional<JobRuntime::TimelineSnapshot> JobRuntime::Timeline() const {
+  if (timeline_ == nullptr) return std::nullopt;
+  return TimelineSnapshot{timeline_name_, timeline_->StableSize()};
+}
+
+void JobRuntime::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    // Under mu_, the last events queue in order behind those of earlier cycles.
+    if (timeline_ != nullptr) timeline_->Negotiation(negotiator_->DrainTimeline());
+  }
+  stalled_->Set(0);  // an ended job stalls nothing
+  // File I/O (the writer's last flush, its join) with no lock held; what arrives later is dropped.
+  if (timeline_ != nullptr) timeline_->Close();
+  absl::MutexLock lock(&log_mu_);
+  autotune_log_.reset();
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,136 @@
+// What one running job owns on the coordinator: its negotiator, its negotiation metrics, its
+// throughput window, its timeline and its autotuner with the autotune log. The coordinator keeps one
+// per job between scheduling and the job's end, and reaches the job's ranks through the `deliver`
+// callback of Flush().
+//
+// Thread-safe. mu_ guards the negotiator's cycles, the counters already reported, the throughput
+// window and the autotuner, and is held from a poll of the negotiator until the cycle is handed to
+// `deliver`, so every rank sees cycles in one order. log_mu_ guards the autotune log file alone (file
+// I/O happens under it, never under mu_). The timeline has its own writer thread.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "coordinator/artifact_store.h"
+#include "coordinator/autotuner.h"
+#include "coordinator/job.h"
+#include "coordinator/negotiator.h"
+#include "coordinator/timeline.h"
+#include "coordinator/worker_channel.h"
+
+namespace ringmaster {
+
+class JobRuntime {
+ public:
+  // Opens the runtime of `job` (placed: its ranks and epoch set): its negotiator with the job's
+  // knobs, its metric series in `metrics` (borrowed; must outlive the runtime), and, when the knobs
+  // ask for them, its timeline and autotune log under `artifacts` (the job's directory is emptied
+  // first). Does file I/O: call with no lock held. A file that cannot be created is reported in
+  // `problems` (the job runs without it).
+  static std::unique_ptr<JobRuntime> Open(const Job& job, const ArtifactStore& artifacts,
+                                          MetricsRegistry& metrics, absl::Time now,
+                                          std::vector<std::string>* problems);
+  ~JobRuntime();
+
+  JobRuntime(const JobRuntime&) = delete;
+  JobRuntime& operator=(const JobRuntime&) = delete;
+
+  const std::string& job_id() const { return job_id_; }
+  int64_t epoch() const { return epoch_; }
+  const std::vector<RankInfo>& ranks() const { return ranks_; }
+
+  // One rank's request batch (see Negotiator::Submit).
+  void Submit(int32_t rank, std::vector<TensorRequest> requests,
+              const std::vector<uint32_t>& cached_ids, absl::Time now);
+
+  // Polls the negotiator; when a cycle is due, counts it (metrics, throughput, timeline), feeds the
+  // autotuner (applying what it decides and appending to the autotune log) and hands the cycle to
+  // `deliver`, which must only queue (it runs under mu_).
+  void Flush(absl::Time now,
+             absl::FunctionRef<void(const std::shared_ptr<CycleBroadcast>&)> deliver);
+
+  // The earliest time a cycle falls due (InfiniteFuture when none is pending).
+  absl::Time NextDeadline() const { return negotiator_->NextDeadline(); }
+
+  // The job's figures over its 10 s window up to `until` (InfiniteFuture: up to its last cycle).
+  JobThroughput Throughput(absl::Time until) const;
+
+  // Writes the negotiation events since the last call to the timeline, then checks for stalls
+  // (updating the stalled-tensors gauge).
+  StallReport Housekeeping(absl::Time now);
+
+  // What rank `rank`'s worker executed, for the timeline (ignored without one).
+  void RecordExecution(int32_t rank, std::vector<ExecutionSpan> spans);
+
+  // The timeline as a read would serve it while the job runs: its file name and the size of its
+  // consistent prefix plus the tail that makes it valid JSON. nullopt without a timeline.
+  struct TimelineSnapshot {
+    std::string name;
+    int64_t stable_size = 0;
+  };
+  std::optional<TimelineSnapshot> Timeline() const;
+
+  // Ends the runtime: the timeline's last negotiation events are written and its file closed (its
+  // writer thread joined), the stalled gauge is zeroed. Blocks on file I/O: call with no lock held.
+  // Idempotent; nothing is recorded afterwards.
+  void Close();
+
+ private:
+  JobRuntime(const Job& job, MetricsRegistry& metrics);
+
+  // Counts the cycle; returns the bytes of allreduce and broadcast it carried, and its number of
+  // allreduce tensors.
+  std::pair<int64_t, int64_t> RecordThroughput(const CycleOutput& output, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Feeds the autotuner one cycle and applies what it decides; returns log lines to write.
+  std::vector<std::string> Autotune(int64_t bytes, int64_t allreduced, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WriteAutotuneLog(const std::vector<std::string>& lines) ABSL_EXCLUSIVE_LOCKS_REQUIRED(log_mu_);
+
+  const std::string job_id_;
+  const int64_t epoch_;
+  const std::vector<RankInfo> ranks_;
+  std::unique_ptr<Negotiator> negotiator_;
+  // The job's series (owned by the registry).
+  Counter* const cycles_;
+  Counter* const tensors_;
+  Counter* const cache_hits_;
+  Counter* const cache_misses_;
+  Histogram* const latency_;
+  Gauge* const stalled_;
+  // The timeline (null without one) and its file name; set by Open(), before any other call.
+  std::unique_ptr<ringmaster::Timeline> timeline_;
+  std::string timeline_name_;
+
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(log_mu_);
+  NegotiatorStats reported_ ABSL_GUARDED_BY(mu_);  // stats already added to the counters
+  // Running totals, and snapshots of them about every second for a 10 s window.
+  struct Totals {
+    absl::Time time;
+    int64_t bytes = 0;
+    int64_t tensors = 0;
+    int64_t allreduced = 0;  // allreduce tensors alone: steps count in these
+    int64_t cycles = 0;
+  };
+  Totals totals_ ABSL_GUARDED_BY(mu_);
+  std::deque<Totals> window_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Autotuner> autotuner_ ABSL_GUARDED_BY(mu_);  // null unless the job autotunes
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Mutex log_mu_;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> autotune_log_ ABSL_GUARDED_BY(log_mu_){
+      nullptr, &std::fclose};
+};
+
+}  // namespace ringmaster
