@@ -25,6 +25,7 @@ std::string Placement(const RankInfo& r) {
 
 Coordinator::Coordinator(CoordinatorOptions options)
     : clock_(options.clock),
+      slow_(options.executor != nullptr ? *options.executor : Executor::Inline()),
       heartbeat_interval_(options.heartbeat_interval),
       housekeeping_interval_(options.housekeeping_interval),
       failure_settle_(options.failure_settle),
@@ -133,32 +134,35 @@ std::optional<Job> Coordinator::PlaceOne() {
 
 void Coordinator::Schedule() {
   // One job at a time: its workers are marked busy under schedule_mu_, so the next placement sees
-  // them taken; its runtime's files are created after the lock is released (file I/O).
+  // them taken; its runtime's files are created after the lock is released, by the executor (file
+  // I/O has no place on a gRPC callback thread).
   while (std::optional<Job> started = PlaceOne()) {
-    std::vector<std::string> problems;
-    std::shared_ptr<JobRuntime> runtime =
-        JobRuntime::Open(*started, artifacts_, metrics_, clock_->Now(), &problems);
-    for (const std::string& problem : problems) {
-      spdlog::error("job {}: {}", started->id, problem);
-      jobs_.AddEvent(started->id, problem).IgnoreError();
-    }
-    spdlog::info("job {} starting on {} workers", started->id, started->ranks.size());
-    {
-      absl::MutexLock lock(&mu_);
-      // Cancelled (or failed) since Start(): Finish() found no runtime to stop; none is added.
-      if (absl::StatusOr<Job> now = jobs_.Get(started->id);
-          now.ok() && !IsTerminal(now->state) && now->epoch == started->epoch) {
-        runtimes_[started->id] = runtime;
-        for (const RankInfo& r : started->ranks) {
-          if (WorkerChannel* channel = ChannelOf(r.worker_id)) {
-            channel->SendAssignment(*started, r.rank);
-          }
-        }
-        continue;
-      }
-    }
-    runtime->Close();  // with no lock held: file I/O
+    slow_.Post([this, job = *std::move(started)] { StartPlaced(job); });
   }
+}
+
+void Coordinator::StartPlaced(const Job& job) {
+  std::vector<std::string> problems;
+  std::shared_ptr<JobRuntime> runtime =
+      JobRuntime::Open(job, artifacts_, metrics_, clock_->Now(), &problems);
+  for (const std::string& problem : problems) {
+    spdlog::error("job {}: {}", job.id, problem);
+    jobs_.AddEvent(job.id, problem).IgnoreError();
+  }
+  spdlog::info("job {} starting on {} workers", job.id, job.ranks.size());
+  {
+    absl::MutexLock lock(&mu_);
+    // Cancelled (or failed) since it was placed: Finish() found no runtime to stop; none is added.
+    if (absl::StatusOr<Job> now = jobs_.Get(job.id);
+        now.ok() && !IsTerminal(now->state) && now->epoch == job.epoch) {
+      runtimes_[job.id] = runtime;
+      for (const RankInfo& r : job.ranks) {
+        if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendAssignment(job, r.rank);
+      }
+      return;
+    }
+  }
+  runtime->Close();  // with no lock held: file I/O
 }
 absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState state,
                                         std::string reason, const std::string& except_worker) {
@@ -212,6 +216,28 @@ absl::StatusOr<Job> Coordinator::CancelJob(const std::string& id, std::string re
                 reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason));
 }
 
+void Coordinator::CancelJob(const std::string& id, std::string reason,
+                            std::function<void(absl::StatusOr<Job>)> done) {
+  if (reason.size() > 1024) {
+    done(absl::InvalidArgumentError("reason is longer than 1024 bytes"));
+    return;
+  }
+  if (absl::StatusOr<Job> job = jobs_.Get(id); !job.ok()) {
+    done(job.status());
+    return;
+  }
+  slow_.Post([this, id, reason = std::move(reason), done = std::move(done)]() mutable {
+    done(CancelJob(id, std::move(reason)));
+  });
+}
+
+void Coordinator::FinishLater(const std::string& job_id, JobState state, std::string reason,
+                              const std::string& except_worker) {
+  slow_.Post([this, job_id, state, reason = std::move(reason), except_worker]() mutable {
+    Finish(job_id, state, std::move(reason), except_worker).IgnoreError();  // it may have ended
+  });
+}
+
 absl::Status Coordinator::OpenSession(const std::string& worker_id, WorkerChannel* channel) {
   absl::StatusOr<Worker> worker = workers_.Get(worker_id);
   if (!worker.ok()) return worker.status();
@@ -257,8 +283,9 @@ void Coordinator::CloseSession(const std::string& worker_id, WorkerChannel* chan
     jobs_.AddEvent(w->job_id, absl::StrCat("worker ", worker_id, " serving rank ", w->rank,
                                            " on host ", w->host, " disconnected"))
         .IgnoreError();
-    // A rank's failure waiting to settle was this worker's doing: name it now.
-    SettleFailures(clock_->Now(), w->job_id);
+    // A rank's failure waiting to settle was this worker's doing: name it now (on the executor:
+    // ending a job closes its files).
+    slow_.Post([this, job_id = w->job_id] { SettleFailures(clock_->Now(), job_id); });
   }
 }
 
@@ -422,9 +449,9 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     absl::StrAppend(&reason, OutputTail(update.job_id, update.rank));
     const std::string stopped_already = update.failed ? "" : worker_id;
     if (std::string cause = DisconnectedWorkerOf(*job, worker_id); !cause.empty()) {
-      return Finish(update.job_id, JobState::kFailed, absl::StrCat(cause, "; then ", reason),
-                    stopped_already)
-          .status();
+      FinishLater(update.job_id, JobState::kFailed, absl::StrCat(cause, "; then ", reason),
+                  stopped_already);
+      return absl::OkStatus();
     }
     absl::MutexLock lock(&mu_);
     if (runtimes_.contains(update.job_id)) {
@@ -438,9 +465,8 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     return r.state == RankState::kExited && r.exit_code == 0;
   });
   if (all_done) {
-    return Finish(update.job_id, JobState::kSucceeded,
-                  absl::StrCat("all ", job->ranks.size(), " ranks exited 0"))
-        .status();
+    FinishLater(update.job_id, JobState::kSucceeded,
+                absl::StrCat("all ", job->ranks.size(), " ranks exited 0"));
   }
   return absl::OkStatus();
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/executor.h"
 #include "common/metrics.h"
 #include "coordinator/artifact_store.h"
 #include "coordinator/job_registry.h"
@@ -36,6 +38,10 @@ namespace ringmaster {
 
 struct CoordinatorOptions {
   Clock* clock = Clock::Real();  // borrowed; must outlive the coordinator
+  // Runs what gRPC callback threads must not (opening and closing jobs' files, ending jobs); null:
+  // Executor::Inline(), at once on the caller's thread (tests). Borrowed; must outlive the
+  // coordinator, and every task posted must have run before it is destroyed.
+  Executor* executor = nullptr;
   std::unique_ptr<JobStore> store = JobStore::InMemory();
   absl::Duration lease = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(2);
@@ -104,7 +110,12 @@ class Coordinator {
   std::vector<Job> ListJobs(const std::vector<JobState>& states) const {
     return jobs_.List(states);
   }
+  // Ends the job CANCELLED on the caller's thread (file I/O: closing its timeline).
   absl::StatusOr<Job> CancelJob(const std::string& id, std::string reason);
+  // The same, for callers that must not block: checks the request at once, then cancels on the
+  // executor and calls `done` there (or at once, with the error).
+  void CancelJob(const std::string& id, std::string reason,
+                 std::function<void(absl::StatusOr<Job>)> done);
   absl::StatusOr<int64_t> WatchJob(const std::string& id, JobRegistry::Watcher watcher) {
     return jobs_.Watch(id, std::move(watcher));
   }
@@ -213,6 +224,11 @@ class Coordinator {
   void Schedule();
   // Places the oldest pending job that fits, under schedule_mu_; nullopt when none does.
   std::optional<Job> PlaceOne();
+  // Opens a placed job's runtime (file I/O) and sends its ranks their assignments; on the executor.
+  void StartPlaced(const Job& placed);
+  // Finish() on the executor.
+  void FinishLater(const std::string& job_id, JobState state, std::string reason,
+                   const std::string& except_worker = "");
   // Ends the job in `state` (FAILED or CANCELLED or SUCCEEDED) with `reason`: stops its other ranks,
   // frees its workers and drops its rendezvous scope.
   absl::StatusOr<Job> Finish(const std::string& job_id, JobState state, std::string reason,
@@ -229,6 +245,7 @@ class Coordinator {
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
+  Executor& slow_;
   MetricsRegistry metrics_;
   const absl::Duration heartbeat_interval_;
   const absl::Duration housekeeping_interval_;

@@ -19,7 +19,11 @@ namespace ringmaster {
 constexpr absl::Duration kMaxTickPeriod = absl::Milliseconds(10);
 
 CoordinatorServer::CoordinatorServer(CoordinatorOptions options)
-    : coordinator_(std::make_unique<Coordinator>(std::move(options))),
+    : executor_(std::make_unique<SerialExecutor>()),
+      coordinator_(std::make_unique<Coordinator>([&] {
+        if (options.executor == nullptr) options.executor = executor_.get();
+        return std::move(options);
+      }())),
       job_service_(std::make_unique<JobService>(*coordinator_)),
       worker_service_(std::make_unique<WorkerService>(*coordinator_)),
       rendezvous_service_(std::make_unique<RendezvousService>(*coordinator_)),
@@ -75,11 +79,14 @@ void CoordinatorServer::Stop(absl::Duration grace) {
   if (coordinator_ != nullptr) coordinator_->WakeTicker(absl::InfinitePast());
   if (ticker_.joinable()) ticker_.join();
   metrics_server_.reset();
-  if (server_ == nullptr) return;
-  coordinator_->Shutdown("coordinator is shutting down");
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(absl::ToInt64Milliseconds(grace)));
-  server_->Wait();
+  if (server_ != nullptr) {
+    coordinator_->Shutdown("coordinator is shutting down");
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(absl::ToInt64Milliseconds(grace)));
+    server_->Wait();
+  }
+  // What the calls and the ticker handed over (ending jobs, closing their files) is done now.
+  executor_->Shutdown();
 }
 
 }  // namespace ringmaster

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/executor.h"
 #include "common/metrics_server.h"
 #include "coordinator/coordinator.h"
 
@@ -43,6 +44,9 @@ class CoordinatorServer {
  private:
   void TickLoop();
 
+  // Declared first: it runs the coordinator's slow work, so it must stop (Stop() drains it) before
+  // the coordinator goes.
+  std::unique_ptr<SerialExecutor> executor_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<JobService> job_service_;
   std::unique_ptr<WorkerService> worker_service_;

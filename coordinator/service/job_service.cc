@@ -346,9 +346,14 @@ grpc::ServerUnaryReactor* JobService::ListJobs(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* JobService::CancelJob(grpc::CallbackServerContext* context,
                                                 const v1::CancelJobRequest* request,
                                                 v1::CancelJobResponse* response) {
-  absl::StatusOr<Job> job = coordinator_.CancelJob(request->job_id(), request->reason());
-  if (job.ok()) ToProto(*job, response->mutable_job());
-  return Done(context, job.status());
+  // Cancelling closes the job's files: the coordinator's executor does it and finishes the call.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  coordinator_.CancelJob(request->job_id(), request->reason(),
+                         [reactor, response](absl::StatusOr<Job> job) {
+                           if (job.ok()) ToProto(*job, response->mutable_job());
+                           reactor->Finish(ToGrpcStatus(job.status()));
+                         });
+  return reactor;
 }
 
 grpc::ServerWriteReactor<v1::WatchJobResponse>* JobService::WatchJob(
