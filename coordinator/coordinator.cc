@@ -8,8 +8,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "coordinator/scheduler.h"
 #include "spdlog/spdlog.h"
@@ -512,29 +510,10 @@ absl::StatusOr<int64_t> Coordinator::FollowLogs(const std::string& job_id,
 }
 
 std::string Coordinator::OutputTail(const std::string& job_id, int32_t rank) const {
-  constexpr int kLines = 5;
-  constexpr size_t kLineBytes = 240;
-  constexpr int64_t kKeepBytes = 16 << 10;
-  // Reads the rank's log (at most LogStore's per-rank bound, a few MiB) keeping only its end.
-  std::string text;
-  int64_t cursor = 0;
-  for (int page = 0; page < 64; ++page) {
-    LogRead read = logs_.Read(job_id, rank, cursor, int64_t{1} << 20, logs_.Head(job_id));
-    if (read.chunks.empty()) break;
-    for (const LogChunk& c : read.chunks) text += c.data;
-    if (static_cast<int64_t>(text.size()) > kKeepBytes) text.erase(0, text.size() - kKeepBytes);
-    cursor = read.cursor;
-  }
-  std::vector<std::string> lines;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StripAsciiWhitespace(line).empty()) continue;
-    lines.emplace_back(line.substr(0, kLineBytes));
-  }
+  const std::vector<std::string> lines = logs_.LastLines(job_id, rank, 5, 240);
   if (lines.empty()) return "";
   std::string out = "; its last output:";
-  for (size_t i = lines.size() > kLines ? lines.size() - kLines : 0; i < lines.size(); ++i) {
-    absl::StrAppend(&out, "\n  ", lines[i]);
-  }
+  for (const std::string& line : lines) absl::StrAppend(&out, "\n  ", line);
   absl::StrAppend(&out, "\nsee all of it with: ringmaster logs ", job_id, " --rank ", rank);
   return out;
 }

@@ -4,7 +4,9 @@
 #include <queue>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace ringmaster {
 
@@ -105,6 +107,33 @@ void LogStore::EvictLocked() {
     for (auto& [rank, r] : it->second.ranks) total_bytes_ -= r.bytes;
     it->second.ranks.clear();
   }
+}
+
+std::vector<std::string> LogStore::LastLines(const std::string& job_id, int32_t rank, int max_lines,
+                                             size_t max_line_bytes) const {
+  // Enough of the end to hold the lines asked for, unless they are very long.
+  const size_t keep = static_cast<size_t>(max_lines + 1) * (max_line_bytes + 1);
+  std::string text;
+  {
+    absl::MutexLock lock(&mu_);
+    auto job = jobs_.find(job_id);
+    if (job == jobs_.end()) return {};
+    auto it = job->second.ranks.find(rank);
+    if (it == job->second.ranks.end()) return {};
+    const std::deque<LogChunk>& chunks = it->second.chunks;
+    size_t first = chunks.size();
+    for (size_t bytes = 0; first > 0 && bytes < keep;) bytes += chunks[--first].data.size();
+    for (size_t i = first; i < chunks.size(); ++i) text += chunks[i].data;
+  }
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    lines.emplace_back(line.substr(0, max_line_bytes));
+  }
+  if (lines.size() > static_cast<size_t>(max_lines)) {
+    lines.erase(lines.begin(), lines.end() - max_lines);
+  }
+  return lines;
 }
 
 LogRead LogStore::Read(const std::string& job_id, int32_t rank, int64_t after, int64_t max_bytes,

@@ -84,6 +84,11 @@ class LogStore {
   LogRead Read(const std::string& job_id, int32_t rank, int64_t after, int64_t max_bytes,
                int64_t until = std::numeric_limits<int64_t>::max()) const;
 
+  // The last `max_lines` non-blank lines `rank` wrote (stdout and stderr in arrival order), oldest
+  // first, each cut to `max_line_bytes`; empty when it wrote nothing (or its output was dropped).
+  std::vector<std::string> LastLines(const std::string& job_id, int32_t rank, int max_lines,
+                                     size_t max_line_bytes) const;
+
   // The seq of the job's newest chunk (0 when none): a reader that wants only what is there now
   // reads until it.
   int64_t Head(const std::string& job_id) const;

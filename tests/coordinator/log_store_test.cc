@@ -60,6 +60,20 @@ TEST_F(LogStoreTest, ReadsEveryRanksChunksInArrivalOrderWithStreamAndTime) {
   EXPECT_EQ(store.Head("unknown"), 0);
 }
 
+TEST_F(LogStoreTest, LastLinesAreARanksNewestNonBlankLinesAcrossChunksAndStreams) {
+  LogStore store = Store();
+  EXPECT_TRUE(store.LastLines("j", 0, 5, 240).empty());
+  ASSERT_TRUE(store.Append("j", 0, OutputStream::kStdout, "one\ntw").ok());
+  ASSERT_TRUE(store.Append("j", 1, OutputStream::kStdout, "other rank\n").ok());
+  ASSERT_TRUE(store.Append("j", 0, OutputStream::kStderr, "o\n\n  \nthree\n").ok());
+  ASSERT_TRUE(store.Append("j", 0, OutputStream::kStdout, std::string(300, 'x') + "\nfour").ok());
+  EXPECT_THAT(store.LastLines("j", 0, 5, 240),
+              ElementsAre("one", "two", "three", std::string(240, 'x'), "four"));
+  EXPECT_THAT(store.LastLines("j", 0, 2, 240), ElementsAre(std::string(240, 'x'), "four"));
+  EXPECT_THAT(store.LastLines("j", 1, 5, 240), ElementsAre("other rank"));
+  EXPECT_TRUE(store.LastLines("j", 2, 5, 240).empty());
+}
+
 TEST_F(LogStoreTest, ACursorResumesAfterTheLastChunkRead) {
   LogStore store = Store();
   for (const char* s : {"one", "two", "three"}) {
