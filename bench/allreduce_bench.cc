@@ -1,10 +1,10 @@
 // ringmaster-bench: run as every rank of a job (`ringmaster local --np 2 -- ringmaster-bench ...`).
 // Replays a model profile: every step enqueues all gradient tensors in backward order
-// asynchronously, then waits for all — the whole path (client -> daemon -> coordinator negotiation ->
-// fused Gloo allreduce). In the same run, the raw-Gloo baseline allreduces the same bytes as one
-// buffer among the same ranks. Rank 0 prints median step time, bytes per step, bus bandwidth and the
-// bandwidth ratio to raw Gloo (higher is better; 1 = as fast) beside the step-time ratio; --json
-// prints one JSON object per line.
+// asynchronously, then waits for all — the whole path (client -> daemon -> coordinator negotiation
+// -> fused Gloo allreduce). In the same run, the raw-Gloo baseline allreduces the same bytes as one
+// buffer among the same ranks. Rank 0 prints median step time, bytes per step, bus bandwidth and
+// the bandwidth ratio to raw Gloo (higher is better; 1 = as fast) beside the step-time ratio;
+// --json prints one JSON object per line.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -30,14 +30,17 @@ ABSL_FLAG(std::string, profile, "bench/profiles/resnet50.json", "model profile J
 ABSL_FLAG(int, steps, 20, "measured steps");
 ABSL_FLAG(int, warmup, 3, "unmeasured steps first");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
-ABSL_FLAG(std::string, op, "sum",
-          "sum (what the yardsticks compute) or average (Horovod's default: a sum, then a division)");
+ABSL_FLAG(
+    std::string, op, "sum",
+    "sum (what the yardsticks compute) or average (Horovod's default: a sum, then a division)");
 ABSL_FLAG(bool, baseline, true, "also time raw Gloo on one buffer of the same bytes");
-ABSL_FLAG(int, measure_last, 0,
-          "report the median of only the last N measured steps (0: all), e.g. after autotune settled");
-ABSL_FLAG(int, latency_iterations, 0,
-          "instead of the profile: allreduce one float32 this many times, one at a time, and report "
-          "p50/p99 latency");
+ABSL_FLAG(
+    int, measure_last, 0,
+    "report the median of only the last N measured steps (0: all), e.g. after autotune settled");
+ABSL_FLAG(
+    int, latency_iterations, 0,
+    "instead of the profile: allreduce one float32 this many times, one at a time, and report "
+    "p50/p99 latency");
 
 namespace ringmaster {
 namespace {
@@ -69,24 +72,26 @@ void Print(const std::string& system, const ModelProfile& p, int np, int tensors
   const double bytes = static_cast<double>(p.bytes_fp32);
   const double busbw = 2.0 * (np - 1) / np * bytes / seconds / 1e9;
   if (absl::GetFlag(FLAGS_json)) {
-    std::printf("{\"system\":\"%s\",\"profile\":\"%s\",\"np\":%d,\"tensors\":%d,"
-                "\"bytes_per_step\":%lld,\"step_time_s_median\":%.6f,\"busbw_gbs\":%.4f%s}\n",
-                system.c_str(), p.model.c_str(), np, tensors, static_cast<long long>(p.bytes_fp32),
-                seconds, busbw,
-                baseline > 0 ? absl::StrCat(",\"busbw_ratio_to_raw_gloo\":", baseline / seconds,
-                                            ",\"step_time_ratio_to_raw_gloo\":", seconds / baseline)
-                                   .c_str()
-                             : "");
+    std::printf(
+        "{\"system\":\"%s\",\"profile\":\"%s\",\"np\":%d,\"tensors\":%d,"
+        "\"bytes_per_step\":%lld,\"step_time_s_median\":%.6f,\"busbw_gbs\":%.4f%s}\n",
+        system.c_str(), p.model.c_str(), np, tensors, static_cast<long long>(p.bytes_fp32), seconds,
+        busbw,
+        baseline > 0 ? absl::StrCat(",\"busbw_ratio_to_raw_gloo\":", baseline / seconds,
+                                    ",\"step_time_ratio_to_raw_gloo\":", seconds / baseline)
+                           .c_str()
+                     : "");
   } else {
-    std::printf("%-22s %-22s np=%d tensors=%-4d bytes/step=%lld  step median=%8.3f ms  "
-                "busbw=%6.3f GB/s%s\n",
-                system.c_str(), p.model.c_str(), np, tensors, static_cast<long long>(p.bytes_fp32),
-                seconds * 1e3, busbw,
-                // Bandwidth against raw Gloo (1 = as fast; higher is better), and the step-time ratio.
-                baseline > 0 ? absl::StrFormat("  busbw %.3fx raw gloo (step time %.3fx)",
-                                               baseline / seconds, seconds / baseline)
-                                   .c_str()
-                             : "");
+    std::printf(
+        "%-22s %-22s np=%d tensors=%-4d bytes/step=%lld  step median=%8.3f ms  "
+        "busbw=%6.3f GB/s%s\n",
+        system.c_str(), p.model.c_str(), np, tensors, static_cast<long long>(p.bytes_fp32),
+        seconds * 1e3, busbw,
+        // Bandwidth against raw Gloo (1 = as fast; higher is better), and the step-time ratio.
+        baseline > 0 ? absl::StrFormat("  busbw %.3fx raw gloo (step time %.3fx)",
+                                       baseline / seconds, seconds / baseline)
+                           .c_str()
+                     : "");
   }
   std::fflush(stdout);
 }
@@ -109,9 +114,10 @@ int Latency(Client& c, int iterations) {
   const double p50 = times[times.size() / 2], p99 = times[times.size() * 99 / 100];
   if (c.rank() == 0) {
     if (absl::GetFlag(FLAGS_json)) {
-      std::printf("{\"system\":\"ringmaster\",\"bench\":\"latency\",\"np\":%d,\"bytes\":4,"
-                  "\"iterations\":%d,\"p50_ms\":%.4f,\"p99_ms\":%.4f}\n",
-                  c.size(), iterations, p50 * 1e3, p99 * 1e3);
+      std::printf(
+          "{\"system\":\"ringmaster\",\"bench\":\"latency\",\"np\":%d,\"bytes\":4,"
+          "\"iterations\":%d,\"p50_ms\":%.4f,\"p99_ms\":%.4f}\n",
+          c.size(), iterations, p50 * 1e3, p99 * 1e3);
     } else {
       std::printf("ringmaster 4-byte allreduce np=%d iterations=%d  p50=%.3f ms  p99=%.3f ms\n",
                   c.size(), iterations, p50 * 1e3, p99 * 1e3);
@@ -171,8 +177,8 @@ int Main() {
     const absl::Time start = absl::Now();
     std::vector<Handle> handles;
     for (size_t i = 0; i < grads.size(); ++i) {
-      auto h = c.AllreduceAsync(profile->tensors[i].name, grads[i], DataType::kFloat32, shapes[i],
-                                op);
+      auto h =
+          c.AllreduceAsync(profile->tensors[i].name, grads[i], DataType::kFloat32, shapes[i], op);
       if (!h.ok()) {
         std::fprintf(stderr, "enqueue: %s\n", h.status().ToString().c_str());
         return 1;
@@ -204,8 +210,8 @@ int Main() {
     g.rank = c.rank();
     g.size = np;
     g.store = std::make_shared<RendezvousClient>(
-        grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()),
-        c.topology().job_id, epoch);
+        grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()), c.topology().job_id,
+        epoch);
     g.prefix = "bench-gloo/";
     absl::StatusOr<std::unique_ptr<Backend>> gloo = CreateGlooBackend(std::move(g));
     if (!gloo.ok()) {
@@ -217,8 +223,8 @@ int Main() {
     for (int step = 0; step < warmup + steps; ++step) {
       (*gloo)->Barrier().IgnoreError();
       const absl::Time start = absl::Now();
-      if (absl::Status s = (*gloo)->Allreduce(flat.data(), flat.size(), DataType::kFloat32,
-                                               ReduceOp::kSum);
+      if (absl::Status s =
+              (*gloo)->Allreduce(flat.data(), flat.size(), DataType::kFloat32, ReduceOp::kSum);
           !s.ok()) {
         std::fprintf(stderr, "raw gloo allreduce: %s\n", s.ToString().c_str());
         return 1;

@@ -10,7 +10,8 @@
 
 namespace ringmaster {
 
-class CallbackRanks::Rank : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
+class CallbackRanks::Rank
+    : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
  public:
   Rank(v1::WorkerService::Stub* stub, std::string worker_id) : worker_id_(std::move(worker_id)) {
     stub->async()->Session(&context_, this);

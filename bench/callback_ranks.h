@@ -5,7 +5,8 @@
 // with the coordinator under test, thread-per-rank clients spend more CPU on context switches than
 // the coordinator spends negotiating; real ranks run on other machines.
 //
-// Not a general client: no collectives, no resends (the cache never evicts at these sizes), one job.
+// Not a general client: no collectives, no resends (the cache never evicts at these sizes), one
+// job.
 #pragma once
 
 #include <memory>

@@ -1,9 +1,11 @@
 // ringmaster-gpu-bench: the GPU data plane's pieces against their yardsticks, on every visible GPU
 // (one rank per GPU, a thread each; NCCL refuses two ranks on one GPU):
-//   fused   a model profile's gradients, lying apart in device memory, packed into an aligned fusion
+//   fused   a model profile's gradients, lying apart in device memory, packed into an aligned
+//   fusion
 //           buffer by the pack kernel, allreduced by the NCCL backend (event-polled, under the
 //           watchdog), and unpacked — against a raw ncclAllReduce of one buffer of the same bytes;
-//   pack    pack + unpack kernel bandwidth against cudaMemcpyAsync device-to-device of the same bytes.
+//   pack    pack + unpack kernel bandwidth against cudaMemcpyAsync device-to-device of the same
+//   bytes.
 // Prints one JSON object per line (rank 0), then nothing else; scripts/gpu-check.sh tabulates them.
 // With one GPU the NCCL comparison means little: a one-rank in-place ncclAllReduce moves no data,
 // so "raw" is a launch and the fused step is mostly pack + unpack (gpu-check.sh says so). The whole
@@ -36,13 +38,13 @@ ABSL_FLAG(int, large_mib, 256,
 namespace ringmaster {
 namespace {
 
-#define CHECK_CUDA(call)                                                               \
-  do {                                                                                 \
-    cudaError_t e_ = (call);                                                           \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));                 \
-      std::exit(1);                                                                    \
-    }                                                                                  \
+#define CHECK_CUDA(call)                                               \
+  do {                                                                 \
+    cudaError_t e_ = (call);                                           \
+    if (e_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                    \
+    }                                                                  \
   } while (0)
 
 double Median(std::vector<double> v) {
@@ -209,26 +211,29 @@ int Main() {
   auto per = [](double x, double seconds) { return seconds > 0 ? x / seconds : 0.0; };
   const double bytes = static_cast<double>(profile->bytes_fp32);
   const double factor = world > 1 ? 2.0 * (world - 1) / world : 1.0;  // bus bandwidth (algbw at 1)
-  std::printf("{\"bench\":\"fused_allreduce\",\"profile\":\"%s\",\"gpus\":%d,\"tensors\":%zu,"
-              "\"bytes\":%.0f,\"fused_ms\":%.4f,\"raw_nccl_ms\":%.4f,\"fused_busbw_gbs\":%.2f,"
-              "\"raw_busbw_gbs\":%.2f,\"ratio\":%.4f}\n",
-              profile->model.c_str(), world, profile->tensors.size(), bytes, fused * 1e3, raw * 1e3,
-              per(factor * bytes, fused) / 1e9, per(factor * bytes, raw) / 1e9, per(raw, fused));
+  std::printf(
+      "{\"bench\":\"fused_allreduce\",\"profile\":\"%s\",\"gpus\":%d,\"tensors\":%zu,"
+      "\"bytes\":%.0f,\"fused_ms\":%.4f,\"raw_nccl_ms\":%.4f,\"fused_busbw_gbs\":%.2f,"
+      "\"raw_busbw_gbs\":%.2f,\"ratio\":%.4f}\n",
+      profile->model.c_str(), world, profile->tensors.size(), bytes, fused * 1e3, raw * 1e3,
+      per(factor * bytes, fused) / 1e9, per(factor * bytes, raw) / 1e9, per(raw, fused));
   double raw_large = 0;
   for (const RankResult& r : results) raw_large = std::max(raw_large, r.raw_large_s);
   if (raw_large > 0) {
     const double large = static_cast<double>(int64_t{absl::GetFlag(FLAGS_large_mib)} << 20);
-    std::printf("{\"bench\":\"raw_nccl_large\",\"gpus\":%d,\"bytes\":%.0f,\"raw_nccl_ms\":%.4f,"
-                "\"raw_busbw_gbs\":%.2f}\n",
-                world, large, raw_large * 1e3, factor * large / raw_large / 1e9);
+    std::printf(
+        "{\"bench\":\"raw_nccl_large\",\"gpus\":%d,\"bytes\":%.0f,\"raw_nccl_ms\":%.4f,"
+        "\"raw_busbw_gbs\":%.2f}\n",
+        world, large, raw_large * 1e3, factor * large / raw_large / 1e9);
   }
   const RankResult& r0 = results[0];
-  std::printf("{\"bench\":\"pack_unpack\",\"profile\":\"%s\",\"bytes\":%.0f,\"pack_unpack_ms\":%.4f,"
-              "\"memcpy_d2d_ms\":%.4f,\"pack_unpack_gbs\":%.1f,\"memcpy_d2d_gbs\":%.1f,"
-              "\"ratio\":%.4f}\n",
-              profile->model.c_str(), bytes, r0.pack_s * 1e3, r0.memcpy_s * 1e3,
-              per(2 * bytes, r0.pack_s) / 1e9, per(2 * bytes, r0.memcpy_s) / 1e9,
-              per(r0.memcpy_s, r0.pack_s));
+  std::printf(
+      "{\"bench\":\"pack_unpack\",\"profile\":\"%s\",\"bytes\":%.0f,\"pack_unpack_ms\":%.4f,"
+      "\"memcpy_d2d_ms\":%.4f,\"pack_unpack_gbs\":%.1f,\"memcpy_d2d_gbs\":%.1f,"
+      "\"ratio\":%.4f}\n",
+      profile->model.c_str(), bytes, r0.pack_s * 1e3, r0.memcpy_s * 1e3,
+      per(2 * bytes, r0.pack_s) / 1e9, per(2 * bytes, r0.memcpy_s) / 1e9,
+      per(r0.memcpy_s, r0.pack_s));
   return 0;
 }
 

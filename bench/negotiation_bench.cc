@@ -1,12 +1,14 @@
-// ringmaster-negotiation-bench: how fast the coordinator negotiates a model's gradients for N ranks.
+// ringmaster-negotiation-bench: how fast the coordinator negotiates a model's gradients for N
+// ranks.
 //
 //   logic  the Negotiator alone: every rank submits every tensor (full the first step, by cache id
 //          after), then one Poll() answers the step;
 //   grpc   N simulated workers on real Session streams to a coordinator (in-process unless
-//          --coordinator is given), each submitting the step as one batch and waiting for its answer.
+//          --coordinator is given), each submitting the step as one batch and waiting for its
+//          answer.
 //
-// Reports steps/s, tensor-requests/s and per-step negotiation time p50/p99, one line (or JSON object)
-// per (mode, ranks).
+// Reports steps/s, tensor-requests/s and per-step negotiation time p50/p99, one line (or JSON
+// object) per (mode, ranks).
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -40,9 +42,10 @@ ABSL_FLAG(std::string, coordinator, "", "coordinator address; empty: start one i
 ABSL_FLAG(int, processes_per_host, 8, "simulated workers per host name");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
 ABSL_FLAG(int, cache_capacity, 1024, "response cache capacity (0: every request in full)");
-ABSL_FLAG(std::string, clients, "callback",
-          "how the simulated ranks run: callback (all streams driven by gRPC's callback API, little "
-          "client CPU) or threads (a SimWorker with its own threads per rank)");
+ABSL_FLAG(
+    std::string, clients, "callback",
+    "how the simulated ranks run: callback (all streams driven by gRPC's callback API, little "
+    "client CPU) or threads (a SimWorker with its own threads per rank)");
 
 namespace ringmaster {
 namespace {
@@ -68,16 +71,17 @@ void Report(const Result& r, const ModelProfile& profile) {
   const double p99 = Percentile(r.step_seconds, 0.99) * 1e3;
   if (absl::GetFlag(FLAGS_json)) {
     std::printf(
-        "{\"bench\":\"negotiation\",\"mode\":\"%s\",\"profile\":\"%s\",\"ranks\":%d,\"tensors\":%zu,"
+        "{\"bench\":\"negotiation\",\"mode\":\"%s\",\"profile\":\"%s\",\"ranks\":%d,\"tensors\":%"
+        "zu,"
         "\"steps\":%zu,\"steps_per_s\":%.2f,\"tensor_requests_per_s\":%.0f,\"step_ms_p50\":%.3f,"
         "\"step_ms_p99\":%.3f}\n",
         r.mode.c_str(), profile.model.c_str(), r.ranks, profile.tensors.size(),
         r.step_seconds.size(), steps_per_s, requests_per_s, p50, p99);
   } else {
-    std::printf("%-13s %-10s ranks=%5d  steps/s=%9.2f  tensor-requests/s=%11.0f  p50=%8.3f ms  "
-                "p99=%8.3f ms\n",
-                r.mode.c_str(), profile.model.c_str(), r.ranks, steps_per_s, requests_per_s, p50,
-                p99);
+    std::printf(
+        "%-13s %-10s ranks=%5d  steps/s=%9.2f  tensor-requests/s=%11.0f  p50=%8.3f ms  "
+        "p99=%8.3f ms\n",
+        r.mode.c_str(), profile.model.c_str(), r.ranks, steps_per_s, requests_per_s, p50, p99);
   }
   std::fflush(stdout);
 }
@@ -210,9 +214,8 @@ Result RunGrpcCallback(const ModelProfile& profile, int ranks, int warmup, int s
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  auto connected = CallbackRanks::Connect(channel, ranks,
-                                          std::max(1, absl::GetFlag(FLAGS_processes_per_host)),
-                                          absl::Seconds(30));
+  auto connected = CallbackRanks::Connect(
+      channel, ranks, std::max(1, absl::GetFlag(FLAGS_processes_per_host)), absl::Seconds(30));
   if (!connected.ok()) {
     std::fprintf(stderr, "grpc: %s\n", connected.status().ToString().c_str());
     std::exit(1);

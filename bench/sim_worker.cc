@@ -56,11 +56,20 @@ void SimWorker::ReadLoop() {
   while (stream_->Read(&m)) {
     absl::MutexLock lock(&mu_);
     switch (m.kind_case()) {
-      case v1::CoordinatorMessage::kAccepted: accepted_ = true; break;
-      case v1::CoordinatorMessage::kAssignment: assignments_.push_back(m.assignment()); break;
-      case v1::CoordinatorMessage::kResponses: responses_.push_back(m.responses()); break;
-      case v1::CoordinatorMessage::kStopJob: stops_.push_back(m.stop_job()); break;
-      default: break;
+      case v1::CoordinatorMessage::kAccepted:
+        accepted_ = true;
+        break;
+      case v1::CoordinatorMessage::kAssignment:
+        assignments_.push_back(m.assignment());
+        break;
+      case v1::CoordinatorMessage::kResponses:
+        responses_.push_back(m.responses());
+        break;
+      case v1::CoordinatorMessage::kStopJob:
+        stops_.push_back(m.stop_job());
+        break;
+      default:
+        break;
     }
   }
   grpc::Status status = stream_->Finish();
@@ -74,8 +83,8 @@ absl::StatusOr<T> SimWorker::Pop(std::deque<T>& queue, absl::Duration timeout, c
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue.empty() || ended_; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat("no ", what, " within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("no ", what, " within ", absl::FormatDuration(timeout)));
   }
   if (queue.empty()) {
     return absl::UnavailableError(absl::StrCat("session ended: ", final_status_.error_message()));
@@ -122,7 +131,8 @@ absl::StatusOr<std::vector<v1::Response>> SimWorker::Negotiate(
   const absl::Time deadline = absl::Now() + timeout;
   // Steady state: the same tensors as last time and no cache change since: reuse the batch.
   const bool reuse = &requests == last_requests_ && requests.size() == last_size_ &&
-                     cache_version_ == last_cache_version_ && last_batch_.requests().job_id() == a.job().id();
+                     cache_version_ == last_cache_version_ &&
+                     last_batch_.requests().job_id() == a.job().id();
   if (!reuse) {
     last_batch_.Clear();
     v1::RequestBatch* batch = last_batch_.mutable_requests();

@@ -1,6 +1,7 @@
 // A simulated worker daemon: registers with a real coordinator, holds a real Session stream, and
-// negotiates tensors the way a daemon does (full requests the first time, response-cache ids after),
-// without executing any collective. Used by the service tests, the negotiation benchmark and the demo.
+// negotiates tensors the way a daemon does (full requests the first time, response-cache ids
+// after), without executing any collective. Used by the service tests, the negotiation benchmark
+// and the demo.
 //
 // Thread-safe. A reader thread receives coordinator messages; every wait has a deadline.
 #pragma once
@@ -46,10 +47,9 @@ class SimWorker {
   // cached, the rest in full, re-sends on request, and waits until every tensor has been answered.
   // Returns the responses in the order received, with cache ids resolved to names when
   // `resolve_names` (the benchmark skips that, as it skips executing the collectives).
-  absl::StatusOr<std::vector<v1::Response>> Negotiate(const v1::JobAssignment& a,
-                                                      const std::vector<v1::TensorRequest>& requests,
-                                                      absl::Duration timeout,
-                                                      bool resolve_names = true);
+  absl::StatusOr<std::vector<v1::Response>> Negotiate(
+      const v1::JobAssignment& a, const std::vector<v1::TensorRequest>& requests,
+      absl::Duration timeout, bool resolve_names = true);
 
   // Ends the session (WritesDone) and joins the reader. Returns the stream's final status.
   grpc::Status Close();
@@ -77,7 +77,7 @@ class SimWorker {
   std::deque<v1::StopJob> stops_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::ResponseList> responses_ ABSL_GUARDED_BY(mu_);
 
-  WorkerCache cache_;  // the response cache, kept as the daemon keeps it
+  WorkerCache cache_;          // the response cache, kept as the daemon keeps it
   int64_t cache_version_ = 0;  // bumped on every cache change
   // The last batch sent, reused while the tensors and the cache stay the same.
   v1::WorkerMessage last_batch_;

@@ -61,9 +61,9 @@ grpc::Status FetchArtifacts(v1::JobService::Stub& stub, const Global& g, const s
     }
     fs::rename(part, path, error);
     if (error) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("cannot rename ", part, " to ", path, ": ",
-                                       error.message()));
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("cannot rename ", part, " to ", path, ": ", error.message()));
     }
     fetched->push_back({a.name(), path, size});
   }
@@ -113,8 +113,10 @@ int Artifacts(const Global& g, v1::JobService::Stub& stub, Args& args) {
     }
   }
   if (fetched.empty() && !g.json) {
-    std::fprintf(stderr, "ringmaster: job %s has no artifacts (ask for --timeline FILE or "
-                 "--autotune-log-file FILE when submitting)\n", job_id.c_str());
+    std::fprintf(stderr,
+                 "ringmaster: job %s has no artifacts (ask for --timeline FILE or "
+                 "--autotune-log-file FILE when submitting)\n",
+                 job_id.c_str());
   }
   return 0;
 }

@@ -39,7 +39,6 @@ std::string Describe(const grpc::Status& status);
 // The hint Fail() prints for an unreachable coordinator at `address`.
 std::string UnreachableHint(const std::string& address);
 
-
 // Walks argv, handing out options and their values.
 class Args {
  public:
@@ -85,8 +84,8 @@ std::pair<std::string, std::string> KeyValue(const std::string& flag, const std:
 // The message as one line of JSON, with proto field names.
 std::string Json(const google::protobuf::Message& message);
 
-// Prints a GetLogs stream until it ends — chunks as JSON lines with `json`, else the text, each line
-// prefixed `[rank] ` when `prefix_ranks` — and returns the stream's final status.
+// Prints a GetLogs stream until it ends — chunks as JSON lines with `json`, else the text, each
+// line prefixed `[rank] ` when `prefix_ranks` — and returns the stream's final status.
 grpc::Status PrintLogs(grpc::ClientReader<v1::GetLogsResponse>& reader, bool prefix_ranks,
                        bool json);
 

@@ -181,9 +181,9 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
     } else if (!extra || !extra(flag, args)) {
       if (!absl::StartsWith(flag, "-")) {
         // The command itself, without the "--" that separates it from the options.
-        Usage(absl::StrCat(command, ": '", flag, "' is not an option; put -- before the command: ",
-                           "ringmaster ", command, " [options] -- ", flag,
-                           args.Done() ? "" : " ", args.Remaining()));
+        Usage(absl::StrCat(
+            command, ": '", flag, "' is not an option; put -- before the command: ", "ringmaster ",
+            command, " [options] -- ", flag, args.Done() ? "" : " ", args.Remaining()));
       }
       Usage(absl::StrCat(command, ": unknown option '", flag, "' (ringmaster ", command,
                          " --help lists them)"));

@@ -35,8 +35,8 @@ std::string ExecutableDir();
 bool Inherited(const std::string& key);
 
 // Adds the caller's inherited variables to the spec's environment (--env wins). PYTHONPATH is
-// prefixed with the build tree's python/ (next to `bin_dir`) when it exists, so a built `ringmaster`
-// Python package is found, and PATH with `bin_dir`.
+// prefixed with the build tree's python/ (next to `bin_dir`) when it exists, so a built
+// `ringmaster` Python package is found, and PATH with `bin_dir`.
 void InheritCallerEnvironment(const std::string& bin_dir, v1::JobSpec* spec);
 
 // The job options of `submit` and `local`, as their --help lists them.

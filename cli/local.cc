@@ -197,12 +197,11 @@ class LocalRun {
       const std::string host = absl::StrCat("local-", i / options_.per_host);
       sockets_.push_back(absl::StrCat("/tmp/ringmaster-", getpid(), "-", i, ".sock"));
       // The worker's own stdout goes to our stderr: our stdout carries only the job's output.
-      std::vector<std::string> argv = {worker, "--coordinator", absl::StrCat("127.0.0.1:", port_),
-                                       "--device",
-                                       // --gpus: one GPU per rank of a simulated host.
-                                       options_.gpus ? absl::StrCat("cuda:", i % options_.per_host)
-                                                     : std::string("cpu"),
-                                       "--host-name", host, "--socket", sockets_.back()};
+      std::vector<std::string> argv = {
+          worker, "--coordinator", absl::StrCat("127.0.0.1:", port_), "--device",
+          // --gpus: one GPU per rank of a simulated host.
+          options_.gpus ? absl::StrCat("cuda:", i % options_.per_host) : std::string("cpu"),
+          "--host-name", host, "--socket", sockets_.back()};
       if (options_.arena_mb > 0) {
         argv.insert(argv.end(), {"--arena-mb", absl::StrCat(options_.arena_mb)});
       }
@@ -213,8 +212,7 @@ class LocalRun {
                      i, metrics_port);
       }
       absl::StatusOr<std::unique_ptr<Subprocess>> w = Subprocess::Start(
-          argv,
-          Subprocess::Stdout::kToStderr, absl::StrCat("ringmaster-worker ", i, " on ", host));
+          argv, Subprocess::Stdout::kToStderr, absl::StrCat("ringmaster-worker ", i, " on ", host));
       if (!w.ok()) return w.status();
       workers_.push_back(*std::move(w));
     }
@@ -387,9 +385,8 @@ class LocalRun {
   std::unique_ptr<v1::JobService::Stub> stub_;  // its channel is our only connection
   std::string job_id_;
   // The coordinator's artifacts, private to this run.
-  const std::string artifacts_dir_ =
-      absl::StrCat(std::filesystem::temp_directory_path().string(), "/ringmaster-local-", getpid(),
-                   "-artifacts");
+  const std::string artifacts_dir_ = absl::StrCat(std::filesystem::temp_directory_path().string(),
+                                                  "/ringmaster-local-", getpid(), "-artifacts");
   // The log stream's; the monitor thread cancels the stream through it.
   std::unique_ptr<grpc::ClientContext> follow_context_ = std::make_unique<grpc::ClientContext>();
   absl::Notification monitor_done_;
@@ -403,45 +400,49 @@ class LocalRun {
 int Local(const Global& g, Args& args) {
   LocalOptions options;
   std::map<std::string, std::string> requested_paths;
-  v1::JobSpec spec = ParseJobSpec("local", args, [&](const std::string& flag, Args& a) {
-    if (flag == "--coordinator-port") {
-      options.port = Number<int>(flag, a.Value(flag));
-      if (options.port < 0 || options.port > 65535) {
-        Usage(absl::StrCat("--coordinator-port ", options.port, " is out of bounds [0, 65535]"));
-      }
-      return true;
-    }
-    if (flag == "--metrics-port-base") {
-      options.metrics_port_base = Number<int>(flag, a.Value(flag));
-      if (options.metrics_port_base < 1 || options.metrics_port_base > 65535 - 4097) {
-        Usage(absl::StrCat("--metrics-port-base ", options.metrics_port_base,
-                           " is out of bounds [1, 61438]"));
-      }
-      return true;
-    }
-    if (flag == "--gpus") {
-      options.gpus = true;
-      return true;
-    }
-    if (flag == "--arena-mb") {
-      options.arena_mb = Number<int>(flag, a.Value(flag));
-      if (options.arena_mb < 16 || options.arena_mb > 1 << 20) {
-        Usage(absl::StrCat("--arena-mb ", options.arena_mb, " is out of bounds [16, 1048576]"));
-      }
-      return true;
-    }
-    if (flag == "--artifacts-output") {
-      options.artifacts_output = a.Value(flag);
-      return true;
-    }
-    if (flag == "--start-timeout-seconds") {
-      const double s = Number<double>(flag, a.Value(flag));
-      if (!(s > 0)) Usage("--start-timeout-seconds must be positive");
-      options.start_timeout = absl::Milliseconds(s * 1000);
-      return true;
-    }
-    return false;
-  }, &requested_paths);
+  v1::JobSpec spec = ParseJobSpec(
+      "local", args,
+      [&](const std::string& flag, Args& a) {
+        if (flag == "--coordinator-port") {
+          options.port = Number<int>(flag, a.Value(flag));
+          if (options.port < 0 || options.port > 65535) {
+            Usage(
+                absl::StrCat("--coordinator-port ", options.port, " is out of bounds [0, 65535]"));
+          }
+          return true;
+        }
+        if (flag == "--metrics-port-base") {
+          options.metrics_port_base = Number<int>(flag, a.Value(flag));
+          if (options.metrics_port_base < 1 || options.metrics_port_base > 65535 - 4097) {
+            Usage(absl::StrCat("--metrics-port-base ", options.metrics_port_base,
+                               " is out of bounds [1, 61438]"));
+          }
+          return true;
+        }
+        if (flag == "--gpus") {
+          options.gpus = true;
+          return true;
+        }
+        if (flag == "--arena-mb") {
+          options.arena_mb = Number<int>(flag, a.Value(flag));
+          if (options.arena_mb < 16 || options.arena_mb > 1 << 20) {
+            Usage(absl::StrCat("--arena-mb ", options.arena_mb, " is out of bounds [16, 1048576]"));
+          }
+          return true;
+        }
+        if (flag == "--artifacts-output") {
+          options.artifacts_output = a.Value(flag);
+          return true;
+        }
+        if (flag == "--start-timeout-seconds") {
+          const double s = Number<double>(flag, a.Value(flag));
+          if (!(s > 0)) Usage("--start-timeout-seconds must be positive");
+          options.start_timeout = absl::Milliseconds(s * 1000);
+          return true;
+        }
+        return false;
+      },
+      &requested_paths);
   if (spec.command().empty()) {
     Usage("local needs a command: ringmaster local --np N -- CMD ARGS...");
   }

@@ -11,9 +11,9 @@
 //     local --np N [--processes-per-host K] [--coordinator-port P] [options] -- CMD ARGS...
 //
 // The coordinator address comes from --coordinator, else $RINGMASTER_COORDINATOR, else
-// localhost:50051. Exit status: 0 on success, 1 when the call fails (one line on stderr), 2 for a usage
-// error; `watch` exits 0 when the job SUCCEEDED and 1 when it FAILED or was CANCELLED; `local` as
-// documented in cli/local.h.
+// localhost:50051. Exit status: 0 on success, 1 when the call fails (one line on stderr), 2 for a
+// usage error; `watch` exits 0 when the job SUCCEEDED and 1 when it FAILED or was CANCELLED;
+// `local` as documented in cli/local.h.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -46,7 +46,8 @@ namespace {
 
 namespace v1 = ringmaster::v1;
 
-constexpr char kUsage[] = R"(usage: ringmaster [--coordinator ADDR:PORT] [--json] [--timeout-seconds S] COMMAND [ARGS]
+constexpr char kUsage[] =
+    R"(usage: ringmaster [--coordinator ADDR:PORT] [--json] [--timeout-seconds S] COMMAND [ARGS]
 
 commands:
   submit --np N [options] -- CMD [ARGS...]   register a job; prints it (with its id)
@@ -157,8 +158,8 @@ options (besides the job options below; --processes-per-host K simulates hosts l
 // A command's --help: its own text, and the job options for the two that take them.
 std::string HelpOf(const std::string& command) {
   static const std::map<std::string, const char*> kHelp = {
-      {"submit", kSubmitHelp}, {"jobs", kJobsHelp},           {"status", kStatusHelp},
-      {"cancel", kCancelHelp}, {"watch", kWatchHelp},         {"logs", kLogsHelp},
+      {"submit", kSubmitHelp},       {"jobs", kJobsHelp},       {"status", kStatusHelp},
+      {"cancel", kCancelHelp},       {"watch", kWatchHelp},     {"logs", kLogsHelp},
       {"artifacts", kArtifactsHelp}, {"workers", kWorkersHelp}, {"local", kLocalHelp}};
   auto it = kHelp.find(command);
   if (it == kHelp.end()) return kUsage;
@@ -181,7 +182,8 @@ std::string RankStateName(v1::RankState state) {
 }
 
 std::string TimeString(int64_t unix_ms) {
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms), absl::UTCTimeZone());
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms),
+                          absl::UTCTimeZone());
 }
 
 std::string Age(int64_t unix_ms) {
@@ -217,7 +219,8 @@ void PrintJob(const v1::Job& job) {
   if (!job.waiting_reason().empty()) std::printf("Waiting:   %s\n", job.waiting_reason().c_str());
   if (!job.reason().empty()) {
     // A multi-line reason (a failed rank's last output) is indented under its first line.
-    std::printf("Reason:    %s\n", absl::StrReplaceAll(job.reason(), {{"\n", "\n           "}}).c_str());
+    std::printf("Reason:    %s\n",
+                absl::StrReplaceAll(job.reason(), {{"\n", "\n           "}}).c_str());
   }
   std::printf("Ranks:     %d (%s)\n", s.np(),
               s.processes_per_host() > 0
@@ -225,9 +228,8 @@ void PrintJob(const v1::Job& job) {
                   : "no per-host limit");
   std::printf("Epoch:     %lld\n", static_cast<long long>(job.epoch()));
   std::printf("Created:   %s\n", TimeString(job.create_time_unix_ms()).c_str());
-  std::printf("Command:   %s\n",
-              s.command().empty() ? "(processes attach to their workers)"
-                                  : absl::StrJoin(s.command(), " ").c_str());
+  std::printf("Command:   %s\n", s.command().empty() ? "(processes attach to their workers)"
+                                                     : absl::StrJoin(s.command(), " ").c_str());
   const v1::Knobs& k = s.knobs();
   std::printf(
       "Knobs:     fusion_threshold=%lld bytes, cycle_time=%g ms, cache_capacity=%d, autotune=%s, "
@@ -249,8 +251,7 @@ void PrintJob(const v1::Job& job) {
         t.cycles_per_second(), ended ? "its last 10 s" : "last 10 s",
         static_cast<long long>(t.tensors_negotiated()), t.bytes_negotiated() / 1e6,
         ended ? "at its end" : "in force", static_cast<long long>(t.fusion_threshold_bytes()),
-        t.cycle_time_ms(),
-        t.cache_enabled() ? "on" : "off");
+        t.cycle_time_ms(), t.cache_enabled() ? "on" : "off");
     if (t.has_autotune()) {
       const v1::AutotuneStatus& a = t.autotune();
       std::printf(
@@ -300,10 +301,11 @@ int Submit(const Global& g, v1::JobService::Stub& stub, Args& args) {
     InheritCallerEnvironment(ExecutableDir(), &spec);
   }
   for (const auto& [name, path] : requested_paths) {
-    std::fprintf(stderr,
-                 "ringmaster: %s will be the job artifact '%s' (the coordinator keeps it): fetch it "
-                 "with `ringmaster artifacts JOB`\n",
-                 path.c_str(), name.c_str());
+    std::fprintf(
+        stderr,
+        "ringmaster: %s will be the job artifact '%s' (the coordinator keeps it): fetch it "
+        "with `ringmaster artifacts JOB`\n",
+        path.c_str(), name.c_str());
   }
   v1::RegisterJobRequest request;
   *request.mutable_spec() = spec;
@@ -352,7 +354,8 @@ int Jobs(const Global& g, v1::JobService::Stub& stub, Args& args) {
 }
 
 std::string JobArg(Args& args, const char* command) {
-  if (args.Done() || absl::StartsWith(args.Peek(), "--")) Usage(absl::StrCat(command, " needs JOB"));
+  if (args.Done() || absl::StartsWith(args.Peek(), "--"))
+    Usage(absl::StrCat(command, " needs JOB"));
   return args.Next();
 }
 
@@ -464,9 +467,10 @@ int Workers(const Global& g, v1::ClusterService::Stub& stub, Args& args) {
     return 0;
   }
   if (response.workers().empty()) {
-    std::printf("no workers registered with the coordinator at %s; start one with:\n"
-                "  ringmaster-worker --coordinator %s --device cpu\n",
-                g.coordinator.c_str(), g.coordinator.c_str());
+    std::printf(
+        "no workers registered with the coordinator at %s; start one with:\n"
+        "  ringmaster-worker --coordinator %s --device cpu\n",
+        g.coordinator.c_str(), g.coordinator.c_str());
     return 0;
   }
   std::vector<std::vector<std::string>> rows = {
@@ -523,9 +527,8 @@ int Main(int argc, char** argv) {
   }
   auto stub = v1::JobService::NewStub(channel);
   static const std::map<std::string, int (*)(const Global&, v1::JobService::Stub&, Args&)>
-      kCommands = {{"submit", Submit}, {"jobs", Jobs},   {"status", Status},
-                   {"cancel", Cancel}, {"watch", Watch}, {"logs", Logs},
-                   {"artifacts", Artifacts}};
+      kCommands = {{"submit", Submit}, {"jobs", Jobs}, {"status", Status},      {"cancel", Cancel},
+                   {"watch", Watch},   {"logs", Logs}, {"artifacts", Artifacts}};
   auto it = kCommands.find(command);
   if (it == kCommands.end()) Usage(absl::StrCat("unknown command '", command, "'"));
   return it->second(g, *stub, args);

@@ -153,9 +153,10 @@ absl::StatusOr<std::unique_ptr<DeviceSide>> OpenDevice(int fd, const v1::LocalWe
   }
   std::memcpy(&handle, w.device_arena().data(), sizeof(handle));
   void* base = nullptr;
-  if (absl::Status s = CudaError(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
-                                 "opening the worker's device arena (same GPU, shared IPC "
-                                 "namespace?)");
+  if (absl::Status s =
+          CudaError(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
+                    "opening the worker's device arena (same GPU, shared IPC "
+                    "namespace?)");
       !s.ok()) {
     return s;
   }
@@ -165,7 +166,8 @@ absl::StatusOr<std::unique_ptr<DeviceSide>> OpenDevice(int fd, const v1::LocalWe
     if (bytes.size() != sizeof(h)) return absl::InternalError("bad done event handle");
     std::memcpy(&h, bytes.data(), sizeof(h));
     cudaEvent_t e;
-    if (absl::Status s = CudaError(cudaIpcOpenEventHandle(&e, h), "opening a done event"); !s.ok()) {
+    if (absl::Status s = CudaError(cudaIpcOpenEventHandle(&e, h), "opening a done event");
+        !s.ok()) {
       return s;
     }
     side->done.push_back(e);
@@ -173,9 +175,9 @@ absl::StatusOr<std::unique_ptr<DeviceSide>> OpenDevice(int fd, const v1::LocalWe
   v1::LocalRequest m;
   for (int i = 0; i < kReadyEvents; ++i) {
     cudaEvent_t e;
-    if (absl::Status s = CudaError(
-            cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess),
-            "creating a ready event");
+    if (absl::Status s =
+            CudaError(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess),
+                      "creating a ready event");
         !s.ok()) {
       return s;
     }
@@ -334,8 +336,8 @@ class ClientImpl : public Client {
     Op* op = &it->second;
     auto done = [op]() { return op->done; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
-      return absl::DeadlineExceededError(absl::StrCat("operation '", op->name, "' did not complete within ",
-                                                      absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "operation '", op->name, "' did not complete within ", absl::FormatDuration(timeout)));
     }
     it = ops_.find(handle);  // another waiter on the same handle may have taken it
     if (it == ops_.end()) {
@@ -402,18 +404,18 @@ class ClientImpl : public Client {
     std::string name;
     bool done = false;
     absl::Status status;
-    void* user = nullptr;    // where the caller's tensor is
-    size_t offset = 0;       // where it is in the arena
+    void* user = nullptr;  // where the caller's tensor is
+    size_t offset = 0;     // where it is in the arena
     size_t bytes = 0;
-    bool staged = false;     // copied into the arena: copy back and free on completion
+    bool staged = false;        // copied into the arena: copy back and free on completion
     bool user_on_host = false;  // GPU slot, staged from host memory: the copy back is waited for
     bool copy_out = false;
     bool allgather = false;
     int64_t elem = 0;
     AllgatherOutput gathered;
     int last_joined_rank = -1;
-    int ready_slot = -1;  // GPU: the ready event in use until completion
-    int32_t group = 0;    // grouped allreduce: its group id
+    int ready_slot = -1;     // GPU: the ready event in use until completion
+    int32_t group = 0;       // grouped allreduce: its group id
     void* stream = nullptr;  // GPU: the caller's stream at submission (cudaStream_t)
   };
 
@@ -456,8 +458,8 @@ class ClientImpl : public Client {
       op.offset = *offset;
       op.staged = true;
       op.user_on_host = device_ != nullptr && HostMemory(data);
-      if (absl::Status s = Copy(base_ + op.offset, data, bytes, op.stream,
-                                "staging a tensor into the arena");
+      if (absl::Status s =
+              Copy(base_ + op.offset, data, bytes, op.stream, "staging a tensor into the arena");
           !s.ok()) {
         allocator_.Free(op.offset).IgnoreError();
         return s;
@@ -627,9 +629,9 @@ class ClientImpl : public Client {
       }
       return -1;
     }
-    if (absl::Status s = CudaError(cudaEventRecord(device_->ready[slot],
-                                                   static_cast<cudaStream_t>(stream)),
-                                   "recording a ready event");
+    if (absl::Status s =
+            CudaError(cudaEventRecord(device_->ready[slot], static_cast<cudaStream_t>(stream)),
+                      "recording a ready event");
         !s.ok()) {
       absl::MutexLock lock(&mu_);
       device_->ready_busy[slot] = 0;
@@ -663,9 +665,9 @@ class ClientImpl : public Client {
     if (done_event > static_cast<int32_t>(device_->done.size())) {
       return absl::InternalError(absl::StrCat("done event ", done_event, " was not shared"));
     }
-    return CudaError(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                         device_->done[done_event - 1], 0),
-                     "waiting for the worker's done event");
+    return CudaError(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), device_->done[done_event - 1], 0),
+        "waiting for the worker's done event");
 #else
     return absl::OkStatus();
 #endif
@@ -698,7 +700,6 @@ class ClientImpl : public Client {
     allocator_.Free(offset).IgnoreError();
   }
 
-
   // Arena memory (for the caller, or a staged tensor). GPU: released memory whose last use on its
   // stream is done is reclaimed first; when the arena is full, the pending releases are waited for,
   // then it is tried again. With `wait` (staging), a full arena waits for the tensors staged in
@@ -706,10 +707,11 @@ class ClientImpl : public Client {
   // not all fit at once still trains, a little slower.
   absl::StatusOr<size_t> AllocateArena(size_t bytes, bool wait, int32_t own_group = 0) {
     auto full = [&](absl::string_view why) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "shared arena full: ", bytes, " bytes requested", why, "; the arena holds ",
-          allocator_.end(), " bytes for this process: start the workers with a larger --arena-mb "
-          "(ringmaster local --arena-mb)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("shared arena full: ", bytes, " bytes requested", why, "; the arena holds ",
+                       allocator_.end(),
+                       " bytes for this process: start the workers with a larger --arena-mb "
+                       "(ringmaster local --arena-mb)"));
     };
     if (bytes > allocator_.end()) return full(", more than the whole arena");
     const absl::Time deadline = absl::Now() + kArenaWait;
@@ -743,7 +745,6 @@ class ClientImpl : public Client {
       mu_.AwaitWithTimeout(absl::Condition(&released), absl::Milliseconds(20));
     }
   }
-
 
 #ifdef RINGMASTER_HAVE_CUDA
   // Frees the staged memory whose copy out is done (with `wait`, waits for all of it); returns
@@ -923,9 +924,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path,
       last = fd.status();
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no job from the worker at ", socket_path, " within ",
-                       absl::FormatDuration(timeout), ": ", last.message()));
+      return absl::DeadlineExceededError(absl::StrCat("no job from the worker at ", socket_path,
+                                                      " within ", absl::FormatDuration(timeout),
+                                                      ": ", last.message()));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }

@@ -1,4 +1,5 @@
-// Time source injected into every class that reads the clock, so tests control time without sleeping.
+// Time source injected into every class that reads the clock, so tests control time without
+// sleeping.
 #pragma once
 
 #include "absl/synchronization/mutex.h"

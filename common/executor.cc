@@ -46,9 +46,8 @@ void SerialExecutor::Run() {
     std::function<void()> task;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !tasks_.empty() || stopping_;
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !tasks_.empty() || stopping_; };
       // Every wait has a deadline: wake at least once a second (nothing else happens then).
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
       if (tasks_.empty()) {

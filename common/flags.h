@@ -1,5 +1,6 @@
-// Command-line flags: Abseil's parser wants --snake_case names; users type --kebab-case. This rewrites
-// each "--some-flag[=v]" to "--some_flag[=v]" (up to a lone "--") before absl::ParseCommandLine.
+// Command-line flags: Abseil's parser wants --snake_case names; users type --kebab-case. This
+// rewrites each "--some-flag[=v]" to "--some_flag[=v]" (up to a lone "--") before
+// absl::ParseCommandLine.
 #pragma once
 
 #include <string>

@@ -80,7 +80,8 @@ absl::Status SendFd(int socket, int fd) {
   cmsg->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
   while (sendmsg(socket, &msg, MSG_NOSIGNAL) < 0) {
-    if (errno != EINTR) return absl::UnavailableError(absl::StrCat("sendmsg: ", std::strerror(errno)));
+    if (errno != EINTR)
+      return absl::UnavailableError(absl::StrCat("sendmsg: ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -97,7 +98,8 @@ absl::StatusOr<int> ReceiveFd(int socket) {
   ssize_t n;
   while ((n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
   }
-  if (n <= 0) return absl::UnavailableError("connection closed before the arena descriptor arrived");
+  if (n <= 0)
+    return absl::UnavailableError("connection closed before the arena descriptor arrived");
   cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
   if (cmsg == nullptr || cmsg->cmsg_type != SCM_RIGHTS) {
     return absl::DataLossError("expected the arena descriptor");

@@ -54,7 +54,8 @@ absl::Status ReadInt32(const EnvLookup& env, absl::string_view suffix, int32_t* 
 absl::Status ReadDouble(const EnvLookup& env, absl::string_view suffix, double* out) {
   auto found = Lookup(env, suffix);
   if (!found) return absl::OkStatus();
-  if (!absl::SimpleAtod(found->second, out)) return BadValue(found->first, found->second, "a number");
+  if (!absl::SimpleAtod(found->second, out))
+    return BadValue(found->first, found->second, "a number");
   return absl::OkStatus();
 }
 
@@ -166,8 +167,7 @@ absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* k) {
            ReadInt32(env, "AUTOTUNE_WARMUP_SAMPLES", &k->autotune_warmup_samples),
            ReadInt32(env, "AUTOTUNE_STEPS_PER_SAMPLE", &k->autotune_steps_per_sample),
            ReadInt32(env, "AUTOTUNE_BAYES_OPT_MAX_SAMPLES", &k->autotune_bayes_opt_max_samples),
-           ReadDouble(env, "AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
-                      &k->autotune_gaussian_process_noise),
+           ReadDouble(env, "AUTOTUNE_GAUSSIAN_PROCESS_NOISE", &k->autotune_gaussian_process_noise),
            ReadBool(env, "TIMELINE_MARK_CYCLES", &k->timeline_mark_cycles),
            ReadDouble(env, "STALL_CHECK_TIME_SECONDS", &k->stall_check_seconds),
            ReadDouble(env, "STALL_SHUTDOWN_TIME_SECONDS", &k->stall_shutdown_seconds),
@@ -183,9 +183,12 @@ absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* k) {
 
 absl::string_view BackendName(Backend backend) {
   switch (backend) {
-    case Backend::kAuto: return "auto";
-    case Backend::kGloo: return "gloo";
-    case Backend::kNccl: return "nccl";
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kNccl:
+      return "nccl";
   }
   return "unknown";
 }

@@ -1,5 +1,6 @@
-// A job's tuning knobs with Horovod's names and defaults, their bounds, and the HOROVOD_* environment
-// aliases. Plain data; parsing happens once, where a process starts (CLI, daemon), never deep in logic.
+// A job's tuning knobs with Horovod's names and defaults, their bounds, and the HOROVOD_*
+// environment aliases. Plain data; parsing happens once, where a process starts (CLI, daemon),
+// never deep in logic.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace ringmaster {
 
@@ -28,7 +29,7 @@ struct Knobs {
   std::string autotune_log;
   std::string timeline;
   bool timeline_mark_cycles = false;
-  double stall_check_seconds = 60.0;  // 0 disables the stall inspector
+  double stall_check_seconds = 60.0;    // 0 disables the stall inspector
   double stall_shutdown_seconds = 0.0;  // 0: never shut down on a stall
   Backend backend = Backend::kAuto;
   // Knobs autotune leaves alone (kTunableKnobs names).
@@ -37,7 +38,7 @@ struct Knobs {
 
 // The knobs autotune moves, by name.
 inline constexpr const char* kTunableKnobs[] = {"fusion_threshold_bytes", "cycle_time_ms",
-                                               "cache_capacity"};
+                                                "cache_capacity"};
 
 // Bounds, as documented in proto/ringmaster/v1/job.proto.
 inline constexpr int64_t kMaxFusionThresholdBytes = int64_t{16} << 30;
@@ -60,10 +61,11 @@ EnvLookup ProcessEnv();
 // Overrides `knobs` from Horovod's environment variables (HOROVOD_FUSION_THRESHOLD in bytes,
 // HOROVOD_CYCLE_TIME in ms, HOROVOD_CACHE_CAPACITY, HOROVOD_AUTOTUNE, HOROVOD_AUTOTUNE_LOG,
 // HOROVOD_AUTOTUNE_WARMUP_SAMPLES, HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE,
-// HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE, HOROVOD_TIMELINE,
-// HOROVOD_TIMELINE_MARK_CYCLES, HOROVOD_STALL_CHECK_TIME_SECONDS, HOROVOD_STALL_CHECK_DISABLE,
-// HOROVOD_STALL_SHUTDOWN_TIME_SECONDS). Each also reads as RINGMASTER_*, which wins over HOROVOD_*.
-// INVALID_ARGUMENT names the variable whose value does not parse.
+// HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE,
+// HOROVOD_TIMELINE, HOROVOD_TIMELINE_MARK_CYCLES, HOROVOD_STALL_CHECK_TIME_SECONDS,
+// HOROVOD_STALL_CHECK_DISABLE, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS). Each also reads as
+// RINGMASTER_*, which wins over HOROVOD_*. INVALID_ARGUMENT names the variable whose value does not
+// parse.
 absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* knobs);
 
 absl::string_view BackendName(Backend backend);

@@ -3,14 +3,14 @@
 
 #include <string_view>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "spdlog/fmt/fmt.h"
 
 namespace ringmaster {
 
-// Sets spdlog's default logger to stderr with `level`: trace, debug, info, warning (Horovod's default),
-// error, fatal/critical, off. Case-insensitive. INVALID_ARGUMENT for anything else.
+// Sets spdlog's default logger to stderr with `level`: trace, debug, info, warning (Horovod's
+// default), error, fatal/critical, off. Case-insensitive. INVALID_ARGUMENT for anything else.
 absl::Status InitLogging(absl::string_view level);
 
 }  // namespace ringmaster

@@ -63,7 +63,8 @@ std::string EscapeHelp(const std::string& v) {
   return out;
 }
 
-std::string LabelText(const Labels& labels, const std::pair<std::string, std::string>* extra = nullptr) {
+std::string LabelText(const Labels& labels,
+                      const std::pair<std::string, std::string>* extra = nullptr) {
   if (labels.empty() && extra == nullptr) return "";
   std::string out = "{";
   bool first = true;

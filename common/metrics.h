@@ -1,7 +1,7 @@
-// Metrics in the Prometheus data model — counters, gauges and histograms with labels — and their text
-// exposition (format 0.0.4). The Prometheus C++ client is not packaged here, so this is the small piece
-// Ringmaster needs, checked against the real tools (`promtool check metrics`, a Prometheus server) in
-// tests/observability/.
+// Metrics in the Prometheus data model — counters, gauges and histograms with labels — and their
+// text exposition (format 0.0.4). The Prometheus C++ client is not packaged here, so this is the
+// small piece Ringmaster needs, checked against the real tools (`promtool check metrics`, a
+// Prometheus server) in tests/observability/.
 //
 // Thread-safe. Registering a series takes the registry's lock; updating one is a relaxed atomic
 // operation with no lock, cheap enough for the data path. Callers keep the references the registry
@@ -66,15 +66,15 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count);
 class MetricsRegistry {
  public:
   // The series of family `name` with `labels`, created on first use. A family's help and type are
-  // fixed by its first registration. Names follow Prometheus conventions (`ringmaster_` prefix, base
-  // units, `_total` for counters) — callers' responsibility.
+  // fixed by its first registration. Names follow Prometheus conventions (`ringmaster_` prefix,
+  // base units, `_total` for counters) — callers' responsibility.
   Counter& GetCounter(const std::string& name, const std::string& help, const Labels& labels = {});
   Gauge& GetGauge(const std::string& name, const std::string& help, const Labels& labels = {});
   Histogram& GetHistogram(const std::string& name, const std::string& help,
                           const std::vector<double>& bounds, const Labels& labels = {});
 
-  // Called at every exposition, before rendering, to refresh gauges computed on demand (e.g. jobs by
-  // state). Must not call back into Exposition().
+  // Called at every exposition, before rendering, to refresh gauges computed on demand (e.g. jobs
+  // by state). Must not call back into Exposition().
   void AddCollector(std::function<void()> collect);
 
   // The text exposition format, families and series in a stable order.

@@ -23,7 +23,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
   server->server_ = std::make_unique<httplib::Server>();
   // cpp-httplib's default sets SO_REUSEPORT, with which a second server on a port in use would
-  // share it silently; SO_REUSEADDR alone lets a restarted server bind while old connections linger.
+  // share it silently; SO_REUSEADDR alone lets a restarted server bind while old connections
+  // linger.
   server->server_->set_socket_options([](int fd) {
     const int yes = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));

@@ -17,7 +17,8 @@ namespace ringmaster {
 class MetricsServer {
  public:
   // Listens on `address` ("host:port"; port 0 picks one). `registry` is borrowed and must outlive
-  // the server. UNAVAILABLE when the address cannot be bound; INVALID_ARGUMENT when it is malformed.
+  // the server. UNAVAILABLE when the address cannot be bound; INVALID_ARGUMENT when it is
+  // malformed.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
                                                               MetricsRegistry* registry);
   ~MetricsServer();

@@ -72,8 +72,8 @@ absl::StatusOr<size_t> ArenaAllocator::Allocate(size_t bytes) {
   }
   size_t total = 0;
   for (const auto& [o, b] : free_) total += b;
-  return absl::ResourceExhaustedError(absl::StrCat("shared arena full: ", bytes,
-                                                   " bytes requested, ", total, " free"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("shared arena full: ", bytes, " bytes requested, ", total, " free"));
 }
 
 absl::Status ArenaAllocator::Free(size_t offset) {

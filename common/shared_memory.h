@@ -1,7 +1,7 @@
 // Anonymous shared memory (memfd), mapped once: the arena that holds a job's tensors for a training
-// process and its worker daemon. It has no name in /dev/shm, so nothing is left behind whoever dies:
-// the daemon passes the descriptor to the training process over the local socket (SCM_RIGHTS), and the
-// memory is freed when the last mapping and descriptor are gone.
+// process and its worker daemon. It has no name in /dev/shm, so nothing is left behind whoever
+// dies: the daemon passes the descriptor to the training process over the local socket
+// (SCM_RIGHTS), and the memory is freed when the last mapping and descriptor are gone.
 #pragma once
 
 #include <cstddef>
@@ -19,7 +19,8 @@ namespace ringmaster {
 class SharedMemory {
  public:
   // Creates `bytes` of shared memory (`name` is for /proc/PID/fd listings only) and maps it.
-  static absl::StatusOr<std::unique_ptr<SharedMemory>> Create(const std::string& name, size_t bytes);
+  static absl::StatusOr<std::unique_ptr<SharedMemory>> Create(const std::string& name,
+                                                              size_t bytes);
   // Maps the memory behind `fd` (received from its creator); takes ownership of `fd`.
   static absl::StatusOr<std::unique_ptr<SharedMemory>> Map(int fd, std::string name);
   ~SharedMemory();

@@ -27,27 +27,42 @@ int DataTypeSize(DataType dtype) {
 
 absl::string_view DataTypeName(DataType dtype) {
   switch (dtype) {
-    case DataType::kUint8: return "uint8";
-    case DataType::kInt8: return "int8";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBfloat16: return "bfloat16";
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kUnspecified: break;
+    case DataType::kUint8:
+      return "uint8";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kFloat16:
+      return "float16";
+    case DataType::kBfloat16:
+      return "bfloat16";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kUnspecified:
+      break;
   }
   return "unspecified";
 }
 
 absl::string_view RequestTypeName(RequestType type) {
   switch (type) {
-    case RequestType::kAllreduce: return "allreduce";
-    case RequestType::kAllgather: return "allgather";
-    case RequestType::kBroadcast: return "broadcast";
-    case RequestType::kJoin: return "join";
-    case RequestType::kBarrier: return "barrier";
-    case RequestType::kUnspecified: break;
+    case RequestType::kAllreduce:
+      return "allreduce";
+    case RequestType::kAllgather:
+      return "allgather";
+    case RequestType::kBroadcast:
+      return "broadcast";
+    case RequestType::kJoin:
+      return "join";
+    case RequestType::kBarrier:
+      return "barrier";
+    case RequestType::kUnspecified:
+      break;
   }
   return "unspecified";
 }
@@ -55,11 +70,16 @@ absl::string_view RequestTypeName(RequestType type) {
 absl::string_view ReduceOpName(ReduceOp op) {
   switch (op) {
     case ReduceOp::kUnspecified:
-    case ReduceOp::kAverage: return "average";
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProduct: return "product";
+    case ReduceOp::kAverage:
+      return "average";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProduct:
+      return "product";
   }
   return "unspecified";
 }

@@ -1,6 +1,6 @@
-// Threads started for tasks that end on their own (a connection's reader, a job's cleanup). Finished
-// threads are joined when the next one starts, so a long-lived daemon does not accumulate them; the
-// rest at JoinAll(). Thread-safe.
+// Threads started for tasks that end on their own (a connection's reader, a job's cleanup).
+// Finished threads are joined when the next one starts, so a long-lived daemon does not accumulate
+// them; the rest at JoinAll(). Thread-safe.
 #pragma once
 
 #include <atomic>

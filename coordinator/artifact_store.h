@@ -1,6 +1,6 @@
 // Files a job leaves behind for its users (its timeline, its autotune log), kept by the coordinator
-// under <root>/<job id>/<name> and fetched with `ringmaster artifacts JOB`. They outlive the job and
-// the coordinator; a job id reused by a later coordinator run starts with an empty directory.
+// under <root>/<job id>/<name> and fetched with `ringmaster artifacts JOB`. They outlive the job
+// and the coordinator; a job id reused by a later coordinator run starts with an empty directory.
 // Thread-safe (stateless apart from the root).
 #pragma once
 
@@ -42,8 +42,8 @@ class ArtifactStore {
   // The job's artifacts, by name; empty when it has none.
   std::vector<ArtifactInfo> List(const std::string& job_id) const;
 
-  // Up to `max_bytes` of the artifact from `offset`; empty at the end. NOT_FOUND for an artifact that
-  // does not exist.
+  // Up to `max_bytes` of the artifact from `offset`; empty at the end. NOT_FOUND for an artifact
+  // that does not exist.
   absl::StatusOr<std::string> Read(const std::string& job_id, const std::string& name,
                                    int64_t offset, int64_t max_bytes) const;
 

@@ -23,9 +23,12 @@ double Halton(int index, int base) {
 
 absl::string_view AutotunePhaseName(AutotunePhase phase) {
   switch (phase) {
-    case AutotunePhase::kWarmup: return "warmup";
-    case AutotunePhase::kTuning: return "tuning";
-    case AutotunePhase::kDone: return "done";
+    case AutotunePhase::kWarmup:
+      return "warmup";
+    case AutotunePhase::kTuning:
+      return "tuning";
+    case AutotunePhase::kDone:
+      return "done";
   }
   return "?";
 }
@@ -89,8 +92,7 @@ AutotuneParameters Autotuner::FromPoint(const Point& x) const {
 
 void Autotuner::Log(const AutotuneParameters& p, double score) {
   log_.push_back(absl::StrFormat("0,0,%d,%g,%g,%.0f", p.cache_enabled ? 1 : 0, p.cycle_time_ms,
-                                 static_cast<double>(p.fusion_threshold_bytes) / (1 << 20),
-                                 score));
+                                 static_cast<double>(p.fusion_threshold_bytes) / (1 << 20), score));
 }
 
 AutotuneParameters Autotuner::Next() {

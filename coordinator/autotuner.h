@@ -1,7 +1,8 @@
-// Horovod's autotuner, run by the coordinator for one job: scores the negotiation parameters in force
-// by the bytes allreduced (and broadcast) per second over a sample of training steps, discards the
-// first (warm-up) samples, then moves fusion threshold, cycle time and response cache on/off by
-// Bayesian optimisation (bayesian_optimizer.h), and finally settles on the best setting found.
+// Horovod's autotuner, run by the coordinator for one job: scores the negotiation parameters in
+// force by the bytes allreduced (and broadcast) per second over a sample of training steps,
+// discards the first (warm-up) samples, then moves fusion threshold, cycle time and response cache
+// on/off by Bayesian optimisation (bayesian_optimizer.h), and finally settles on the best setting
+// found.
 //
 // The coordinator applies returned parameters between two negotiation cycles, so every rank's
 // response list carries the change at the same point. Knobs the user fixed are not tuned.
@@ -68,8 +69,8 @@ class Autotuner {
  public:
   explicit Autotuner(AutotuneOptions options);
 
-  // One negotiation cycle that carried `bytes` of allreduce/broadcast in `tensors` tensors, when the
-  // job negotiates `distinct` different tensors (a step is that many tensors). Returns the
+  // One negotiation cycle that carried `bytes` of allreduce/broadcast in `tensors` tensors, when
+  // the job negotiates `distinct` different tensors (a step is that many tensors). Returns the
   // parameters to apply from the next cycle when they change.
   std::optional<AutotuneParameters> Observe(int64_t bytes, int64_t tensors, int64_t distinct,
                                             absl::Time now);

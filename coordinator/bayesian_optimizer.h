@@ -30,8 +30,8 @@ class GaussianProcess {
 
  private:
   double Kernel(const Point& a, const Point& b, double length) const;
-  // Cholesky factor of K + (noise + jitter) I for `length`, alpha = K^-1 y; returns the log marginal
-  // likelihood (or -inf when the factorisation fails).
+  // Cholesky factor of K + (noise + jitter) I for `length`, alpha = K^-1 y; returns the log
+  // marginal likelihood (or -inf when the factorisation fails).
   double Factor(double length, double jitter, std::vector<double>* chol,
                 std::vector<double>* alpha) const;
 
@@ -40,7 +40,7 @@ class GaussianProcess {
   std::vector<double> y_;  // normalised
   double y_mean_ = 0, y_scale_ = 1;
   double length_scale_ = 0.2;
-  std::vector<double> chol_;   // lower triangular, row-major n x n
+  std::vector<double> chol_;  // lower triangular, row-major n x n
   std::vector<double> alpha_;
 };
 

@@ -50,12 +50,15 @@ void Coordinator::RegisterCollectors() {
     }
     std::map<std::string, int> workers;
     for (const Worker& w : workers_.List()) {
-      ++workers[w.state == WorkerState::kLost ? "lost" : !w.connected ? "disconnected"
-                : w.state == WorkerState::kBusy ? "busy" : "idle"];
+      ++workers[w.state == WorkerState::kLost   ? "lost"
+                : !w.connected                  ? "disconnected"
+                : w.state == WorkerState::kBusy ? "busy"
+                                                : "idle"];
     }
     for (const char* state : {"idle", "busy", "disconnected", "lost"}) {
       metrics_
-          .GetGauge("ringmaster_workers", "Registered worker daemons, by state.", {{"state", state}})
+          .GetGauge("ringmaster_workers", "Registered worker daemons, by state.",
+                    {{"state", state}})
           .Set(workers[state]);
     }
   });
@@ -73,7 +76,8 @@ absl::StatusOr<Job> Coordinator::RegisterJob(JobSpec spec) {
 
 absl::StatusOr<Worker> Coordinator::RegisterWorker(std::string host, std::string device,
                                                    std::map<std::string, std::string> labels) {
-  absl::StatusOr<Worker> w = workers_.Register(std::move(host), std::move(device), std::move(labels));
+  absl::StatusOr<Worker> w =
+      workers_.Register(std::move(host), std::move(device), std::move(labels));
   if (w.ok()) spdlog::info("worker {} registered: host {} device {}", w->id, w->host, w->device);
   return w;
 }
@@ -164,13 +168,13 @@ void Coordinator::StartPlaced(const Job& job) {
 }
 absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState state,
                                         std::string reason, const std::string& except_worker) {
-  // The job's artifacts are complete before it turns terminal, so a user who sees it end and fetches
-  // them gets them whole (what ranks still send is dropped).
+  // The job's artifacts are complete before it turns terminal, so a user who sees it end and
+  // fetches them gets them whole (what ranks still send is dropped).
   std::shared_ptr<JobRuntime> running = RuntimeOf(job_id);
   std::optional<JobThroughput> last_figures;
   if (running != nullptr) {
-    // What `status` keeps showing once the job has ended: its rates over the window that ends at its
-    // last negotiation cycle.
+    // What `status` keeps showing once the job has ended: its rates over the window that ends at
+    // its last negotiation cycle.
     last_figures = running->Throughput(absl::InfiniteFuture());
     // Its files are complete (file I/O, with no lock held) before it turns terminal; what ranks
     // send afterwards is dropped.
@@ -273,13 +277,15 @@ void Coordinator::CloseSession(const std::string& worker_id, WorkerChannel* chan
   }
   if (absl::StatusOr<Worker> w = workers_.Get(worker_id); w.ok()) {
     spdlog::info("worker {} on host {} ({}) disconnected; {}", worker_id, w->host, w->device,
-                 w->job_id.empty() ? absl::StrCat("it is lost unless it reconnects within its lease")
-                                   : absl::StrCat("it served rank ", w->rank, " of job ", w->job_id));
+                 w->job_id.empty()
+                     ? absl::StrCat("it is lost unless it reconnects within its lease")
+                     : absl::StrCat("it served rank ", w->rank, " of job ", w->job_id));
   }
   Schedule();  // a pending job's reason to wait counts idle workers
   if (absl::StatusOr<Worker> w = workers_.Get(worker_id); w.ok() && !w->job_id.empty()) {
-    jobs_.AddEvent(w->job_id, absl::StrCat("worker ", worker_id, " serving rank ", w->rank,
-                                           " on host ", w->host, " disconnected"))
+    jobs_
+        .AddEvent(w->job_id, absl::StrCat("worker ", worker_id, " serving rank ", w->rank,
+                                          " on host ", w->host, " disconnected"))
         .IgnoreError();
     // A rank's failure waiting to settle was this worker's doing: name it now (on the executor:
     // ending a job closes its files).
@@ -291,8 +297,9 @@ absl::Status Coordinator::Heartbeat(const std::string& worker_id) {
   return workers_.Heartbeat(worker_id);
 }
 
-absl::StatusOr<std::shared_ptr<JobRuntime>> Coordinator::RuntimeFor(
-    const std::string& worker_id, const std::string& job_id, int64_t epoch, int32_t rank) {
+absl::StatusOr<std::shared_ptr<JobRuntime>> Coordinator::RuntimeFor(const std::string& worker_id,
+                                                                    const std::string& job_id,
+                                                                    int64_t epoch, int32_t rank) {
   {
     absl::MutexLock lock(&mu_);
     auto it = runtimes_.find(job_id);
@@ -300,13 +307,13 @@ absl::StatusOr<std::shared_ptr<JobRuntime>> Coordinator::RuntimeFor(
       const std::shared_ptr<JobRuntime>& runtime = it->second;
       if (epoch != runtime->epoch()) {
         return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id,
-                                               " is stale; the job is at epoch ", runtime->epoch()));
+                                               " is stale; the job is at epoch ",
+                                               runtime->epoch()));
       }
       if (rank < 0 || rank >= static_cast<int32_t>(runtime->ranks().size()) ||
           runtime->ranks()[rank].worker_id != worker_id) {
-        return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id,
-                                                          " is not assigned rank ", rank,
-                                                          " of job ", job_id));
+        return absl::FailedPreconditionError(
+            absl::StrCat("worker ", worker_id, " is not assigned rank ", rank, " of job ", job_id));
       }
       return runtime;
     }
@@ -418,9 +425,8 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
   if (!job.ok()) return job.status();
   const RankInfo& rank = job->ranks[update.rank];
   if (update.state == RankState::kStarted) {
-    const bool all = std::all_of(job->ranks.begin(), job->ranks.end(), [](const RankInfo& r) {
-      return r.state != RankState::kAssigned;
-    });
+    const bool all = std::all_of(job->ranks.begin(), job->ranks.end(),
+                                 [](const RankInfo& r) { return r.state != RankState::kAssigned; });
     if (all && job->state == JobState::kStarting) {
       return jobs_
           .Transition(update.job_id, JobState::kRunning,
@@ -434,9 +440,8 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
   }
   if (update.exit_code != 0) {
     std::string reason =
-        update.failed
-            ? absl::StrCat(Placement(rank), " failed: ", update.message)
-            : absl::StrCat(Placement(rank), " exited with status ", update.exit_code);
+        update.failed ? absl::StrCat(Placement(rank), " failed: ", update.message)
+                      : absl::StrCat(Placement(rank), " exited with status ", update.exit_code);
     if (!update.failed && !update.message.empty()) absl::StrAppend(&reason, ": ", update.message);
     // A rank that fails because a peer's daemon died (its collective lost the peer) is a symptom,
     // and its report can beat the news of the dead peer's broken session by a few milliseconds: the
@@ -454,8 +459,9 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     absl::MutexLock lock(&mu_);
     if (runtimes_.contains(update.job_id)) {
       // The first failure stands.
-      pending_failures_.try_emplace(update.job_id, PendingFailure{std::move(reason), stopped_already,
-                                                                  clock_->Now() + failure_settle_});
+      pending_failures_.try_emplace(
+          update.job_id,
+          PendingFailure{std::move(reason), stopped_already, clock_->Now() + failure_settle_});
     }
     return absl::OkStatus();
   }
@@ -554,8 +560,8 @@ absl::Status Coordinator::CheckScope(const std::string& job_id, int64_t epoch) c
   absl::StatusOr<Job> job = jobs_.Get(job_id);
   if (!job.ok()) return job.status();
   if (job->state != JobState::kStarting && job->state != JobState::kRunning) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", job_id, " is ", JobStateName(job->state), "; its rendezvous is closed"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is ", JobStateName(job->state), "; its rendezvous is closed"));
   }
   if (epoch != job->epoch) {
     return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id,
@@ -584,12 +590,12 @@ void Coordinator::RendezvousWait(const std::string& job_id, int64_t epoch,
     return;
   }
   if (timeout <= absl::ZeroDuration() || timeout > absl::Minutes(10)) {
-    done(absl::InvalidArgumentError(absl::StrCat("timeout_ms = ", absl::ToInt64Milliseconds(timeout),
-                                                 " is out of bounds [1, 600000]")));
+    done(absl::InvalidArgumentError(absl::StrCat(
+        "timeout_ms = ", absl::ToInt64Milliseconds(timeout), " is out of bounds [1, 600000]")));
     return;
   }
-  rendezvous_.Wait(RendezvousStore::Scope(job_id, epoch), std::move(keys),
-                   clock_->Now() + timeout, std::move(done));
+  rendezvous_.Wait(RendezvousStore::Scope(job_id, epoch), std::move(keys), clock_->Now() + timeout,
+                   std::move(done));
 }
 
 void Coordinator::Tick() {
@@ -677,8 +683,8 @@ void Coordinator::Housekeeping(absl::Time now) {
 
 void Coordinator::Shutdown(const std::string& reason) {
   {
-    // The daemons stay up: their sessions end UNAVAILABLE, which makes them reconnect (with backoff)
-    // to whatever coordinator serves the address next.
+    // The daemons stay up: their sessions end UNAVAILABLE, which makes them reconnect (with
+    // backoff) to whatever coordinator serves the address next.
     absl::MutexLock lock(&mu_);
     for (auto& [id, channel] : channels_) channel->Close(absl::UnavailableError(reason));
   }

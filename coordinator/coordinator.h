@@ -3,9 +3,10 @@
 // job, in dependency order, and implements the operations the services expose. Transport-free:
 // services translate messages and call it; it talks to workers through WorkerChannel.
 //
-// Thread-safe. mu_ guards the job runtimes and the worker channels. Channels are called with mu_ held:
-// their methods only queue a message (they never block or call back), and holding mu_ keeps a closing
-// session's channel alive. Watchers, log followers and negotiators are called with mu_ released.
+// Thread-safe. mu_ guards the job runtimes and the worker channels. Channels are called with mu_
+// held: their methods only queue a message (they never block or call back), and holding mu_ keeps a
+// closing session's channel alive. Watchers, log followers and negotiators are called with mu_
+// released.
 #pragma once
 
 #include <cstdint>
@@ -95,8 +96,8 @@ class Coordinator {
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
-  // Coordinator metrics (jobs and workers by state, negotiation cycles and latency, tensors, response
-  // cache, stalls); served at /metrics by the server.
+  // Coordinator metrics (jobs and workers by state, negotiation cycles and latency, tensors,
+  // response cache, stalls); served at /metrics by the server.
   MetricsRegistry& metrics() { return metrics_; }
 
   absl::Duration lease() const { return workers_.lease(); }
@@ -130,7 +131,8 @@ class Coordinator {
   absl::Status OpenSession(const std::string& worker_id, WorkerChannel* channel);
   void CloseSession(const std::string& worker_id, WorkerChannel* channel);
   absl::Status Heartbeat(const std::string& worker_id);
-  // FAILED_PRECONDITION when the worker does not serve that rank of that job; ABORTED for a stale epoch.
+  // FAILED_PRECONDITION when the worker does not serve that rank of that job; ABORTED for a stale
+  // epoch.
   absl::Status SubmitRequests(const std::string& worker_id, RequestBatch batch);
   absl::Status UpdateRank(const std::string& worker_id, const RankUpdate& update);
   // Stores output of a rank's training process. Validated like SubmitRequests (FAILED_PRECONDITION,
@@ -173,8 +175,8 @@ class Coordinator {
     return artifacts_.Read(job_id, name, offset, max_bytes);
   }
 
-  // Rendezvous, scoped by job and epoch: NOT_FOUND (job), ABORTED (stale epoch), FAILED_PRECONDITION
-  // (job not starting or running).
+  // Rendezvous, scoped by job and epoch: NOT_FOUND (job), ABORTED (stale epoch),
+  // FAILED_PRECONDITION (job not starting or running).
   absl::Status RendezvousSet(const std::string& job_id, int64_t epoch, const std::string& key,
                              std::string value);
   absl::StatusOr<std::string> RendezvousGet(const std::string& job_id, int64_t epoch,
@@ -191,8 +193,8 @@ class Coordinator {
   absl::Time NextDeadline() const;
 
   // For the server's ticker thread: blocks until `deadline` (real time), or until a negotiation
-  // cycle falls due earlier (SubmitRequests wakes it), or WakeTicker(). The ticker thus sleeps until
-  // there is work instead of polling.
+  // cycle falls due earlier (SubmitRequests wakes it), or WakeTicker(). The ticker thus sleeps
+  // until there is work instead of polling.
   void WaitForTick(absl::Time deadline);
   // Makes WaitForTick() return by `when`.
   void WakeTicker(absl::Time when);
@@ -219,8 +221,8 @@ class Coordinator {
   void SettleFailures(absl::Time now, const std::string& disconnected_job);
   // Jobs and workers by state, computed at each scrape.
   void RegisterCollectors();
-  // Places pending jobs on idle workers, oldest first; a job that stays pending gets an event saying
-  // why whenever that changes. Opens each placed job's runtime (file I/O) with no lock held.
+  // Places pending jobs on idle workers, oldest first; a job that stays pending gets an event
+  // saying why whenever that changes. Opens each placed job's runtime (file I/O) with no lock held.
   void Schedule();
   // Places the oldest pending job that fits, under schedule_mu_; nullopt when none does.
   std::optional<Job> PlaceOne();
@@ -229,8 +231,8 @@ class Coordinator {
   // Finish() on the executor.
   void FinishLater(const std::string& job_id, JobState state, std::string reason,
                    const std::string& except_worker = "");
-  // Ends the job in `state` (FAILED or CANCELLED or SUCCEEDED) with `reason`: stops its other ranks,
-  // frees its workers and drops its rendezvous scope.
+  // Ends the job in `state` (FAILED or CANCELLED or SUCCEEDED) with `reason`: stops its other
+  // ranks, frees its workers and drops its rendezvous scope.
   absl::StatusOr<Job> Finish(const std::string& job_id, JobState state, std::string reason,
                              const std::string& except_worker = "");
   // The job's runtime, or null when it has none.

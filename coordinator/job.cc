@@ -20,8 +20,8 @@ absl::Status ValidateMap(const std::map<std::string, std::string>& m, absl::stri
                                                      "' must be 1..", max_key, " bytes"));
     }
     if (v.size() > max_value) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.", field, "['", k, "'] is longer than ",
-                                                     max_value, " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.", field, "['", k, "'] is longer than ", max_value, " bytes"));
     }
   }
   return absl::OkStatus();
@@ -36,12 +36,18 @@ bool IsTerminal(JobState state) {
 
 absl::string_view JobStateName(JobState state) {
   switch (state) {
-    case JobState::kPending: return "PENDING";
-    case JobState::kStarting: return "STARTING";
-    case JobState::kRunning: return "RUNNING";
-    case JobState::kSucceeded: return "SUCCEEDED";
-    case JobState::kFailed: return "FAILED";
-    case JobState::kCancelled: return "CANCELLED";
+    case JobState::kPending:
+      return "PENDING";
+    case JobState::kStarting:
+      return "STARTING";
+    case JobState::kRunning:
+      return "RUNNING";
+    case JobState::kSucceeded:
+      return "SUCCEEDED";
+    case JobState::kFailed:
+      return "FAILED";
+    case JobState::kCancelled:
+      return "CANCELLED";
   }
   return "UNSPECIFIED";
 }
@@ -62,9 +68,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
         absl::StrCat("spec.np = ", spec.np, " is out of bounds [1, ", kMaxNp, "]"));
   }
   if (spec.processes_per_host < 0 || spec.processes_per_host > spec.np) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.processes_per_host = ",
-                                                   spec.processes_per_host,
-                                                   " is out of bounds [0, np = ", spec.np, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.processes_per_host = ", spec.processes_per_host,
+                     " is out of bounds [0, np = ", spec.np, "]"));
   }
   if (spec.command.size() > 1024) {
     return absl::InvalidArgumentError("spec.command has more than 1024 arguments");
@@ -83,8 +89,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     bool ok = !absl::ascii_isdigit(k[0]);
     for (char c : k) ok = ok && (absl::ascii_isalnum(c) || c == '_');
     if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.env key '", k, "' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.env key '", k, "' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"));
     }
   }
   if (spec.working_dir.size() > 4096) {

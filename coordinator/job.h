@@ -1,5 +1,5 @@
-// A job as the coordinator's logic sees it: plain data, converted to and from ringmaster.v1 messages by
-// the service layer.
+// A job as the coordinator's logic sees it: plain data, converted to and from ringmaster.v1
+// messages by the service layer.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/knobs.h"
 #include "coordinator/autotuner.h"
@@ -24,7 +24,7 @@ enum class RankState { kAssigned = 1, kStarted, kExited, kStopped };
 struct JobSpec {
   std::string name;
   int32_t np = 0;
-  int32_t processes_per_host = 0;  // 0: no limit
+  int32_t processes_per_host = 0;    // 0: no limit
   std::vector<std::string> command;  // empty: processes attach to their worker
   std::map<std::string, std::string> env;
   std::string working_dir;

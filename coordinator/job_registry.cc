@@ -11,12 +11,17 @@ namespace {
 
 bool Allowed(JobState from, JobState to) {
   switch (to) {
-    case JobState::kStarting: return from == JobState::kPending;
-    case JobState::kRunning: return from == JobState::kStarting;
-    case JobState::kSucceeded: return from == JobState::kRunning || from == JobState::kStarting;
+    case JobState::kStarting:
+      return from == JobState::kPending;
+    case JobState::kRunning:
+      return from == JobState::kStarting;
+    case JobState::kSucceeded:
+      return from == JobState::kRunning || from == JobState::kStarting;
     case JobState::kFailed:
-    case JobState::kCancelled: return !IsTerminal(from);
-    case JobState::kPending: return false;
+    case JobState::kCancelled:
+      return !IsTerminal(from);
+    case JobState::kPending:
+      return false;
   }
   return false;
 }
@@ -85,8 +90,7 @@ void JobRegistry::Notify(const std::vector<std::shared_ptr<Watcher>>& watchers, 
   for (const auto& w : watchers) (*w)(job, job.events.back());
 }
 
-absl::StatusOr<Job> JobRegistry::Transition(const std::string& id, JobState to,
-                                            std::string message,
+absl::StatusOr<Job> JobRegistry::Transition(const std::string& id, JobState to, std::string message,
                                             std::optional<JobThroughput> final_throughput) {
   std::vector<std::shared_ptr<Watcher>> watchers;
   Job job;

@@ -1,6 +1,6 @@
 // Jobs and their state machine: PENDING -> STARTING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
-// (PENDING and STARTING may also end FAILED or CANCELLED). Every terminal state carries a reason; every
-// change is an event that watchers receive.
+// (PENDING and STARTING may also end FAILED or CANCELLED). Every terminal state carries a reason;
+// every change is an event that watchers receive.
 //
 // Thread-safe: one mutex guards the registry; watchers are called with it released, in event order
 // per job.
@@ -32,23 +32,24 @@ class JobRegistry {
   // `clock` is borrowed and must outlive the registry.
   JobRegistry(std::unique_ptr<JobStore> store, Clock* clock);
 
-  // Validates the spec (INVALID_ARGUMENT naming the field), fills in nothing else, and records a new
-  // PENDING job.
+  // Validates the spec (INVALID_ARGUMENT naming the field), fills in nothing else, and records a
+  // new PENDING job.
   absl::StatusOr<Job> Register(JobSpec spec);
 
   absl::StatusOr<Job> Get(const std::string& id) const;
   // Newest first; only jobs in `states` when it is not empty.
   std::vector<Job> List(const std::vector<JobState>& states) const;
 
-  // Moves the job to `to` with `message` as the event (and reason, for a terminal state). A terminal
-  // state stops every rank that had not exited (RankState::kStopped) and keeps `final_throughput`
-  // (when given) as the job's last figures.
-  // FAILED_PRECONDITION when the move is not allowed (e.g. the job already ended); NOT_FOUND.
+  // Moves the job to `to` with `message` as the event (and reason, for a terminal state). A
+  // terminal state stops every rank that had not exited (RankState::kStopped) and keeps
+  // `final_throughput` (when given) as the job's last figures. FAILED_PRECONDITION when the move is
+  // not allowed (e.g. the job already ended); NOT_FOUND.
   absl::StatusOr<Job> Transition(const std::string& id, JobState to, std::string message,
                                  std::optional<JobThroughput> final_throughput = std::nullopt);
 
   // Places the job's ranks and increments its epoch; the job moves to STARTING.
-  absl::StatusOr<Job> Start(const std::string& id, std::vector<RankInfo> ranks, std::string message);
+  absl::StatusOr<Job> Start(const std::string& id, std::vector<RankInfo> ranks,
+                            std::string message);
 
   // Records a rank's new state. Returns the job after the update.
   absl::StatusOr<Job> UpdateRank(const std::string& id, int rank, RankState state, int exit_code);

@@ -41,7 +41,8 @@ JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics)
       epoch_(job.epoch),
       ranks_(job.ranks),
       cycles_(&metrics.GetCounter("ringmaster_negotiation_cycles_total",
-                                  "Negotiation cycles that produced responses.", {{"job", job.id}})),
+                                  "Negotiation cycles that produced responses.",
+                                  {{"job", job.id}})),
       tensors_(&metrics.GetCounter("ringmaster_tensors_negotiated_total",
                                    "Tensors that left the negotiator in a response.",
                                    {{"job", job.id}})),
@@ -75,9 +76,9 @@ std::unique_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore
   // Always: a job id reused by a later coordinator run must not show the earlier job's files.
   if (absl::Status s = artifacts.Reset(job.id); !s.ok()) problems->emplace_back(s.message());
   if (!k.timeline.empty()) {
-    absl::StatusOr<std::unique_ptr<ringmaster::Timeline>> timeline = ringmaster::Timeline::Create(
-        artifacts.PathOf(job.id, k.timeline), absl::StrCat("job ", job.id), k.timeline_mark_cycles,
-        now);
+    absl::StatusOr<std::unique_ptr<ringmaster::Timeline>> timeline =
+        ringmaster::Timeline::Create(artifacts.PathOf(job.id, k.timeline),
+                                     absl::StrCat("job ", job.id), k.timeline_mark_cycles, now);
     if (timeline.ok()) {
       runtime->timeline_ = *std::move(timeline);
       runtime->timeline_name_ = k.timeline;
@@ -158,7 +159,8 @@ void JobRuntime::Flush(absl::Time now,
   log_mu_.Unlock();
 }
 
-std::pair<int64_t, int64_t> JobRuntime::RecordThroughput(const CycleOutput& output, absl::Time now) {
+std::pair<int64_t, int64_t> JobRuntime::RecordThroughput(const CycleOutput& output,
+                                                         absl::Time now) {
   Totals& t = totals_;
   int64_t bytes = 0, tensors = 0, allreduced = 0;
   for (const Response& r : output.responses) {

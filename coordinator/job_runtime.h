@@ -1,12 +1,12 @@
 // What one running job owns on the coordinator: its negotiator, its negotiation metrics, its
-// throughput window, its timeline and its autotuner with the autotune log. The coordinator keeps one
-// per job between scheduling and the job's end, and reaches the job's ranks through the `deliver`
-// callback of Flush().
+// throughput window, its timeline and its autotuner with the autotune log. The coordinator keeps
+// one per job between scheduling and the job's end, and reaches the job's ranks through the
+// `deliver` callback of Flush().
 //
 // Thread-safe. mu_ guards the negotiator's cycles, the counters already reported, the throughput
 // window and the autotuner, and is held from a poll of the negotiator until the cycle is handed to
-// `deliver`, so every rank sees cycles in one order. log_mu_ guards the autotune log file alone (file
-// I/O happens under it, never under mu_). The timeline has its own writer thread.
+// `deliver`, so every rank sees cycles in one order. log_mu_ guards the autotune log file alone
+// (file I/O happens under it, never under mu_). The timeline has its own writer thread.
 #pragma once
 
 #include <cstdint>
@@ -96,7 +96,8 @@ class JobRuntime {
   // Feeds the autotuner one cycle and applies what it decides; returns log lines to write.
   std::vector<std::string> Autotune(int64_t bytes, int64_t allreduced, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WriteAutotuneLog(const std::vector<std::string>& lines) ABSL_EXCLUSIVE_LOCKS_REQUIRED(log_mu_);
+  void WriteAutotuneLog(const std::vector<std::string>& lines)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(log_mu_);
 
   const std::string job_id_;
   const int64_t epoch_;

@@ -1,5 +1,5 @@
-// Where jobs are kept. The registry owns one; in-memory now, a durable store later implements the same
-// interface.
+// Where jobs are kept. The registry owns one; in-memory now, a durable store later implements the
+// same interface.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
-// ringmaster-coordinator: the control plane. Registers jobs and workers, places ranks, negotiates every
-// cycle, and serves rendezvous. Stops gracefully on SIGTERM or SIGINT.
+// ringmaster-coordinator: the control plane. Registers jobs and workers, places ranks, negotiates
+// every cycle, and serves rendezvous. Stops gracefully on SIGTERM or SIGINT.
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -23,10 +23,11 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://ADDR:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(double, lease_seconds, 10, "a worker without a heartbeat for this long is lost");
 ABSL_FLAG(double, heartbeat_interval_seconds, 2, "how often workers are told to heartbeat");
-ABSL_FLAG(std::string, artifacts_dir, "",
-          "where jobs' timelines and autotune logs are kept, as DIR/JOB_ID/NAME (empty: "
-          "$TMPDIR/ringmaster-artifacts-UID/HOST-PORT of --listen, or .../pid-PID for port 0; TMPDIR "
-          "defaulting to /tmp)");
+ABSL_FLAG(
+    std::string, artifacts_dir, "",
+    "where jobs' timelines and autotune logs are kept, as DIR/JOB_ID/NAME (empty: "
+    "$TMPDIR/ringmaster-artifacts-UID/HOST-PORT of --listen, or .../pid-PID for port 0; TMPDIR "
+    "defaulting to /tmp)");
 
 namespace {
 
@@ -68,13 +69,14 @@ int main(int argc, char** argv) {
     options.artifacts_dir = std::move(dir);
   } else {
     // Per coordinator: two coordinators on one machine must not share (and wipe) each other's.
-    options.artifacts_dir =
-        ringmaster::DefaultArtifactsDir(ringmaster::ArtifactsInstanceName(absl::GetFlag(FLAGS_listen)));
+    options.artifacts_dir = ringmaster::DefaultArtifactsDir(
+        ringmaster::ArtifactsInstanceName(absl::GetFlag(FLAGS_listen)));
   }
   ringmaster::CoordinatorServer server(std::move(options));
   absl::StatusOr<int> port = server.Start(absl::GetFlag(FLAGS_listen));
   if (!port.ok()) {
-    std::fprintf(stderr, "ringmaster-coordinator: %s\n", std::string(port.status().message()).c_str());
+    std::fprintf(stderr, "ringmaster-coordinator: %s\n",
+                 std::string(port.status().message()).c_str());
     return 1;
   }
   std::signal(SIGTERM, OnSignal);

@@ -21,7 +21,7 @@ struct TensorRequest {
   ReduceOp reduce_op = ReduceOp::kAverage;
   double prescale_factor = 1.0;
   double postscale_factor = 1.0;
-  int32_t device = -1;  // -1: CPU; N: cuda:N
+  int32_t device = -1;   // -1: CPU; N: cuda:N
   int32_t group_id = 0;  // > 0: member of a grouped collective, fused with its group
   int32_t group_size = 0;
 
@@ -71,8 +71,8 @@ struct CycleOutput {
   std::vector<uint32_t> evicted_ids;
   std::vector<Response> responses;  // the same for every rank
   std::vector<RankNotice> notices;  // indexed by rank
-  // When the oldest tensor in `responses` was first submitted (negotiation latency: first request to
-  // response); InfiniteFuture when the cycle carries notices only.
+  // When the oldest tensor in `responses` was first submitted (negotiation latency: first request
+  // to response); InfiniteFuture when the cycle carries notices only.
   absl::Time oldest_submit = absl::InfiniteFuture();
 };
 

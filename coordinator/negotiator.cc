@@ -20,12 +20,18 @@ bool Fusable(RequestType t) { return t == RequestType::kAllreduce || t == Reques
 
 Response::Type ResponseTypeOf(RequestType t) {
   switch (t) {
-    case RequestType::kAllreduce: return Response::Type::kAllreduce;
-    case RequestType::kAllgather: return Response::Type::kAllgather;
-    case RequestType::kBroadcast: return Response::Type::kBroadcast;
-    case RequestType::kJoin: return Response::Type::kJoin;
-    case RequestType::kBarrier: return Response::Type::kBarrier;
-    case RequestType::kUnspecified: break;
+    case RequestType::kAllreduce:
+      return Response::Type::kAllreduce;
+    case RequestType::kAllgather:
+      return Response::Type::kAllgather;
+    case RequestType::kBroadcast:
+      return Response::Type::kBroadcast;
+    case RequestType::kJoin:
+      return Response::Type::kJoin;
+    case RequestType::kBarrier:
+      return Response::Type::kBarrier;
+    case RequestType::kUnspecified:
+      break;
   }
   return Response::Type::kError;
 }
@@ -53,12 +59,14 @@ std::string Negotiator::Validate(const TensorRequest& r, int size) {
   if (r.name.empty()) return "name is empty";
   if (r.name.size() > kMaxNameBytes) return "name is longer than 1024 bytes";
   const auto type = static_cast<int32_t>(r.type);
-  if (type <= 0 || type > kMaxRequestType) return absl::StrCat("type ", type, " is not a collective");
+  if (type <= 0 || type > kMaxRequestType)
+    return absl::StrCat("type ", type, " is not a collective");
   const bool has_data = r.type == RequestType::kAllreduce || r.type == RequestType::kAllgather ||
                         r.type == RequestType::kBroadcast;
   if (has_data) {
     const auto dtype = static_cast<int32_t>(r.dtype);
-    if (dtype <= 0 || dtype > kMaxDataType) return absl::StrCat("dtype ", dtype, " is not a data type");
+    if (dtype <= 0 || dtype > kMaxDataType)
+      return absl::StrCat("dtype ", dtype, " is not a data type");
     if (r.shape.size() > kMaxDims) {
       return absl::StrCat("shape has ", r.shape.size(), " dimensions; at most 16 are allowed");
     }
@@ -67,8 +75,9 @@ std::string Negotiator::Validate(const TensorRequest& r, int size) {
       if (r.shape[i] < 0 || r.shape[i] > kMaxElements) {
         return absl::StrCat("shape[", i, "] = ", r.shape[i], " is out of bounds [0, 2^40]");
       }
-      elements = r.shape[i] == 0 ? 0 : (elements > kMaxElements / r.shape[i] ? kMaxElements + 1
-                                                                              : elements * r.shape[i]);
+      elements = r.shape[i] == 0 ? 0
+                                 : (elements > kMaxElements / r.shape[i] ? kMaxElements + 1
+                                                                         : elements * r.shape[i]);
     }
     if (elements > kMaxElements) return "shape has more than 2^40 elements";
   }
@@ -338,9 +347,8 @@ Response Negotiator::MakeResponse(const std::vector<Pending*>& tensors) const {
     if (out.type == Response::Type::kAllgather) {
       out.tensor_sizes.insert(out.tensor_sizes.end(), p->first_dims.begin(), p->first_dims.end());
       out.row_elements.push_back(
-          p->request.shape.empty()
-              ? 1
-              : NumElements(absl::MakeConstSpan(p->request.shape).subspan(1)));
+          p->request.shape.empty() ? 1
+                                   : NumElements(absl::MakeConstSpan(p->request.shape).subspan(1)));
     } else if (out.type != Response::Type::kError) {
       out.tensor_sizes.push_back(NumElements(p->request.shape));
     }
@@ -415,8 +423,8 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
     batches.push_back(std::move(batch));
   }
 
-  // Response cache: successful tensors get (or keep) an id; a response names a tensor by id when the
-  // id is still valid at the end of the cycle.
+  // Response cache: successful tensors get (or keep) an id; a response names a tensor by id when
+  // the id is still valid at the end of the cycle.
   absl::flat_hash_map<std::string, uint32_t> assigned;
   for (size_t b = 0; b < batches.size(); ++b) {
     const bool ok = out.responses[b].type != Response::Type::kError &&

@@ -1,6 +1,6 @@
-// The Horovod controller as a service: per job, collects every rank's tensor requests, decides which are
-// ready (submitted by every non-joined rank), validates that all ranks agree, orders and fuses the ready
-// ones, and produces one response list that every rank executes in the same order.
+// The Horovod controller as a service: per job, collects every rank's tensor requests, decides
+// which are ready (submitted by every non-joined rank), validates that all ranks agree, orders and
+// fuses the ready ones, and produces one response list that every rank executes in the same order.
 //
 // Thread-safe: one mutex guards all state; no method blocks or performs I/O.
 #pragma once
@@ -29,7 +29,7 @@ struct NegotiatorOptions {
   int64_t fusion_threshold_bytes = int64_t{128} << 20;  // 0 disables fusion
   absl::Duration cycle_time = absl::Milliseconds(1);
   int cache_capacity = 1024;
-  absl::Duration stall_check = absl::Seconds(60);  // zero disables stall reports
+  absl::Duration stall_check = absl::Seconds(60);        // zero disables stall reports
   absl::Duration stall_shutdown = absl::ZeroDuration();  // zero: never fail on a stall
   // Keep NegotiationEvents for the job's timeline (DrainTimeline()).
   bool record_timeline = false;
@@ -70,17 +70,17 @@ class Negotiator {
   void Submit(int rank, std::vector<TensorRequest> requests, absl::Span<const uint32_t> cached_ids,
               absl::Time now);
 
-  // The cycle's output when one is due at `now`: when there are notices, or ready tensors and either
-  // nothing is partially submitted, the cycle time has passed since the first became ready, or a full
-  // fusion buffer is ready. nullopt otherwise.
+  // The cycle's output when one is due at `now`: when there are notices, or ready tensors and
+  // either nothing is partially submitted, the cycle time has passed since the first became ready,
+  // or a full fusion buffer is ready. nullopt otherwise.
   std::optional<CycleOutput> Poll(absl::Time now);
 
   // The earliest time at which Poll() would produce output if nothing else arrived;
   // absl::InfiniteFuture() when nothing is ready.
   absl::Time NextDeadline() const;
 
-  // Tensors that some ranks submitted and others have not, for longer than the stall-check time. Each
-  // stalled tensor is reported once per stall-check period.
+  // Tensors that some ranks submitted and others have not, for longer than the stall-check time.
+  // Each stalled tensor is reported once per stall-check period.
   StallReport CheckStalls(absl::Time now);
 
   // Autotune moves these; they apply from the next Poll().
@@ -102,7 +102,7 @@ class Negotiator {
   struct Pending {
     TensorRequest request;  // as the first rank submitted it
     int first_rank = 0;
-    uint32_t cache_id = 0;  // nonzero: `request` equals this cache entry
+    uint32_t cache_id = 0;           // nonzero: `request` equals this cache entry
     std::vector<uint8_t> submitted;  // per rank
     int count = 0;
     std::vector<int64_t> first_dims;  // allgather: each rank's first dimension

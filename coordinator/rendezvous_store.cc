@@ -113,10 +113,9 @@ void RendezvousStore::ExpireWaiters(absl::Time now) {
       for (const std::string& key : it->keys) {
         if (sit == data_.end() || !sit->second.contains(key)) missing.push_back(key);
       }
-      expired.emplace_back(std::move(it->done),
-                           absl::DeadlineExceededError(absl::StrCat(
-                               "rendezvous wait timed out; keys not set: ",
-                               absl::StrJoin(missing, ", "))));
+      expired.emplace_back(std::move(it->done), absl::DeadlineExceededError(absl::StrCat(
+                                                    "rendezvous wait timed out; keys not set: ",
+                                                    absl::StrJoin(missing, ", "))));
       it = waiters_.erase(it);
     }
   }

@@ -1,6 +1,6 @@
-// The response cache: a bounded map from a tensor's name and metadata to a small id, so a rank in steady
-// state requests a tensor by id instead of by full description (Horovod's ResponseCache, held by the
-// coordinator). Ids are never reused, so a stale id is detected rather than misread.
+// The response cache: a bounded map from a tensor's name and metadata to a small id, so a rank in
+// steady state requests a tensor by id instead of by full description (Horovod's ResponseCache,
+// held by the coordinator). Ids are never reused, so a stale id is detected rather than misread.
 // Not thread-safe: owned by one Negotiator, under its lock.
 #pragma once
 

@@ -39,7 +39,8 @@ std::string WaitingReason(const std::vector<Worker>& workers, int np, int proces
                      : gpus == registered        ? "gpu "
                                                  : "";
   std::string reason = absl::StrCat("needs ", np, " idle ", kind, np == 1 ? "slot" : "slots");
-  if (processes_per_host > 0) absl::StrAppend(&reason, " (at most ", processes_per_host, " per host)");
+  if (processes_per_host > 0)
+    absl::StrAppend(&reason, " (at most ", processes_per_host, " per host)");
   absl::StrAppend(&reason, "; ", registered, " registered, ", idle.size(), " idle");
   if (static_cast<int>(idle.size()) >= np) {
     // Enough idle workers, but the per-host limit leaves too few of them usable.
@@ -64,7 +65,8 @@ absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& av
   int usable = 0;
   for (auto& [host, workers] : by_host) {
     std::sort(workers.begin(), workers.end(), [](const Worker* a, const Worker* b) {
-      return std::make_pair(DeviceKey(a->device), a->id) < std::make_pair(DeviceKey(b->device), b->id);
+      return std::make_pair(DeviceKey(a->device), a->id) <
+             std::make_pair(DeviceKey(b->device), b->id);
     });
     const int n = std::min<int>(cap, static_cast<int>(workers.size()));
     hosts.emplace_back(host, n);
@@ -72,8 +74,9 @@ absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& av
   }
   if (usable < np) {
     return absl::UnavailableError(absl::StrCat(
-        "needs ", np, " idle workers", processes_per_host > 0
-            ? absl::StrCat(" with at most ", processes_per_host, " per host") : "",
+        "needs ", np, " idle workers",
+        processes_per_host > 0 ? absl::StrCat(" with at most ", processes_per_host, " per host")
+                               : "",
         "; ", usable, " usable of ", available.size(), " idle on ", by_host.size(), " hosts"));
   }
   std::stable_sort(hosts.begin(), hosts.end(),

@@ -69,8 +69,7 @@ absl::StatusOr<int> CoordinatorServer::StartMetrics(const std::string& address) 
 void CoordinatorServer::TickLoop() {
   while (!stopping_.load(std::memory_order_acquire)) {
     coordinator_->Tick();
-    coordinator_->WaitForTick(
-        std::min(coordinator_->NextDeadline(), absl::Now() + kMaxTickPeriod));
+    coordinator_->WaitForTick(std::min(coordinator_->NextDeadline(), absl::Now() + kMaxTickPeriod));
   }
 }
 

@@ -1,5 +1,6 @@
 // The coordinator process: the Coordinator, its three gRPC services on one server, and the ticker
-// thread that flushes negotiation cycles and runs housekeeping. Used by main() and by in-process tests.
+// thread that flushes negotiation cycles and runs housekeeping. Used by main() and by in-process
+// tests.
 #pragma once
 
 #include <atomic>
@@ -35,8 +36,8 @@ class CoordinatorServer {
   // Serves the coordinator's metrics at http://ADDRESS/metrics; returns the port.
   absl::StatusOr<int> StartMetrics(const std::string& address);
 
-  // Tells workers to shut down, fails pending rendezvous waits, and stops the server, giving in-flight
-  // calls up to `grace` to finish. Idempotent.
+  // Tells workers to shut down, fails pending rendezvous waits, and stops the server, giving
+  // in-flight calls up to `grace` to finish. Idempotent.
   void Stop(absl::Duration grace = absl::Seconds(5));
 
   Coordinator& coordinator() { return *coordinator_; }

@@ -21,11 +21,21 @@ std::string JsonString(absl::string_view s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           out += absl::StrFormat("\\u%04x", c);
@@ -66,8 +76,7 @@ absl::StatusOr<std::unique_ptr<Timeline>> Timeline::Create(const std::string& pa
     return absl::UnavailableError(
         absl::StrCat("cannot write timeline ", path, ": ", std::strerror(error)));
   }
-  return std::unique_ptr<Timeline>(
-      new Timeline(path, fd, std::move(title), mark_cycles, start));
+  return std::unique_ptr<Timeline>(new Timeline(path, fd, std::move(title), mark_cycles, start));
 }
 
 Timeline::Timeline(std::string path, int fd, std::string title, bool mark_cycles, absl::Time start)
@@ -95,7 +104,8 @@ void Timeline::Execution(int32_t rank, std::vector<ExecutionSpan> spans) {
   if (spans.empty()) return;
   absl::MutexLock lock(&mu_);
   if (closing_) return;
-  queue_.push_back(Item{.kind = Item::Kind::kExecution, .rank = rank, .execution = std::move(spans)});
+  queue_.push_back(
+      Item{.kind = Item::Kind::kExecution, .rank = rank, .execution = std::move(spans)});
 }
 
 void Timeline::Cycle(absl::Time time) {
@@ -146,10 +156,10 @@ void Timeline::Format(const Item& item, std::string* out) {
         const int64_t ts = Micros(e.time);
         switch (e.kind) {
           case NegotiationEvent::Kind::kStart:
-            Append(out, absl::StrCat(R"({"ph": "B", "name": "NEGOTIATE_)",
-                                     absl::AsciiStrToUpper(RequestTypeName(e.type)),
-                                     R"(", "ts": )", ts, R"(, "pid": )", pid,
-                                     R"(, "tid": )", kNegotiationThread, "}"));
+            Append(out,
+                   absl::StrCat(R"({"ph": "B", "name": "NEGOTIATE_)",
+                                absl::AsciiStrToUpper(RequestTypeName(e.type)), R"(", "ts": )", ts,
+                                R"(, "pid": )", pid, R"(, "tid": )", kNegotiationThread, "}"));
             break;
           case NegotiationEvent::Kind::kRankReady:
             Append(out, absl::StrCat(R"({"ph": "X", "name": ")", e.rank, R"(", "ts": )", ts,
@@ -172,17 +182,17 @@ void Timeline::Format(const Item& item, std::string* out) {
           if (new_row || !announced_.contains({pid, tid})) {
             announced_.insert({pid, tid});
             Append(out, absl::StrCat(R"({"name": "thread_name", "ph": "M", "pid": )", pid,
-                                     R"(, "tid": )", tid, R"(, "args": {"name": "rank )",
-                                     item.rank, R"("}})"));
+                                     R"(, "tid": )", tid, R"(, "args": {"name": "rank )", item.rank,
+                                     R"("}})"));
           }
           const std::string where = absl::StrCat(R"(, "pid": )", pid, R"(, "tid": )", tid, "}");
           int64_t at = MicrosFromUnix(span.start_unix_us);
-          Append(out, absl::StrCat(R"({"ph": "B", "name": )", JsonString(span.op),
-                                   R"(, "ts": )", at, where));
+          Append(out, absl::StrCat(R"({"ph": "B", "name": )", JsonString(span.op), R"(, "ts": )",
+                                   at, where));
           for (const auto& [activity, end_unix_us] : span.activities) {
             const int64_t end = MicrosFromUnix(end_unix_us);
-            Append(out, absl::StrCat(R"({"ph": "B", "name": )", JsonString(activity),
-                                     R"(, "ts": )", at, where));
+            Append(out, absl::StrCat(R"({"ph": "B", "name": )", JsonString(activity), R"(, "ts": )",
+                                     at, where));
             Append(out, absl::StrCat(R"({"ph": "E", "ts": )", end, where));
             at = end;
           }
@@ -201,10 +211,10 @@ void Timeline::Format(const Item& item, std::string* out) {
 void Timeline::Run() {
   std::string out;
   // Row 0 names the trace.
-  Append(&out, absl::StrCat(R"({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": )",
-                            JsonString(absl::StrCat(title_, " (ts 0 = ",
-                                                    absl::FormatTime(start_), ")")),
-                            "}}"));
+  Append(&out,
+         absl::StrCat(R"({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": )",
+                      JsonString(absl::StrCat(title_, " (ts 0 = ", absl::FormatTime(start_), ")")),
+                      "}}"));
   bool failed = false;
   while (true) {
     std::vector<Item> items;

@@ -1,8 +1,8 @@
 // A job's timeline: Horovod's Chrome-trace JSON (open it in chrome://tracing or Perfetto), one row
 // ("process") per tensor with two threads: the coordinator's negotiation (NEGOTIATE_ALLREDUCE, ...,
 // with a tick per rank as it submits) and rank 0's execution (ALLREDUCE, ... enclosing QUEUE,
-// MEMCPY_IN_FUSION_BUFFER, GLOO_ALLREDUCE, MEMCPY_OUT_FUSION_BUFFER, ...), plus optional CYCLE_START
-// markers.
+// MEMCPY_IN_FUSION_BUFFER, GLOO_ALLREDUCE, MEMCPY_OUT_FUSION_BUFFER, ...), plus optional
+// CYCLE_START markers.
 //
 // The file is valid JSON at any moment: it always ends with the closing bracket, and each batch of
 // events is written over that bracket with one pwrite that ends with it again. A background thread

@@ -1,5 +1,5 @@
-// How the coordinator's logic talks to one connected worker. The gRPC session adapter implements it;
-// tests implement it with a recording fake. Every method only queues: none may block.
+// How the coordinator's logic talks to one connected worker. The gRPC session adapter implements
+// it; tests implement it with a recording fake. Every method only queues: none may block.
 #pragma once
 
 #include <memory>

@@ -10,9 +10,12 @@ namespace ringmaster {
 
 absl::string_view WorkerStateName(WorkerState state) {
   switch (state) {
-    case WorkerState::kIdle: return "IDLE";
-    case WorkerState::kBusy: return "BUSY";
-    case WorkerState::kLost: return "LOST";
+    case WorkerState::kIdle:
+      return "IDLE";
+    case WorkerState::kBusy:
+      return "BUSY";
+    case WorkerState::kLost:
+      return "LOST";
   }
   return "UNSPECIFIED";
 }
@@ -62,8 +65,8 @@ absl::StatusOr<Worker*> WorkerRegistry::FindLocked(const std::string& id) {
     return absl::NotFoundError(absl::StrCat("worker_id '", id, "' is not registered"));
   }
   if (it->second.state == WorkerState::kLost) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", id, " on ", it->second.host, " lost its lease; register again"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", id, " on ", it->second.host, " lost its lease; register again"));
   }
   return &it->second;
 }

@@ -1,5 +1,6 @@
-// Worker daemons known to the coordinator: registration, heartbeats, lease expiry, and which job rank
-// each one serves. Time comes from the injected clock, so lease expiry is tested without sleeping.
+// Worker daemons known to the coordinator: registration, heartbeats, lease expiry, and which job
+// rank each one serves. Time comes from the injected clock, so lease expiry is tested without
+// sleeping.
 //
 // Thread-safe: one mutex guards the registry.
 #pragma once
@@ -9,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -32,7 +33,7 @@ struct Worker {
   std::string job_id;  // when busy
   int32_t rank = -1;
   absl::Time disconnected_since = absl::InfiniteFuture();  // while not connected
-  std::string lost_reason;  // set by ExpireLeases()
+  std::string lost_reason;                                 // set by ExpireLeases()
 };
 
 absl::string_view WorkerStateName(WorkerState state);  // "IDLE", "BUSY", "LOST"

@@ -18,7 +18,7 @@
 namespace ringmaster {
 
 struct ChildExit {
-  int exit_code = 0;  // the exit status, or 128 + signal when killed (as shells report it)
+  int exit_code = 0;    // the exit status, or 128 + signal when killed (as shells report it)
   std::string message;  // "" for a normal exit, "killed by signal 9 (Killed)" otherwise
 };
 

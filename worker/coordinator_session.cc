@@ -137,7 +137,8 @@ grpc::Status CoordinatorSession::RunSession() {
   }
   v1::CoordinatorMessage m;
   while (opened && stream->Read(&m)) {
-    if (m.kind_case() == v1::CoordinatorMessage::kAccepted && m.accepted().heartbeat_interval_ms() > 0) {
+    if (m.kind_case() == v1::CoordinatorMessage::kAccepted &&
+        m.accepted().heartbeat_interval_ms() > 0) {
       absl::MutexLock lock(&mu_);
       heartbeat_interval_ = absl::Milliseconds(m.accepted().heartbeat_interval_ms());
     }

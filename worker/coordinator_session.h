@@ -1,6 +1,6 @@
 // A worker's link to the coordinator: registration, the one Session stream, heartbeats, and
-// reconnection with exponential backoff (100 ms doubling to 5 s). A session that the coordinator ends
-// with NOT_FOUND or FAILED_PRECONDITION (lease expired) makes the worker register again.
+// reconnection with exponential backoff (100 ms doubling to 5 s). A session that the coordinator
+// ends with NOT_FOUND or FAILED_PRECONDITION (lease expired) makes the worker register again.
 //
 // A write that the coordinator does not take within the write timeout (it stopped reading: hung, or
 // its host unreachable while TCP keeps retrying) cancels the session, which then reconnects: Send()

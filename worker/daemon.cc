@@ -56,8 +56,8 @@ absl::Status Daemon::Start() {
 #ifdef RINGMASTER_HAVE_NCCL
     // An absent or busy GPU is refused here, at start, with CUDA's reason.
     if (absl::Status s = CheckCudaDevice(ordinal); !s.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("--device ", options_.device, ": ",
-                                                        s.message()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("--device ", options_.device, ": ", s.message()));
     }
     cuda_device_ = ordinal;
 #else
@@ -68,7 +68,8 @@ absl::Status Daemon::Start() {
   }
   DaemonOptions& o = const_cast<DaemonOptions&>(options_);
   if (o.host_name.empty()) o.host_name = DefaultHostName();
-  if (o.socket_path.empty()) o.socket_path = absl::StrCat("/tmp/ringmaster-worker-", getpid(), ".sock");
+  if (o.socket_path.empty())
+    o.socket_path = absl::StrCat("/tmp/ringmaster-worker-", getpid(), ".sock");
   if (!options_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
         MetricsServer::Start(options_.metrics_listen, &metrics_);
@@ -85,7 +86,8 @@ absl::Status Daemon::Start() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  channel_ = grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
+  channel_ =
+      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
   v1::RegisterWorkerRequest registration;
   registration.set_host(options_.host_name);
   registration.set_device(options_.device);
@@ -133,9 +135,9 @@ void Daemon::OnMessage(const v1::CoordinatorMessage& m) {
       break;
     }
     case v1::CoordinatorMessage::kStopJob:
-      StopJob(m.stop_job().job_id(), absl::AbortedError(absl::StrCat(
-                                          "job ", m.stop_job().job_id(), " stopped: ",
-                                          m.stop_job().reason())));
+      StopJob(m.stop_job().job_id(),
+              absl::AbortedError(absl::StrCat("job ", m.stop_job().job_id(),
+                                              " stopped: ", m.stop_job().reason())));
       break;
     case v1::CoordinatorMessage::kShutdown:
       spdlog::warn("coordinator asked the worker to shut down: {}", m.shutdown().reason());
@@ -207,7 +209,8 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   e.arena = job->arena->data();
   e.arena_bytes = job->arena->size();
   e.outputs = job->outputs.get();
-  e.cycle_time = absl::Microseconds(static_cast<int64_t>(spec.spec().knobs().cycle_time_ms() * 1000));
+  e.cycle_time =
+      absl::Microseconds(static_cast<int64_t>(spec.spec().knobs().cycle_time_ms() * 1000));
   // Horovod records the timeline's execution rows on rank 0.
   e.timeline = rank == 0 && !spec.spec().knobs().timeline().empty();
   auto channel = channel_;
@@ -232,8 +235,9 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   e.metrics = options_.record_metrics ? &metrics_ : nullptr;
   if (cuda_device_ >= 0) {
     if (absl::Status s = StartDevice(*job, e); !s.ok()) {
-      SendRankUpdate(*job, v1::RANK_STATE_EXITED, 1,
-                     absl::StrCat("worker could not set up cuda:", cuda_device_, ": ", s.message()));
+      SendRankUpdate(
+          *job, v1::RANK_STATE_EXITED, 1,
+          absl::StrCat("worker could not set up cuda:", cuda_device_, ": ", s.message()));
       FinishJob(job);
       return;
     }
@@ -249,7 +253,8 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   }
   job->engine->Start();
   if (stop_requested) {
-    StopJob(spec.id(), absl::AbortedError(absl::StrCat("job ", spec.id(), " stopped while starting")));
+    StopJob(spec.id(),
+            absl::AbortedError(absl::StrCat("job ", spec.id(), " stopped while starting")));
     return;
   }
 
@@ -420,7 +425,8 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
     n.rank = assignment.rank();
     n.size = assignment.job().spec().np();
     n.device = device;
-    n.store = std::make_shared<RendezvousClient>(channel, assignment.job().id(), assignment.epoch());
+    n.store =
+        std::make_shared<RendezvousClient>(channel, assignment.job().id(), assignment.epoch());
     n.prefix = "nccl/0/";
     n.where = where;
     n.timeout = timeout;

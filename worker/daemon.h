@@ -1,7 +1,7 @@
 // The worker daemon: one per GPU or CPU slot, long-lived, serving one job at a time. It keeps its
 // coordinator session, and for each assigned rank creates the shared arena and the engine, launches
-// the job's command (or serves a process that attaches to its socket), forwards the process's output,
-// reports its exit, and cleans everything up when the job ends.
+// the job's command (or serves a process that attaches to its socket), forwards the process's
+// output, reports its exit, and cleans everything up when the job ends.
 //
 // Thread-safe: mu_ guards the current job; coordinator messages arrive on the session thread,
 // training-process requests on local-server threads, the rank's exit on a waiter thread.
@@ -33,9 +33,9 @@ namespace ringmaster {
 struct DaemonOptions {
   std::string coordinator;  // host:port
   std::string device = "cpu";
-  std::string host_name;  // default: gethostname()
+  std::string host_name;    // default: gethostname()
   std::string socket_path;  // default: /tmp/ringmaster-worker-<pid>.sock
-  std::string iface;  // network interface for Gloo; "" = the host's address
+  std::string iface;        // network interface for Gloo; "" = the host's address
   size_t arena_bytes = size_t{1} << 30;
   absl::Duration stop_grace = absl::Seconds(5);
   absl::Duration collective_timeout = absl::Seconds(30);

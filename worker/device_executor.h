@@ -2,10 +2,10 @@
 // response's collective on tensors in the device arena, on one CUDA stream, with NCCL. Implemented
 // by GpuJob (worker/gpu/gpu_job.h); built only with CUDA.
 //
-// Ordering without host round trips: a tensor's ready event (recorded by the training process on its
-// stream, 1-based index into the events it shared; 0: none) is waited on by the daemon's stream before
-// the pack; the returned done event (1-based index into the events the daemon shared) is recorded on
-// the daemon's stream after the unpack, and the training process's stream waits on it.
+// Ordering without host round trips: a tensor's ready event (recorded by the training process on
+// its stream, 1-based index into the events it shared; 0: none) is waited on by the daemon's stream
+// before the pack; the returned done event (1-based index into the events the daemon shared) is
+// recorded on the daemon's stream after the unpack, and the training process's stream waits on it.
 //
 // Engine thread only, except Abort().
 #pragma once

@@ -43,15 +43,23 @@ void ScaleFloats(T* p, int64_t n, double factor) {
   for (int64_t i = 0; i < n; ++i) p[i] *= f;
 }
 
-// Multiplies `n` elements by factor / divisor. Integers are divided exactly (truncating toward zero,
-// as C++ and PyTorch's integer division of a sum do) when only averaging, rounded otherwise.
+// Multiplies `n` elements by factor / divisor. Integers are divided exactly (truncating toward
+// zero, as C++ and PyTorch's integer division of a sum do) when only averaging, rounded otherwise.
 void Scale(void* data, int64_t n, DataType dtype, double factor, int divisor) {
   if (factor == 1.0 && divisor == 1) return;
   switch (dtype) {
-    case DataType::kUint8: ScaleInts(static_cast<uint8_t*>(data), n, factor, divisor); break;
-    case DataType::kInt8: ScaleInts(static_cast<int8_t*>(data), n, factor, divisor); break;
-    case DataType::kInt32: ScaleInts(static_cast<int32_t*>(data), n, factor, divisor); break;
-    case DataType::kInt64: ScaleInts(static_cast<int64_t*>(data), n, factor, divisor); break;
+    case DataType::kUint8:
+      ScaleInts(static_cast<uint8_t*>(data), n, factor, divisor);
+      break;
+    case DataType::kInt8:
+      ScaleInts(static_cast<int8_t*>(data), n, factor, divisor);
+      break;
+    case DataType::kInt32:
+      ScaleInts(static_cast<int32_t*>(data), n, factor, divisor);
+      break;
+    case DataType::kInt64:
+      ScaleInts(static_cast<int64_t*>(data), n, factor, divisor);
+      break;
     case DataType::kFloat32:
       ScaleFloats(static_cast<float*>(data), n, factor / divisor);
       break;
@@ -70,7 +78,8 @@ void Scale(void* data, int64_t n, DataType dtype, double factor, int divisor) {
       for (int64_t i = 0; i < n; ++i) p[i] = FloatToBfloat16(Bfloat16ToFloat(p[i]) * f);
       break;
     }
-    case DataType::kUnspecified: break;
+    case DataType::kUnspecified:
+      break;
   }
 }
 
@@ -98,13 +107,13 @@ Engine::Engine(EngineOptions options)
         "Time to execute one response (pack, collective, scale, unpack), by collective.",
         ExponentialBuckets(0.00005, 2, 18), with_op);
   }
-  series_.fused_tensors = &metrics_->GetHistogram(
-      "ringmaster_fused_tensors", "Tensors per executed allreduce response.",
-      ExponentialBuckets(1, 2, 11), labels_);
-  series_.fill_ratio = &metrics_->GetHistogram(
-      "ringmaster_fusion_buffer_fill_ratio",
-      "Bytes of an allreduce response divided by the fusion threshold.",
-      {0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1}, labels_);
+  series_.fused_tensors = &metrics_->GetHistogram("ringmaster_fused_tensors",
+                                                  "Tensors per executed allreduce response.",
+                                                  ExponentialBuckets(1, 2, 11), labels_);
+  series_.fill_ratio =
+      &metrics_->GetHistogram("ringmaster_fusion_buffer_fill_ratio",
+                              "Bytes of an allreduce response divided by the fusion threshold.",
+                              {0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1}, labels_);
   series_.bus_bandwidth = &metrics_->GetGauge(
       "ringmaster_bus_bandwidth_bytes_per_second",
       "Bus bandwidth of the last allreduce response: 2(n-1)/n x bytes / time.", labels_);
@@ -124,8 +133,9 @@ void Engine::CountError(absl::string_view kind) {
   if (!record_) return;
   Labels with_kind = labels_;
   with_kind.emplace_back("kind", std::string(kind));
-  metrics_->GetCounter("ringmaster_errors_total", "Collectives that failed, by kind of error.",
-                       with_kind)
+  metrics_
+      ->GetCounter("ringmaster_errors_total", "Collectives that failed, by kind of error.",
+                   with_kind)
       .Increment();
 }
 
@@ -136,7 +146,9 @@ Engine::~Engine() {
   series_.bus_bandwidth->Set(0);
 }
 
-void Engine::Start() { thread_ = std::thread([this] { Loop(); }); }
+void Engine::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 std::string Engine::RankName() const {
   return absl::StrCat("rank ", options_.rank, " (", options_.host, ")");
@@ -154,10 +166,9 @@ void Engine::Enqueue(const v1::LocalEnqueue& enqueue, Done done) {
     if (enqueue.offset() < 0 || bytes < 0 ||
         static_cast<uint64_t>(enqueue.offset()) + static_cast<uint64_t>(bytes) >
             options_.arena_bytes) {
-      return reject(absl::InvalidArgumentError(
-          absl::StrCat("tensor '", r.name(), "': ", bytes, " bytes at arena offset ",
-                       enqueue.offset(), " lie outside the ", options_.arena_bytes,
-                       "-byte arena")));
+      return reject(absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", r.name(), "': ", bytes, " bytes at arena offset ", enqueue.offset(),
+          " lie outside the ", options_.arena_bytes, "-byte arena")));
     }
   }
   absl::Status rejected;
@@ -190,7 +201,8 @@ void Engine::OnResponses(v1::ResponseList list) {
 void Engine::Abort(const absl::Status& status) {
   // A collective stuck on a lost peer must return: abort the communicator (never a blocking
   // destroy); the engine thread's wait then fails.
-  if (options_.device != nullptr && !status.ok()) options_.device->Abort(std::string(status.message()));
+  if (options_.device != nullptr && !status.ok())
+    options_.device->Abort(std::string(status.message()));
   absl::flat_hash_map<std::string, std::unique_ptr<Op>> ops;
   {
     absl::MutexLock lock(&mu_);
@@ -315,9 +327,9 @@ void Engine::Complete(Op* op, const absl::Status& status, v1::LocalCompletion co
   if (!status.ok()) {
     completion = StatusCompletion(status);
     CountError(status.code() == absl::StatusCode::kFailedPrecondition ? "negotiation"
-               : status.code() == absl::StatusCode::kUnavailable     ? "peer"
-               : status.code() == absl::StatusCode::kAborted         ? "job_stopped"
-                                                                     : "other");
+               : status.code() == absl::StatusCode::kUnavailable      ? "peer"
+               : status.code() == absl::StatusCode::kAborted          ? "job_stopped"
+                                                                      : "other");
   }
   completion.set_handle(op->enqueue.handle());
   op->done(completion);
@@ -432,18 +444,17 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
                            : absl::UnavailableError(absl::StrCat("no communicator on ", RankName(),
                                                                  ": ", backend_status_.message()));
   } else if (backend_ == nullptr) {
-    status = absl::UnavailableError(absl::StrCat("no communicator on ", RankName(), ": ",
-                                                 backend_status_.message()));
+    status = absl::UnavailableError(
+        absl::StrCat("no communicator on ", RankName(), ": ", backend_status_.message()));
   } else if (r.type() == v1::Response::TYPE_ALLREDUCE) {
     status = ExecuteAllreduce(r, ops, activities);
   } else if (r.type() == v1::Response::TYPE_ALLGATHER) {
     status = ExecuteAllgather(r, ops, &completions);
     activities.End("GLOO_ALLGATHER");
   } else if (r.type() == v1::Response::TYPE_BROADCAST) {
-    const int64_t bytes =
-        r.tensor_sizes_size() > 0
-            ? r.tensor_sizes(0) * DataTypeSize(static_cast<DataType>(r.dtype()))
-            : 0;
+    const int64_t bytes = r.tensor_sizes_size() > 0
+                              ? r.tensor_sizes(0) * DataTypeSize(static_cast<DataType>(r.dtype()))
+                              : 0;
     uint8_t* data;
     if (ops[0] != nullptr) {
       data = options_.arena + ops[0]->enqueue.offset();
@@ -495,7 +506,8 @@ void Engine::Record(const v1::Response& r, const std::vector<Op*>& ops, absl::Du
       series_.latency[0]->Observe(seconds);
       series_.fused_tensors->Observe(static_cast<double>(ops.size()));
       if (fusion_threshold_ > 0) {
-        series_.fill_ratio->Observe(static_cast<double>(bytes) / static_cast<double>(fusion_threshold_));
+        series_.fill_ratio->Observe(static_cast<double>(bytes) /
+                                    static_cast<double>(fusion_threshold_));
       }
       const int n = options_.size;
       if (seconds > 0 && n > 1) {
@@ -583,7 +595,8 @@ absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<O
     int64_t at = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
       const size_t bytes = counts[i] * elem;
-      if (ops[i] != nullptr) std::memcpy(options_.arena + ops[i]->enqueue.offset(), buffer + at, bytes);
+      if (ops[i] != nullptr)
+        std::memcpy(options_.arena + ops[i]->enqueue.offset(), buffer + at, bytes);
       at += bytes;
     }
     activities.End("MEMCPY_OUT_FUSION_BUFFER");

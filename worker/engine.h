@@ -1,8 +1,8 @@
-// The engine of one rank of one job: collects the training process's enqueued collectives, sends them
-// to the coordinator in at most one batch per cycle (by response-cache id once cached), and executes the
-// coordinator's responses in the order given — pack into the fusion buffer (skipped when the tensors
-// are already contiguous in the arena), prescale, collective, postscale/average, unpack — then
-// completes each operation. Errors reach exactly the operations concerned.
+// The engine of one rank of one job: collects the training process's enqueued collectives, sends
+// them to the coordinator in at most one batch per cycle (by response-cache id once cached), and
+// executes the coordinator's responses in the order given — pack into the fusion buffer (skipped
+// when the tensors are already contiguous in the arena), prescale, collective, postscale/average,
+// unpack — then completes each operation. Errors reach exactly the operations concerned.
 //
 // Thread-safe: Enqueue/OnResponses/Abort may be called from any thread; one engine thread owns the
 // backend and executes collectives with mu_ released.
@@ -71,8 +71,8 @@ class Engine {
 
   void Start();
 
-  // Queues one collective; `done` is called exactly once (from the engine thread, or from the caller
-  // for an immediate rejection).
+  // Queues one collective; `done` is called exactly once (from the engine thread, or from the
+  // caller for an immediate rejection).
   void Enqueue(const v1::LocalEnqueue& enqueue, Done done);
 
   // A response list from the coordinator for this job.
@@ -147,7 +147,7 @@ class Engine {
 
   // The engine's metric series, registered once (null registry: a private one).
   struct Series {
-    Counter* bytes[3];  // allreduce, broadcast, allgather
+    Counter* bytes[3];      // allreduce, broadcast, allgather
     Histogram* latency[4];  // allreduce, broadcast, allgather, barrier
     Histogram* fused_tensors;
     Histogram* fill_ratio;
@@ -165,12 +165,12 @@ class Engine {
   Labels labels_;
   Series series_;
   std::vector<std::unique_ptr<Backend>> backends_;  // engine thread only
-  Backend* backend_ = nullptr;  // backends_[0]
-  absl::Status backend_status_;       // engine thread only
-  bool device_ready_ = false;         // engine thread only: options_.device set up
-  std::vector<uint8_t> fusion_buffer_;  // engine thread only
-  int64_t fusion_threshold_ = 0;        // engine thread only: as the last response list said
-  WorkerCache cache_;  // engine thread only
+  Backend* backend_ = nullptr;                      // backends_[0]
+  absl::Status backend_status_;                     // engine thread only
+  bool device_ready_ = false;                       // engine thread only: options_.device set up
+  std::vector<uint8_t> fusion_buffer_;              // engine thread only
+  int64_t fusion_threshold_ = 0;  // engine thread only: as the last response list said
+  WorkerCache cache_;             // engine thread only
 
   bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
 

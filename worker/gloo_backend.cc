@@ -210,11 +210,16 @@ void Reduce(void* out, const void* a, const void* b, size_t n) {
 template <typename Codec>
 gloo::AllreduceOptions::Func ReduceFor(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return &Reduce<Codec, ReduceOp::kSum>;
-    case ReduceOp::kMin: return &Reduce<Codec, ReduceOp::kMin>;
-    case ReduceOp::kMax: return &Reduce<Codec, ReduceOp::kMax>;
-    case ReduceOp::kProduct: return &Reduce<Codec, ReduceOp::kProduct>;
-    default: return nullptr;
+    case ReduceOp::kSum:
+      return &Reduce<Codec, ReduceOp::kSum>;
+    case ReduceOp::kMin:
+      return &Reduce<Codec, ReduceOp::kMin>;
+    case ReduceOp::kMax:
+      return &Reduce<Codec, ReduceOp::kMax>;
+    case ReduceOp::kProduct:
+      return &Reduce<Codec, ReduceOp::kProduct>;
+    default:
+      return nullptr;
   }
 }
 
@@ -226,15 +231,24 @@ absl::StatusOr<gloo::AllreduceOptions::Func> ReduceFunction(DataType dtype, Redu
                      " (the engine averages by summing, then scaling)"));
   }
   switch (dtype) {
-    case DataType::kUint8: return ReduceFor<Native<uint8_t>>(op);
-    case DataType::kInt8: return ReduceFor<Native<int8_t>>(op);
-    case DataType::kInt32: return ReduceFor<Native<int32_t>>(op);
-    case DataType::kInt64: return ReduceFor<Native<int64_t>>(op);
-    case DataType::kFloat16: return ReduceFor<Float16>(op);
-    case DataType::kBfloat16: return ReduceFor<Bfloat16>(op);
-    case DataType::kFloat32: return ReduceFor<Native<float>>(op);
-    case DataType::kFloat64: return ReduceFor<Native<double>>(op);
-    case DataType::kUnspecified: break;
+    case DataType::kUint8:
+      return ReduceFor<Native<uint8_t>>(op);
+    case DataType::kInt8:
+      return ReduceFor<Native<int8_t>>(op);
+    case DataType::kInt32:
+      return ReduceFor<Native<int32_t>>(op);
+    case DataType::kInt64:
+      return ReduceFor<Native<int64_t>>(op);
+    case DataType::kFloat16:
+      return ReduceFor<Float16>(op);
+    case DataType::kBfloat16:
+      return ReduceFor<Bfloat16>(op);
+    case DataType::kFloat32:
+      return ReduceFor<Native<float>>(op);
+    case DataType::kFloat64:
+      return ReduceFor<Native<double>>(op);
+    case DataType::kUnspecified:
+      break;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("gloo allreduce: unsupported data type ", static_cast<int32_t>(dtype)));
@@ -244,10 +258,18 @@ absl::StatusOr<gloo::AllreduceOptions::Func> ReduceFunction(DataType dtype, Redu
 template <typename Options>
 void SetOutputBySize(Options& opts, void* data, size_t count, int element_size) {
   switch (element_size) {
-    case 1: opts.template setOutput<uint8_t>(static_cast<uint8_t*>(data), count); break;
-    case 2: opts.template setOutput<uint16_t>(static_cast<uint16_t*>(data), count); break;
-    case 4: opts.template setOutput<uint32_t>(static_cast<uint32_t*>(data), count); break;
-    case 8: opts.template setOutput<uint64_t>(static_cast<uint64_t*>(data), count); break;
+    case 1:
+      opts.template setOutput<uint8_t>(static_cast<uint8_t*>(data), count);
+      break;
+    case 2:
+      opts.template setOutput<uint16_t>(static_cast<uint16_t*>(data), count);
+      break;
+    case 4:
+      opts.template setOutput<uint32_t>(static_cast<uint32_t*>(data), count);
+      break;
+    case 8:
+      opts.template setOutput<uint64_t>(static_cast<uint64_t*>(data), count);
+      break;
   }
 }
 

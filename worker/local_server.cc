@@ -24,7 +24,8 @@ class LocalConnection {
   void Send(const v1::LocalReply& reply, int pass_fd = -1) {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
-    if (!WriteFrame(fd_, reply).ok() || (pass_fd >= 0 && !SendFd(fd_, pass_fd).ok())) closed_ = true;
+    if (!WriteFrame(fd_, reply).ok() || (pass_fd >= 0 && !SendFd(fd_, pass_fd).ok()))
+      closed_ = true;
   }
   void Shutdown() {
     absl::MutexLock lock(&mu_);
@@ -70,8 +71,8 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::strin
     unlink(path.c_str());
   }
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 64) != 0) {
-    absl::Status s = absl::UnavailableError(
-        absl::StrCat("cannot listen on ", path, ": ", std::strerror(errno)));
+    absl::Status s =
+        absl::UnavailableError(absl::StrCat("cannot listen on ", path, ": ", std::strerror(errno)));
     close(fd);
     return s;
   }
@@ -118,7 +119,8 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
       case v1::LocalRequest::kHello: {
         v1::LocalReply reply;
         if (welcomed.has_value()) {  // one process, one welcome
-          reply.mutable_completion()->set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
+          reply.mutable_completion()->set_code(
+              static_cast<int>(absl::StatusCode::kFailedPrecondition));
           reply.mutable_completion()->set_message("this connection was already welcomed");
           connection->Send(reply);
           break;
@@ -187,8 +189,8 @@ void LocalServer::Stop() {
   }
   readers_.JoinAll();
   // Only the socket this server created: the path may since have been taken over by another.
-  if (struct stat st; stat(path_.c_str(), &st) == 0 && st.st_dev == socket_device_ &&
-                      st.st_ino == socket_inode_) {
+  if (struct stat st;
+      stat(path_.c_str(), &st) == 0 && st.st_dev == socket_device_ && st.st_ino == socket_inode_) {
     unlink(path_.c_str());
   }
 }

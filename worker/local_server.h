@@ -1,6 +1,6 @@
 // The daemon's local API: a Unix domain socket where training processes say hello, enqueue
-// collectives (never blocking) and receive completions as they happen. One thread accepts; one thread
-// per connection reads; completions are written from whichever thread completes, under the
+// collectives (never blocking) and receive completions as they happen. One thread accepts; one
+// thread per connection reads; completions are written from whichever thread completes, under the
 // connection's write lock.
 #pragma once
 
@@ -40,7 +40,8 @@ class LocalServer {
     virtual void OnEnqueue(const v1::LocalEnqueue& enqueue,
                            std::function<void(const v1::LocalCompletion&)> reply) = 0;
     virtual void OnRelease(const v1::LocalRelease& release) = 0;
-    // GPU daemons: the training process's interprocess ready events. An error closes the connection.
+    // GPU daemons: the training process's interprocess ready events. An error closes the
+    // connection.
     virtual absl::Status OnReadyEvents(const v1::LocalReadyEvents& events) {
       return absl::FailedPreconditionError("this worker daemon serves a CPU slot: no CUDA events");
     }

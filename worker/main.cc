@@ -1,6 +1,6 @@
-// ringmaster-worker: the per-GPU (or per-CPU-slot) daemon. Registers with the coordinator, serves one
-// job rank at a time, and stays up between jobs. Stops on SIGTERM or SIGINT (its rank's process, if
-// any, gets SIGTERM and then SIGKILL after the grace period).
+// ringmaster-worker: the per-GPU (or per-CPU-slot) daemon. Registers with the coordinator, serves
+// one job rank at a time, and stays up between jobs. Stops on SIGTERM or SIGINT (its rank's
+// process, if any, gets SIGTERM and then SIGKILL after the grace period).
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -14,13 +14,15 @@
 #include "common/logging.h"
 #include "worker/daemon.h"
 
-ABSL_FLAG(std::string, coordinator, "", "coordinator address host:port (env RINGMASTER_COORDINATOR)");
+ABSL_FLAG(std::string, coordinator, "",
+          "coordinator address host:port (env RINGMASTER_COORDINATOR)");
 ABSL_FLAG(std::string, device, "cpu", "the slot this daemon serves: cpu or cuda:N");
 ABSL_FLAG(std::string, host_name, "", "host name reported to the coordinator (default: hostname)");
 ABSL_FLAG(std::string, socket, "",
           "Unix socket of the local API (default /tmp/ringmaster-worker-PID.sock); refused when "
           "another worker answers there");
-ABSL_FLAG(std::string, iface, "", "network interface for Gloo (env HOROVOD_GLOO_IFACE); default 127.0.0.1");
+ABSL_FLAG(std::string, iface, "",
+          "network interface for Gloo (env HOROVOD_GLOO_IFACE); default 127.0.0.1");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://ADDR:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(int64_t, arena_mb, 1024, "shared-memory arena per job, MiB");
@@ -59,7 +61,8 @@ int main(int argc, char** argv) {
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
   if (options.coordinator.empty()) options.coordinator = Env("RINGMASTER_COORDINATOR");
   if (options.coordinator.empty()) {
-    std::fprintf(stderr, "ringmaster-worker: --coordinator (or RINGMASTER_COORDINATOR) is required\n");
+    std::fprintf(stderr,
+                 "ringmaster-worker: --coordinator (or RINGMASTER_COORDINATOR) is required\n");
     return 2;
   }
   options.device = absl::GetFlag(FLAGS_device);

@@ -35,10 +35,10 @@ struct Topology {
   int cross_rank = 0;
   int cross_size = 1;
   std::string host;
-  // The CUDA device this rank's daemon serves, or -1 for a CPU slot. On a GPU slot, Allocate() returns
-  // device memory (in the arena the daemon shares through CUDA IPC), tensors passed in are device
-  // (or host) pointers, and work is ordered on the CUDA stream the submitting thread set with
-  // SetCudaStream() (default: the legacy default stream) through interprocess events: Wait()
+  // The CUDA device this rank's daemon serves, or -1 for a CPU slot. On a GPU slot, Allocate()
+  // returns device memory (in the arena the daemon shares through CUDA IPC), tensors passed in are
+  // device (or host) pointers, and work is ordered on the CUDA stream the submitting thread set
+  // with SetCudaStream() (default: the legacy default stream) through interprocess events: Wait()
   // returns once that stream is made to wait for the result, so kernels the caller then enqueues on
   // it see the result.
   int device = -1;
@@ -53,10 +53,10 @@ struct AllgatherOutput {
 
 class Client {
  public:
-  // Connects to the daemon at `socket_path` ("" = $RINGMASTER_SOCKET), retrying while the daemon has
-  // no job yet, until `timeout`.
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(std::string socket_path = "",
-                                                         absl::Duration timeout = absl::Seconds(60));
+  // Connects to the daemon at `socket_path` ("" = $RINGMASTER_SOCKET), retrying while the daemon
+  // has no job yet, until `timeout`.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      std::string socket_path = "", absl::Duration timeout = absl::Seconds(60));
   virtual ~Client() = default;
 
   virtual const Topology& topology() const = 0;
@@ -75,8 +75,8 @@ class Client {
 
   // `data` holds the input and receives the result; it must stay valid until the operation
   // completes. `op` kAverage divides the sum by size() (integers: truncating).
-  virtual absl::StatusOr<Handle> AllreduceAsync(const std::string& name, void* data,
-                                                DataType dtype, absl::Span<const int64_t> shape,
+  virtual absl::StatusOr<Handle> AllreduceAsync(const std::string& name, void* data, DataType dtype,
+                                                absl::Span<const int64_t> shape,
                                                 ReduceOp op = ReduceOp::kAverage,
                                                 double prescale = 1.0, double postscale = 1.0) = 0;
   // Allreduces the tensors as one group: they are negotiated and fused together (in one response,
@@ -86,9 +86,8 @@ class Client {
       const std::vector<std::string>& names, const std::vector<void*>& data, DataType dtype,
       const std::vector<std::vector<int64_t>>& shapes, ReduceOp op = ReduceOp::kAverage,
       double prescale = 1.0, double postscale = 1.0) = 0;
-  virtual absl::StatusOr<Handle> BroadcastAsync(const std::string& name, void* data,
-                                                DataType dtype, absl::Span<const int64_t> shape,
-                                                int root) = 0;
+  virtual absl::StatusOr<Handle> BroadcastAsync(const std::string& name, void* data, DataType dtype,
+                                                absl::Span<const int64_t> shape, int root) = 0;
   // The first dimension may differ per rank; the output comes from TakeAllgather().
   virtual absl::StatusOr<Handle> AllgatherAsync(const std::string& name, const void* data,
                                                 DataType dtype,

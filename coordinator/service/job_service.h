@@ -1,4 +1,5 @@
-// ringmaster.v1.JobService over the Coordinator: translates messages and status codes, nothing else.
+// ringmaster.v1.JobService over the Coordinator: translates messages and status codes, nothing
+// else.
 #pragma once
 
 #include "coordinator/coordinator.h"

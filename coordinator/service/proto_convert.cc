@@ -28,7 +28,8 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
   if (k.has_cache_capacity()) o.cache_capacity = k.cache_capacity();
   o.autotune = k.autotune();
   if (k.has_autotune_warmup_samples()) o.autotune_warmup_samples = k.autotune_warmup_samples();
-  if (k.has_autotune_steps_per_sample()) o.autotune_steps_per_sample = k.autotune_steps_per_sample();
+  if (k.has_autotune_steps_per_sample())
+    o.autotune_steps_per_sample = k.autotune_steps_per_sample();
   if (k.has_autotune_bayes_opt_max_samples()) {
     o.autotune_bayes_opt_max_samples = k.autotune_bayes_opt_max_samples();
   }
@@ -96,8 +97,8 @@ void ToProto(const Worker& in, v1::WorkerInfo* out) {
   out->set_worker_id(in.id);
   out->set_host(in.host);
   out->set_device(in.device);
-  out->set_state(in.state == WorkerState::kLost  ? v1::WORKER_STATE_LOST
-                 : !in.connected                 ? v1::WORKER_STATE_DISCONNECTED
+  out->set_state(in.state == WorkerState::kLost   ? v1::WORKER_STATE_LOST
+                 : !in.connected                  ? v1::WORKER_STATE_DISCONNECTED
                  : in.state == WorkerState::kBusy ? v1::WORKER_STATE_BUSY
                                                   : v1::WORKER_STATE_IDLE);
   out->set_job_id(in.job_id);
@@ -171,17 +172,17 @@ absl::Status FromProto(const v1::TimelineSpans& in, std::vector<ExecutionSpan>* 
     }
     for (const std::string& t : s.tensors()) {
       if (t.empty() || t.size() > 1024) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ".tensors: a name of ", t.size(),
-                                                       " bytes; 1..1024 allowed"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".tensors: a name of ", t.size(), " bytes; 1..1024 allowed"));
       }
     }
     if (s.op().empty() || s.op().size() > 64) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".op must be 1..64 bytes"));
     }
     if (s.activities_size() != s.activity_end_unix_us_size() || s.activities_size() > 16) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": ", s.activities_size(), " activities and ", s.activity_end_unix_us_size(),
-          " end times; they must match, at most 16"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", s.activities_size(), " activities and ",
+                       s.activity_end_unix_us_size(), " end times; they must match, at most 16"));
     }
     ExecutionSpan span;
     span.tensors.assign(s.tensors().begin(), s.tensors().end());

@@ -1,5 +1,6 @@
-// Conversions between ringmaster.v1 messages and the coordinator's plain types, with validation of what
-// the plain types cannot represent (enum values out of range). Included only by service sources.
+// Conversions between ringmaster.v1 messages and the coordinator's plain types, with validation of
+// what the plain types cannot represent (enum values out of range). Included only by service
+// sources.
 #pragma once
 
 #include "absl/status/status.h"

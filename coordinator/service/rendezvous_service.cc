@@ -31,15 +31,15 @@ grpc::ServerUnaryReactor* RendezvousService::Wait(grpc::CallbackServerContext* c
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The store calls back exactly once: with the values, on timeout, when the job ends, or at server
   // stop, so the reactor and `response` are alive until then.
-  coordinator_.RendezvousWait(
-      request->job_id(), request->epoch(), {request->keys().begin(), request->keys().end()},
-      absl::Milliseconds(request->timeout_ms()),
-      [reactor, response](absl::StatusOr<std::vector<std::string>> values) {
-        if (values.ok()) {
-          for (std::string& v : *values) response->add_values(std::move(v));
-        }
-        reactor->Finish(ToGrpcStatus(values.status()));
-      });
+  coordinator_.RendezvousWait(request->job_id(), request->epoch(),
+                              {request->keys().begin(), request->keys().end()},
+                              absl::Milliseconds(request->timeout_ms()),
+                              [reactor, response](absl::StatusOr<std::vector<std::string>> values) {
+                                if (values.ok()) {
+                                  for (std::string& v : *values) response->add_values(std::move(v));
+                                }
+                                reactor->Finish(ToGrpcStatus(values.status()));
+                              });
   return reactor;
 }
 

@@ -1,5 +1,5 @@
-// ringmaster.v1.RendezvousService over the Coordinator. Wait parks its reactor until the keys are set,
-// the wait times out, or the job ends; it never blocks a thread.
+// ringmaster.v1.RendezvousService over the Coordinator. Wait parks its reactor until the keys are
+// set, the wait times out, or the job ends; it never blocks a thread.
 #pragma once
 
 #include "coordinator/coordinator.h"

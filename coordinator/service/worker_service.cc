@@ -20,9 +20,7 @@ using Outbound = std::shared_ptr<const v1::CoordinatorMessage>;
 class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>,
                        public WorkerChannel {
  public:
-  explicit SessionReactor(Coordinator& coordinator) : coordinator_(coordinator) {
-    StartRead(&in_);
-  }
+  explicit SessionReactor(Coordinator& coordinator) : coordinator_(coordinator) { StartRead(&in_); }
 
   // WorkerChannel. Called by the coordinator (with its lock held): queue only.
   void SendAssignment(const Job& job, int rank) override {

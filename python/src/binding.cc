@@ -270,20 +270,21 @@ PYBIND11_MODULE(_ringmaster, m) {
                                {static_cast<py::ssize_t>(b.bytes())}, {1}, /*readonly=*/false);
       })
       // GPU slots only (absent on CPU slots): bytes of device memory, for torch.as_tensor.
-      .def_property_readonly("__cuda_array_interface__",
-                             [](const ArenaBuffer& b) -> py::dict {
-                               if (!b.on_device()) {
-                                 throw py::attribute_error("CPU arena memory: use the buffer protocol");
-                               }
-                               py::dict d;
-                               d["shape"] = py::make_tuple(b.bytes());
-                               d["typestr"] = "|u1";
-                               d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(b.data()), false);
-                               d["version"] = 2;
-                               return d;
-                             })
-      .def_property_readonly("address",
-                             [](const ArenaBuffer& b) { return reinterpret_cast<uintptr_t>(b.data()); })
+      .def_property_readonly(
+          "__cuda_array_interface__",
+          [](const ArenaBuffer& b) -> py::dict {
+            if (!b.on_device()) {
+              throw py::attribute_error("CPU arena memory: use the buffer protocol");
+            }
+            py::dict d;
+            d["shape"] = py::make_tuple(b.bytes());
+            d["typestr"] = "|u1";
+            d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(b.data()), false);
+            d["version"] = 2;
+            return d;
+          })
+      .def_property_readonly(
+          "address", [](const ArenaBuffer& b) { return reinterpret_cast<uintptr_t>(b.data()); })
       .def("__len__", &ArenaBuffer::bytes);
 
   py::class_<GatheredBuffer>(m, "GatheredBuffer", py::buffer_protocol())

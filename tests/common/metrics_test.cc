@@ -13,10 +13,9 @@ TEST(MetricsTest, ExpositionFollowsTheTextFormatExactly) {
   MetricsRegistry r;
   r.GetCounter("ringmaster_a_total", "Things that happened.", {{"op", "allreduce"}}).Increment(3);
   r.GetCounter("ringmaster_a_total", "ignored: the first help stays", {{"op", "broadcast"}});
-  r.GetGauge("ringmaster_b", "A level\nwith a newline and a \\ backslash.")
-      .Set(0.25);
-  Histogram& h = r.GetHistogram("ringmaster_c_seconds", "Durations.", {0.001, 0.01, 0.1},
-                                {{"job", "j\"1"}});
+  r.GetGauge("ringmaster_b", "A level\nwith a newline and a \\ backslash.").Set(0.25);
+  Histogram& h =
+      r.GetHistogram("ringmaster_c_seconds", "Durations.", {0.001, 0.01, 0.1}, {{"job", "j\"1"}});
   for (double v : {0.0005, 0.001, 0.05, 7.0}) h.Observe(v);
   EXPECT_EQ(r.Exposition(),
             "# HELP ringmaster_a_total Things that happened.\n"

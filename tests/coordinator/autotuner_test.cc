@@ -63,8 +63,7 @@ TEST(AutotunerTest, DiscardsWarmupSamplesThenScoresTheStartingSettingFirst) {
   EXPECT_EQ(tuner.status().best, o.start);
   EXPECT_NE(d.changes[0], o.start);
   EXPECT_EQ(tuner.status().current, d.changes[0]);
-  EXPECT_THAT(tuner.TakeLog(),
-              ElementsAre(kAutotuneLogHeader, "0,0,1,1,0.0625,100000000"));
+  EXPECT_THAT(tuner.TakeLog(), ElementsAre(kAutotuneLogHeader, "0,0,1,1,0.0625,100000000"));
   EXPECT_THAT(tuner.TakeLog(), SizeIs(0));
 }
 
@@ -110,8 +109,8 @@ TEST(AutotunerTest, TunesASimulatedJobFromAPoorSettingToNearItsBest) {
   ASSERT_EQ(s.phase, AutotunePhase::kDone);
   EXPECT_EQ(s.samples, 20);
   EXPECT_EQ(in_force, s.best);  // the job settles on the best setting found
-  EXPECT_GT(Throughput(s.best), 0.9 * 1e9) << s.best.fusion_threshold_bytes << " bytes, "
-                                           << s.best.cycle_time_ms << " ms";
+  EXPECT_GT(Throughput(s.best), 0.9 * 1e9)
+      << s.best.fusion_threshold_bytes << " bytes, " << s.best.cycle_time_ms << " ms";
   EXPECT_LT(Throughput(o.start), 0.5 * 1e9);  // the start was poor indeed
   // Header, 20 samples, then the best setting.
   std::vector<std::string> log = tuner.TakeLog();

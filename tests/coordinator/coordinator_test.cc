@@ -314,8 +314,8 @@ TEST_F(CoordinatorTest, AtMostProcessesPerHost) {
   ASSERT_EQ(started.state, JobState::kStarting);
   std::vector<std::string> placed;
   for (const RankInfo& r : started.ranks) placed.push_back(absl::StrCat(r.host, "/", r.device));
-  EXPECT_THAT(placed, ElementsAre("host-a/cuda:0", "host-a/cuda:1", "host-b/cuda:0",
-                                  "host-b/cuda:1"));
+  EXPECT_THAT(placed,
+              ElementsAre("host-a/cuda:0", "host-a/cuda:1", "host-b/cuda:0", "host-b/cuda:1"));
   EXPECT_EQ(GetWorker("worker-000003").state, WorkerState::kIdle);  // host-a cuda:2
 }
 
@@ -423,8 +423,9 @@ TEST_F(CoordinatorTest, ARanksFirstExitStandsSoAFailureIsNotTurnedIntoSuccess) {
   clock_.Advance(absl::Milliseconds(300));
   coordinator_.Tick();
   EXPECT_EQ(GetJob(id).state, JobState::kFailed);
-  EXPECT_EQ(GetJob(id).reason,
-            "rank 0 on host host-a (worker-000001) failed: NCCL error on rank 0 (host-a, cuda:0): x");
+  EXPECT_EQ(
+      GetJob(id).reason,
+      "rank 0 on host host-a (worker-000001) failed: NCCL error on rank 0 (host-a, cuda:0): x");
 }
 
 TEST_F(CoordinatorTest, CancelStopsEveryRankAndFreesTheWorkers) {
@@ -693,8 +694,9 @@ TEST_F(CoordinatorTest, OutputIsCheckedLikeBatchesAndKeptAfterTheJobEnds) {
   EXPECT_EQ(s.message(), "epoch 2 of job job-000001 is stale; the job is at epoch 1");
   s = say(w1, 0, std::string(kMaxOutputMessageBytes + 1, 'x'));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "output.data of rank 0 of job job-000001 is 1048577 bytes; at most "
-                         "1048576 per message");
+  EXPECT_EQ(s.message(),
+            "output.data of rank 0 of job job-000001 is 1048577 bytes; at most "
+            "1048576 per message");
   ASSERT_TRUE(say(w1, 0, "a").ok());
   ASSERT_TRUE(say(w2, 1, "b").ok());
   EXPECT_THAT(Texts(coordinator_.ReadLogs(id, LogStore::kAllRanks, 0, 1 << 20)),
@@ -819,13 +821,15 @@ TEST_F(CoordinatorTest, RendezvousIsScopedByJobAndEpoch) {
 
   // Bad timeouts.
   std::optional<absl::Status> bad;
-  coordinator_.RendezvousWait(job_a, 1, {"k"}, absl::ZeroDuration(),
-                              [&](absl::StatusOr<std::vector<std::string>> r) { bad = r.status(); });
+  coordinator_.RendezvousWait(
+      job_a, 1, {"k"}, absl::ZeroDuration(),
+      [&](absl::StatusOr<std::vector<std::string>> r) { bad = r.status(); });
   ASSERT_TRUE(bad.has_value());
   EXPECT_EQ(bad->code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(bad->message(), "timeout_ms = 0 is out of bounds [1, 600000]");
-  coordinator_.RendezvousWait(job_a, 1, {"k"}, absl::Minutes(11),
-                              [&](absl::StatusOr<std::vector<std::string>> r) { bad = r.status(); });
+  coordinator_.RendezvousWait(
+      job_a, 1, {"k"}, absl::Minutes(11),
+      [&](absl::StatusOr<std::vector<std::string>> r) { bad = r.status(); });
   EXPECT_EQ(bad->message(), "timeout_ms = 660000 is out of bounds [1, 600000]");
 
   // The job ending closes its scope: waiters abort, and later calls are refused.
@@ -891,16 +895,17 @@ TEST_F(CoordinatorTest, ShutdownEndsEverySessionUnavailableAndFailsRendezvousWai
   const std::string w1 = Connect("host-a", "cuda:1");
   const std::string id = coordinator_.RegisterJob(Spec(2))->id;
   std::optional<absl::Status> waited;
-  coordinator_.RendezvousWait(id, 1, {"k"}, absl::Seconds(30),
-                              [&](absl::StatusOr<std::vector<std::string>> r) {
-                                waited = r.status();
-                              });
+  coordinator_.RendezvousWait(
+      id, 1, {"k"}, absl::Seconds(30),
+      [&](absl::StatusOr<std::vector<std::string>> r) { waited = r.status(); });
   coordinator_.Shutdown("coordinator is shutting down");
   // No daemon is told to exit: an UNAVAILABLE session makes it reconnect.
   EXPECT_THAT(Channel(w0).shutdowns, IsEmpty());
   EXPECT_THAT(Channel(w1).shutdowns, IsEmpty());
-  EXPECT_THAT(Channel(w0).closes, ElementsAre(absl::UnavailableError("coordinator is shutting down")));
-  EXPECT_THAT(Channel(w1).closes, ElementsAre(absl::UnavailableError("coordinator is shutting down")));
+  EXPECT_THAT(Channel(w0).closes,
+              ElementsAre(absl::UnavailableError("coordinator is shutting down")));
+  EXPECT_THAT(Channel(w1).closes,
+              ElementsAre(absl::UnavailableError("coordinator is shutting down")));
   ASSERT_TRUE(waited.has_value());
   EXPECT_EQ(waited->code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(waited->message(), "coordinator is shutting down");
@@ -934,9 +939,9 @@ TEST_F(CoordinatorTest, GetJobReportsLiveThroughputOverTheLastTenSeconds) {
   // Ten steps, one a second, each allreducing two float32 tensors of 250 elements: 2000 bytes.
   for (int step = 0; step < 10; ++step) {
     for (int rank : {0, 1}) {
-      ASSERT_TRUE(Submit(rank == 0 ? w0 : w1, id, rank,
-                         {Allreduce("w", {250}), Allreduce("b", {250})})
-                      .ok());
+      ASSERT_TRUE(
+          Submit(rank == 0 ? w0 : w1, id, rank, {Allreduce("w", {250}), Allreduce("b", {250})})
+              .ok());
     }
     clock_.Advance(absl::Seconds(1));
     for (const std::string& w : {w0, w1}) ASSERT_TRUE(coordinator_.Heartbeat(w).ok());
@@ -1054,7 +1059,6 @@ TEST_F(CoordinatorTest, AutotuneChangesReachEveryRankAtTheSameCycleAndEndAtTheBe
             "hierarchical_allreduce,hierarchical_allgather,cache_enabled,cycle_time_ms,"
             "tensor_fusion_threshold,score");
   EXPECT_EQ(lines[1], "0,0,1,1,128,40000");  // the starting setting comes first
-
 }
 
 TEST_F(CoordinatorTest, TheTimelineIsAnArtifactReadableAsValidJsonWhileTheJobRuns) {
@@ -1067,8 +1071,10 @@ TEST_F(CoordinatorTest, TheTimelineIsAnArtifactReadableAsValidJsonWhileTheJobRun
   clock_.Advance(absl::Microseconds(250));
   ASSERT_TRUE(Submit(w0, id, 0, {Allreduce("grad")}).ok());
   const int64_t now_us = absl::ToUnixMicros(clock_.Now());
-  ExecutionSpan span{{"grad"}, "ALLREDUCE", now_us + 10, {{"QUEUE", now_us + 20},
-                                                          {"GLOO_ALLREDUCE", now_us + 90}}};
+  ExecutionSpan span{{"grad"},
+                     "ALLREDUCE",
+                     now_us + 10,
+                     {{"QUEUE", now_us + 20}, {"GLOO_ALLREDUCE", now_us + 90}}};
   ASSERT_TRUE(coordinator_.RecordTimeline(w0, id, 1, 0, {span}).ok());
   // Only the worker that serves the rank may report it.
   EXPECT_EQ(coordinator_.RecordTimeline(w1, id, 1, 0, {span}).code(),
@@ -1086,8 +1092,9 @@ TEST_F(CoordinatorTest, TheTimelineIsAnArtifactReadableAsValidJsonWhileTheJobRun
   std::vector<std::string> row;
   for (const auto& e : trace) {
     if (e["ph"] == "M") continue;
-    row.push_back(absl::StrCat(std::string(e["ph"]), e.contains("name") ? std::string(e["name"]) : "",
-                               "@", e["ts"].get<int64_t>(), "/", e["tid"].get<int>()));
+    row.push_back(absl::StrCat(std::string(e["ph"]),
+                               e.contains("name") ? std::string(e["name"]) : "", "@",
+                               e["ts"].get<int64_t>(), "/", e["tid"].get<int>()));
   }
   // Negotiation (thread 0): rank 1 first, rank 0 250 us later; then rank 0's execution (thread 1).
   EXPECT_THAT(row, ElementsAre("BNEGOTIATE_ALLREDUCE@0/0", "X1@0/0", "X0@250/0", "E@250/0",
@@ -1103,8 +1110,9 @@ TEST_F(CoordinatorTest, ArtifactNamesMustBePlainFileNames) {
   spec.knobs.timeline = "../etc/timeline.json";
   absl::StatusOr<Job> job = coordinator_.RegisterJob(spec);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(job.status().message()),
-              ::testing::StartsWith("spec.knobs.timeline = '../etc/timeline.json' is not a file name"));
+  EXPECT_THAT(
+      std::string(job.status().message()),
+      ::testing::StartsWith("spec.knobs.timeline = '../etc/timeline.json' is not a file name"));
   spec.knobs.timeline = "run.json";
   spec.knobs.autotune_log = "run.json";
   job = coordinator_.RegisterJob(spec);
@@ -1114,9 +1122,10 @@ TEST_F(CoordinatorTest, ArtifactNamesMustBePlainFileNames) {
   spec.knobs.autotune_log = "";
   spec.knobs.autotune_fixed = {"cycle_time"};
   job = coordinator_.RegisterJob(spec);
-  EXPECT_EQ(job.status().message(),
-            "spec.knobs.autotune_fixed[0] = 'cycle_time' is not a tunable knob (fusion_threshold_bytes, "
-            "cycle_time_ms, cache_capacity)");
+  EXPECT_EQ(
+      job.status().message(),
+      "spec.knobs.autotune_fixed[0] = 'cycle_time' is not a tunable knob (fusion_threshold_bytes, "
+      "cycle_time_ms, cache_capacity)");
 }
 
 }  // namespace

@@ -139,17 +139,35 @@ INSTANTIATE_TEST_SUITE_P(
                  "spec.processes_per_host = 3 is out of bounds [0, np = 2]"},
         SpecCase{"PerHostNegative", [](JobSpec& s) { s.processes_per_host = -1; },
                  "spec.processes_per_host = -1 is out of bounds [0, np = 2]"},
-        SpecCase{"EmptyProgram", [](JobSpec& s) { s.command = {"", "x"}; },
+        SpecCase{"EmptyProgram",
+                 [](JobSpec& s) {
+                   s.command = {"", "x"};
+                 },
                  "spec.command[0] (the program) is empty"},
-        SpecCase{"EnvKeyDigit", [](JobSpec& s) { s.env = {{"1X", "v"}}; },
+        SpecCase{"EnvKeyDigit",
+                 [](JobSpec& s) {
+                   s.env = {{"1X", "v"}};
+                 },
                  "spec.env key '1X' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"},
-        SpecCase{"EnvKeyDash", [](JobSpec& s) { s.env = {{"MY-VAR", "v"}}; },
+        SpecCase{"EnvKeyDash",
+                 [](JobSpec& s) {
+                   s.env = {{"MY-VAR", "v"}};
+                 },
                  "spec.env key 'MY-VAR' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"},
-        SpecCase{"EnvKeyEmpty", [](JobSpec& s) { s.env = {{"", "v"}}; },
+        SpecCase{"EnvKeyEmpty",
+                 [](JobSpec& s) {
+                   s.env = {{"", "v"}};
+                 },
                  "spec.env key '' must be 1..256 bytes"},
-        SpecCase{"EnvValueLong", [](JobSpec& s) { s.env = {{"V", std::string(65537, 'v')}}; },
+        SpecCase{"EnvValueLong",
+                 [](JobSpec& s) {
+                   s.env = {{"V", std::string(65537, 'v')}};
+                 },
                  "spec.env['V'] is longer than 65536 bytes"},
-        SpecCase{"LabelKeyLong", [](JobSpec& s) { s.labels = {{std::string(64, 'k'), "v"}}; },
+        SpecCase{"LabelKeyLong",
+                 [](JobSpec& s) {
+                   s.labels = {{std::string(64, 'k'), "v"}};
+                 },
                  absl::StrCat("spec.labels key '", std::string(64, 'k'), "' must be 1..63 bytes")},
         SpecCase{"WorkingDir", [](JobSpec& s) { s.working_dir = std::string(4097, 'd'); },
                  "spec.working_dir is longer than 4096 bytes"},
@@ -224,11 +242,11 @@ constexpr JobState kAllStates[] = {JobState::kPending,   JobState::kStarting, Jo
 // exited 0 before all reported STARTED).
 bool ShouldAllow(JobState from, JobState to) {
   using S = JobState;
-  const std::pair<S, S> allowed[] = {
-      {S::kPending, S::kStarting},   {S::kPending, S::kFailed},   {S::kPending, S::kCancelled},
-      {S::kStarting, S::kRunning},   {S::kStarting, S::kSucceeded},
-      {S::kStarting, S::kFailed},    {S::kStarting, S::kCancelled},
-      {S::kRunning, S::kSucceeded},  {S::kRunning, S::kFailed},   {S::kRunning, S::kCancelled}};
+  const std::pair<S, S> allowed[] = {{S::kPending, S::kStarting},   {S::kPending, S::kFailed},
+                                     {S::kPending, S::kCancelled},  {S::kStarting, S::kRunning},
+                                     {S::kStarting, S::kSucceeded}, {S::kStarting, S::kFailed},
+                                     {S::kStarting, S::kCancelled}, {S::kRunning, S::kSucceeded},
+                                     {S::kRunning, S::kFailed},     {S::kRunning, S::kCancelled}};
   return std::find(std::begin(allowed), std::end(allowed), std::make_pair(from, to)) !=
          std::end(allowed);
 }
@@ -372,10 +390,11 @@ TEST_F(JobRegistryTest, WatchersSeeEveryEventInOrderUntilUnwatched) {
   registry_.Unwatch(id, *watch);
   ASSERT_TRUE(registry_.Transition(id, JobState::kFailed, "boom").ok());
 
-  EXPECT_THAT(seen, ElementsAre(std::pair<JobState, std::string>(JobState::kStarting, "scheduled"),
-                                std::pair<JobState, std::string>(JobState::kStarting, "stall report"),
-                                std::pair<JobState, std::string>(JobState::kRunning,
-                                                                 "all 2 ranks started")));
+  EXPECT_THAT(
+      seen,
+      ElementsAre(std::pair<JobState, std::string>(JobState::kStarting, "scheduled"),
+                  std::pair<JobState, std::string>(JobState::kStarting, "stall report"),
+                  std::pair<JobState, std::string>(JobState::kRunning, "all 2 ranks started")));
 
   EXPECT_EQ(registry_.Watch("job-000009", [](const Job&, const JobEvent&) {}).status().code(),
             absl::StatusCode::kNotFound);

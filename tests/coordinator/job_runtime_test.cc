@@ -95,9 +95,9 @@ TEST_F(JobRuntimeTest, ACycleIsDeliveredOnceEveryRankSubmittedAndCounted) {
   const JobThroughput t = runtime->Throughput(absl::InfiniteFuture());
   EXPECT_EQ(t.tensors_negotiated, 1);
   EXPECT_EQ(t.bytes_negotiated, 1000);
-  EXPECT_NE(metrics_.Exposition().find(
-                "ringmaster_negotiation_cycles_total{job=\"job-000001\"} 1\n"),
-            std::string::npos)
+  EXPECT_NE(
+      metrics_.Exposition().find("ringmaster_negotiation_cycles_total{job=\"job-000001\"} 1\n"),
+      std::string::npos)
       << metrics_.Exposition();
 }
 

@@ -310,17 +310,29 @@ FusionCase WithChange(std::string label, void (*change)(TensorRequest&), int res
 
 INSTANTIATE_TEST_SUITE_P(
     Negotiator, FusionCompatibilityTest,
-    ::testing::Values(
-        WithChange("Identical", [](TensorRequest&) {}, 1),
-        WithChange("OtherShape", [](TensorRequest& r) { r.shape = {2, 7}; }, 1),
-        WithChange("UnspecifiedOpMeansAverage",
-                   [](TensorRequest& r) { r.reduce_op = ReduceOp::kUnspecified; }, 1),
-        WithChange("Dtype", [](TensorRequest& r) { r.dtype = DataType::kFloat64; }, 2),
-        WithChange("Type", [](TensorRequest& r) { r.type = RequestType::kAllgather; }, 2),
-        WithChange("Device", [](TensorRequest& r) { r.device = 0; }, 2),
-        WithChange("ReduceOp", [](TensorRequest& r) { r.reduce_op = ReduceOp::kSum; }, 2),
-        WithChange("Prescale", [](TensorRequest& r) { r.prescale_factor = 0.5; }, 2),
-        WithChange("Postscale", [](TensorRequest& r) { r.postscale_factor = 0.5; }, 2)),
+    ::testing::Values(WithChange(
+                          "Identical", [](TensorRequest&) {}, 1),
+                      WithChange(
+                          "OtherShape",
+                          [](TensorRequest& r) {
+                            r.shape = {2, 7};
+                          },
+                          1),
+                      WithChange(
+                          "UnspecifiedOpMeansAverage",
+                          [](TensorRequest& r) { r.reduce_op = ReduceOp::kUnspecified; }, 1),
+                      WithChange(
+                          "Dtype", [](TensorRequest& r) { r.dtype = DataType::kFloat64; }, 2),
+                      WithChange(
+                          "Type", [](TensorRequest& r) { r.type = RequestType::kAllgather; }, 2),
+                      WithChange(
+                          "Device", [](TensorRequest& r) { r.device = 0; }, 2),
+                      WithChange(
+                          "ReduceOp", [](TensorRequest& r) { r.reduce_op = ReduceOp::kSum; }, 2),
+                      WithChange(
+                          "Prescale", [](TensorRequest& r) { r.prescale_factor = 0.5; }, 2),
+                      WithChange(
+                          "Postscale", [](TensorRequest& r) { r.postscale_factor = 0.5; }, 2)),
     [](const ::testing::TestParamInfo<FusionCase>& info) { return info.param.label; });
 
 TEST_F(NegotiatorTest, BroadcastsNeverFuse) {
@@ -725,12 +737,12 @@ INSTANTIATE_TEST_SUITE_P(
         MismatchCase{"BroadcastRoot", Broadcast("t", 0), Broadcast("t", 2),
                      "Mismatched broadcast root ranks for tensor 't': rank 2 (node-c) sent root "
                      "0 but rank 1 (node-b) sent root 2."},
-        MismatchCase{"ReduceOp",
-                     With(Allreduce("t"), [](TensorRequest& r) { r.reduce_op = ReduceOp::kSum; }),
-                     With(Allreduce("t"),
-                          [](TensorRequest& r) { r.reduce_op = ReduceOp::kUnspecified; }),
-                     "Mismatched allreduce reduction ops for tensor 't': rank 2 (node-c) sent sum "
-                     "but rank 1 (node-b) sent average."},
+        MismatchCase{
+            "ReduceOp",
+            With(Allreduce("t"), [](TensorRequest& r) { r.reduce_op = ReduceOp::kSum; }),
+            With(Allreduce("t"), [](TensorRequest& r) { r.reduce_op = ReduceOp::kUnspecified; }),
+            "Mismatched allreduce reduction ops for tensor 't': rank 2 (node-c) sent sum "
+            "but rank 1 (node-b) sent average."},
         MismatchCase{"ReduceOpMinMax",
                      With(Allreduce("t"), [](TensorRequest& r) { r.reduce_op = ReduceOp::kMax; }),
                      With(Allreduce("t"), [](TensorRequest& r) { r.reduce_op = ReduceOp::kMin; }),
@@ -768,9 +780,9 @@ TEST_F(NegotiatorTest, DifferentGpuOrdinalsOnDifferentRanksAgree) {
 TEST_F(NegotiatorTest, ZeroScaleFactorsMeanOne) {
   Negotiator n(Options(2));
   Submit(n, 0, {With(Allreduce("t"), [](TensorRequest& r) {
-                  r.prescale_factor = 0;
-                  r.postscale_factor = 0;
-                })});
+           r.prescale_factor = 0;
+           r.postscale_factor = 0;
+         })});
   Submit(n, 1, {Allreduce("t")});
   std::optional<CycleOutput> out = Poll(n);
   ASSERT_TRUE(out.has_value());
@@ -871,10 +883,11 @@ INSTANTIATE_TEST_SUITE_P(
         InvalidCase{"RootNegative", Broadcast("t", -1),
                     "Invalid broadcast request for tensor 't' from rank 1 (node-b): root_rank -1 "
                     "is out of bounds [0, 2]."},
-        InvalidCase{"NoType",
-                    With(Allreduce("t"), [](TensorRequest& r) { r.type = RequestType::kUnspecified; }),
-                    "Invalid unspecified request for tensor 't' from rank 1 (node-b): type 0 is "
-                    "not a collective."},
+        InvalidCase{
+            "NoType",
+            With(Allreduce("t"), [](TensorRequest& r) { r.type = RequestType::kUnspecified; }),
+            "Invalid unspecified request for tensor 't' from rank 1 (node-b): type 0 is "
+            "not a collective."},
         InvalidCase{"NoDtype", Allreduce("t", {4}, DataType::kUnspecified),
                     "Invalid allreduce request for tensor 't' from rank 1 (node-b): dtype 0 is "
                     "not a data type."},
@@ -1059,7 +1072,8 @@ TEST_F(NegotiatorTest, StallReportListsAtMostTenNamesPerRank) {
   o.stall_check = absl::Seconds(1);
   Negotiator n(o);
   std::vector<TensorRequest> requests;
-  for (int i = 11; i >= 0; --i) requests.push_back(Allreduce(absl::StrCat("t", i < 10 ? "0" : "", i)));
+  for (int i = 11; i >= 0; --i)
+    requests.push_back(Allreduce(absl::StrCat("t", i < 10 ? "0" : "", i)));
   Submit(n, 0, requests);
   StallReport report = n.CheckStalls(clock_.Now() + absl::Seconds(1));
   EXPECT_EQ(report.message,

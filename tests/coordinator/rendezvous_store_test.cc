@@ -182,13 +182,12 @@ TEST(RendezvousStoreTest, WaitRejectsBadKeyLists) {
 TEST(RendezvousStoreTest, CallbackMayUseTheStore) {
   RendezvousStore store;
   std::string seen;
-  store.Wait("s", {"a"}, kNow + absl::Seconds(1),
-             [&](absl::StatusOr<std::vector<std::string>> r) {
-               ASSERT_TRUE(r.ok());
-               // Runs with the store's lock released: calling back in must not deadlock.
-               ASSERT_TRUE(store.Set("s", "b", (*r)[0] + "!").ok());
-               seen = store.Get("s", "b").value();
-             });
+  store.Wait("s", {"a"}, kNow + absl::Seconds(1), [&](absl::StatusOr<std::vector<std::string>> r) {
+    ASSERT_TRUE(r.ok());
+    // Runs with the store's lock released: calling back in must not deadlock.
+    ASSERT_TRUE(store.Set("s", "b", (*r)[0] + "!").ok());
+    seen = store.Get("s", "b").value();
+  });
   ASSERT_TRUE(store.Set("s", "a", "hi").ok());
   EXPECT_EQ(seen, "hi!");
 }

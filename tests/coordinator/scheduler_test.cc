@@ -42,11 +42,10 @@ TEST(GangScheduleTest, TwoHostsOfTwoFollowHorovodsRankLayout) {
       MakeWorker("w3", "host-a", "cuda:2"), MakeWorker("w4", "host-b", "cuda:0")};
   absl::StatusOr<std::vector<RankInfo>> ranks = GangSchedule(available, 4, 0);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
-  EXPECT_THAT(Placement(*ranks),
-              ElementsAre(Placed{0, "w3", "host-a", "cuda:2", 0, 2, 0, 2},
-                          Placed{1, "w2", "host-a", "cuda:10", 1, 2, 0, 2},
-                          Placed{2, "w4", "host-b", "cuda:0", 0, 2, 1, 2},
-                          Placed{3, "w1", "host-b", "cuda:1", 1, 2, 1, 2}));
+  EXPECT_THAT(Placement(*ranks), ElementsAre(Placed{0, "w3", "host-a", "cuda:2", 0, 2, 0, 2},
+                                             Placed{1, "w2", "host-a", "cuda:10", 1, 2, 0, 2},
+                                             Placed{2, "w4", "host-b", "cuda:0", 0, 2, 1, 2},
+                                             Placed{3, "w1", "host-b", "cuda:1", 1, 2, 1, 2}));
   for (const RankInfo& r : *ranks) {
     EXPECT_EQ(r.state, RankState::kAssigned);
     EXPECT_EQ(r.exit_code, 0);
@@ -60,11 +59,10 @@ TEST(GangScheduleTest, UnevenHostsGetHorovodsLocalAndCrossRanks) {
   absl::StatusOr<std::vector<RankInfo>> ranks = GangSchedule(available, 4, 0);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   // local_rank 0 exists on both hosts; local_ranks 1 and 2 only on host-a.
-  EXPECT_THAT(Placement(*ranks),
-              ElementsAre(Placed{0, "w1", "host-a", "cuda:0", 0, 3, 0, 2},
-                          Placed{1, "w2", "host-a", "cuda:1", 1, 3, 0, 1},
-                          Placed{2, "w3", "host-a", "cuda:2", 2, 3, 0, 1},
-                          Placed{3, "w4", "host-b", "cuda:0", 0, 1, 1, 2}));
+  EXPECT_THAT(Placement(*ranks), ElementsAre(Placed{0, "w1", "host-a", "cuda:0", 0, 3, 0, 2},
+                                             Placed{1, "w2", "host-a", "cuda:1", 1, 3, 0, 1},
+                                             Placed{2, "w3", "host-a", "cuda:2", 2, 3, 0, 1},
+                                             Placed{3, "w4", "host-b", "cuda:0", 0, 1, 1, 2}));
 }
 
 TEST(GangScheduleTest, FillsTheHostsWithTheMostWorkersFirst) {
@@ -75,19 +73,17 @@ TEST(GangScheduleTest, FillsTheHostsWithTheMostWorkersFirst) {
 
   absl::StatusOr<std::vector<RankInfo>> three = GangSchedule(available, 3, 0);
   ASSERT_TRUE(three.ok()) << three.status();
-  EXPECT_THAT(Placement(*three),
-              ElementsAre(Placed{0, "c1", "host-c", "cuda:0", 0, 3, 0, 1},
-                          Placed{1, "c2", "host-c", "cuda:1", 1, 3, 0, 1},
-                          Placed{2, "c3", "host-c", "cuda:2", 2, 3, 0, 1}));
+  EXPECT_THAT(Placement(*three), ElementsAre(Placed{0, "c1", "host-c", "cuda:0", 0, 3, 0, 1},
+                                             Placed{1, "c2", "host-c", "cuda:1", 1, 3, 0, 1},
+                                             Placed{2, "c3", "host-c", "cuda:2", 2, 3, 0, 1}));
 
   // Four: all of host-c, then one of host-b (more workers than host-a); ranks in host order.
   absl::StatusOr<std::vector<RankInfo>> four = GangSchedule(available, 4, 0);
   ASSERT_TRUE(four.ok()) << four.status();
-  EXPECT_THAT(Placement(*four),
-              ElementsAre(Placed{0, "b1", "host-b", "cuda:0", 0, 1, 0, 2},
-                          Placed{1, "c1", "host-c", "cuda:0", 0, 3, 1, 2},
-                          Placed{2, "c2", "host-c", "cuda:1", 1, 3, 0, 1},
-                          Placed{3, "c3", "host-c", "cuda:2", 2, 3, 0, 1}));
+  EXPECT_THAT(Placement(*four), ElementsAre(Placed{0, "b1", "host-b", "cuda:0", 0, 1, 0, 2},
+                                            Placed{1, "c1", "host-c", "cuda:0", 0, 3, 1, 2},
+                                            Placed{2, "c2", "host-c", "cuda:1", 1, 3, 0, 1},
+                                            Placed{3, "c3", "host-c", "cuda:2", 2, 3, 0, 1}));
 }
 
 TEST(GangScheduleTest, EqualHostsAreTakenInNameOrder) {
@@ -107,11 +103,10 @@ TEST(GangScheduleTest, AtMostProcessesPerHostOnEachHost) {
       MakeWorker("b1", "host-b", "cuda:1"), MakeWorker("b2", "host-b", "cuda:2")};
   absl::StatusOr<std::vector<RankInfo>> ranks = GangSchedule(available, 4, 2);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
-  EXPECT_THAT(Placement(*ranks),
-              ElementsAre(Placed{0, "a0", "host-a", "cuda:0", 0, 2, 0, 2},
-                          Placed{1, "a1", "host-a", "cuda:1", 1, 2, 0, 2},
-                          Placed{2, "b0", "host-b", "cuda:0", 0, 2, 1, 2},
-                          Placed{3, "b1", "host-b", "cuda:1", 1, 2, 1, 2}));
+  EXPECT_THAT(Placement(*ranks), ElementsAre(Placed{0, "a0", "host-a", "cuda:0", 0, 2, 0, 2},
+                                             Placed{1, "a1", "host-a", "cuda:1", 1, 2, 0, 2},
+                                             Placed{2, "b0", "host-b", "cuda:0", 0, 2, 1, 2},
+                                             Placed{3, "b1", "host-b", "cuda:1", 1, 2, 1, 2}));
 
   absl::StatusOr<std::vector<RankInfo>> too_many = GangSchedule(available, 3, 1);
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kUnavailable);
@@ -156,7 +151,8 @@ TEST(GangScheduleTest, SingleRank) {
 }
 
 TEST(WaitingReasonTest, CountsRegisteredAndIdleSlotsOfTheJobsKind) {
-  EXPECT_EQ(WaitingReason({}, 16, 0, Backend::kAuto), "needs 16 idle cpu slots; 0 registered, 0 idle");
+  EXPECT_EQ(WaitingReason({}, 16, 0, Backend::kAuto),
+            "needs 16 idle cpu slots; 0 registered, 0 idle");
   Worker busy = MakeWorker("w1", "h0", "cpu");
   busy.state = WorkerState::kBusy;
   Worker away = MakeWorker("w2", "h0", "cpu");
@@ -177,8 +173,8 @@ TEST(WaitingReasonTest, CountsRegisteredAndIdleSlotsOfTheJobsKind) {
 }
 
 TEST(WaitingReasonTest, SaysWhenThePerHostLimitLeavesTooFewUsable) {
-  const std::vector<Worker> one_host = {MakeWorker("w1", "h0", "cpu"), MakeWorker("w2", "h0", "cpu"),
-                                        MakeWorker("w3", "h0", "cpu")};
+  const std::vector<Worker> one_host = {
+      MakeWorker("w1", "h0", "cpu"), MakeWorker("w2", "h0", "cpu"), MakeWorker("w3", "h0", "cpu")};
   EXPECT_EQ(WaitingReason(one_host, 2, 1, Backend::kGloo),
             "needs 2 idle cpu slots (at most 1 per host); 3 registered, 3 idle on 1 host, 1 usable "
             "with at most 1 per host");

@@ -104,7 +104,8 @@ TEST_F(TimelineTest, WritesNegotiationAndExecutionRowsPerTensor) {
   const std::vector<json> negotiation = Row(trace, a, 0);
   ASSERT_EQ(negotiation.size(), 4u);
   EXPECT_EQ(negotiation[0], json::parse(R"({"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 100,
-                                            "pid": )" + std::to_string(a) + R"(, "tid": 0})"));
+                                            "pid": )" +
+                                        std::to_string(a) + R"(, "tid": 0})"));
   EXPECT_EQ(negotiation[1]["ph"], "X");
   EXPECT_EQ(negotiation[1]["name"], "1");  // the ranks tick in the order they submitted
   EXPECT_EQ(negotiation[2]["name"], "0");
@@ -144,8 +145,8 @@ TEST_F(TimelineTest, CycleMarkersOnlyWhenAskedFor) {
 TEST_F(TimelineTest, TensorNamesAreEscaped) {
   auto t = Timeline::Create(path_, "job j", false, start_);
   ASSERT_TRUE(t.ok());
-  (*t)->Negotiation({{NegotiationEvent::Kind::kStart, "we\"ird\\name\n", RequestType::kBroadcast,
-                      0, At(start_, 1)}});
+  (*t)->Negotiation({{NegotiationEvent::Kind::kStart, "we\"ird\\name\n", RequestType::kBroadcast, 0,
+                      At(start_, 1)}});
   (*t)->Close();
   const json trace = json::parse(Slurp(path_));
   EXPECT_GT(PidOf(trace, "we\"ird\\name\n"), 0);

@@ -91,7 +91,8 @@ INSTANTIATE_TEST_SUITE_P(
                       "device 'cuda:1024' is not \"cpu\" or \"cuda:N\" (0 <= N < 1024)"},
         PlacementCase{"host-a", "cuda:-1",
                       "device 'cuda:-1' is not \"cpu\" or \"cuda:N\" (0 <= N < 1024)"},
-        PlacementCase{"host-a", "cuda:", "device 'cuda:' is not \"cpu\" or \"cuda:N\" (0 <= N < 1024)"},
+        PlacementCase{"host-a",
+                      "cuda:", "device 'cuda:' is not \"cpu\" or \"cuda:N\" (0 <= N < 1024)"},
         PlacementCase{"host-a", "", "device '' is not \"cpu\" or \"cuda:N\" (0 <= N < 1024)"}));
 
 TEST_F(WorkerRegistryTest, AcceptsTheEdgesOfValidPlacements) {
@@ -137,7 +138,8 @@ TEST_F(WorkerRegistryTest, LeaseExpiresExactlyAtTheLeaseWithoutAHeartbeat) {
 
   absl::StatusOr<Worker> got = registry_.Get(a);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(got.status().message(), "worker worker-000001 on host-a lost its lease; register again");
+  EXPECT_EQ(got.status().message(),
+            "worker worker-000001 on host-a lost its lease; register again");
   absl::Status heartbeat = registry_.Heartbeat(a);
   EXPECT_EQ(heartbeat.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(heartbeat.message(), "worker worker-000001 on host-a lost its lease; register again");

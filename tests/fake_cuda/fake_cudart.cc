@@ -190,13 +190,20 @@ cudaError_t cudaGetLastError() {
 }
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidDevice: return "invalid device ordinal (fake CUDA)";
-    case cudaErrorMemoryAllocation: return "out of memory (fake CUDA)";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected (fake CUDA)";
-    case cudaErrorInvalidValue: return "invalid argument (fake CUDA)";
-    case cudaErrorMapBufferObjectFailed: return "mapping failed (fake CUDA)";
-    default: return "unknown error (fake CUDA)";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal (fake CUDA)";
+    case cudaErrorMemoryAllocation:
+      return "out of memory (fake CUDA)";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected (fake CUDA)";
+    case cudaErrorInvalidValue:
+      return "invalid argument (fake CUDA)";
+    case cudaErrorMapBufferObjectFailed:
+      return "mapping failed (fake CUDA)";
+    default:
+      return "unknown error (fake CUDA)";
   }
 }
 
@@ -353,8 +360,7 @@ cudaError_t __cudaPopCallConfiguration(dim3* grid, dim3* block, size_t* shared, 
   configs.pop_back();
   return cudaSuccess;
 }
-cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3, dim3, void** args, size_t,
-                               cudaStream_t) {
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3, dim3, void** args, size_t, cudaStream_t) {
   std::string name;
   {
     std::lock_guard lock(kernels_mu);
@@ -371,15 +377,24 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3, dim3, void** args, siz
   const double scale = *static_cast<const double*>(args[1]);
   const int divide_by = *static_cast<const int*>(args[2]);
   auto is = [&](const char* code) { return type.rfind(code, 0) == 0; };
-  if (is("f")) ScaledCopy<float>(batch, scale, divide_by);
-  else if (is("d")) ScaledCopy<double>(batch, scale, divide_by);
-  else if (is("a")) ScaledCopy<int8_t>(batch, scale, divide_by);
-  else if (is("h")) ScaledCopy<uint8_t>(batch, scale, divide_by);
-  else if (is("i")) ScaledCopy<int32_t>(batch, scale, divide_by);
-  else if (is("l")) ScaledCopy<int64_t>(batch, scale, divide_by);
-  else if (is("6__half")) ScaledCopy<Half>(batch, scale, divide_by);
-  else if (is("13__nv_bfloat16")) ScaledCopy<Bf16>(batch, scale, divide_by);
-  else return Fail(cudaErrorInvalidValue);
+  if (is("f"))
+    ScaledCopy<float>(batch, scale, divide_by);
+  else if (is("d"))
+    ScaledCopy<double>(batch, scale, divide_by);
+  else if (is("a"))
+    ScaledCopy<int8_t>(batch, scale, divide_by);
+  else if (is("h"))
+    ScaledCopy<uint8_t>(batch, scale, divide_by);
+  else if (is("i"))
+    ScaledCopy<int32_t>(batch, scale, divide_by);
+  else if (is("l"))
+    ScaledCopy<int64_t>(batch, scale, divide_by);
+  else if (is("6__half"))
+    ScaledCopy<Half>(batch, scale, divide_by);
+  else if (is("13__nv_bfloat16"))
+    ScaledCopy<Bf16>(batch, scale, divide_by);
+  else
+    return Fail(cudaErrorInvalidValue);
   return cudaSuccess;
 }
 

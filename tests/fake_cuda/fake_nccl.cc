@@ -16,13 +16,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
-#include <functional>
-#include <mutex>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -126,7 +126,8 @@ struct ncclComm {
       return true;
     }
     const auto deadline = std::chrono::steady_clock::now() + Timeout();
-    auto pause = std::chrono::microseconds(10);  // backs off to 1 ms: waiters leave the CPU to others
+    auto pause =
+        std::chrono::microseconds(10);  // backs off to 1 ms: waiters leave the CPU to others
     while (control->generation.load() == generation) {
       if (aborted.load()) return false;
       if (std::chrono::steady_clock::now() > deadline) {
@@ -171,15 +172,21 @@ namespace {
 
 template <typename T>
 double In(T v) {
-  if constexpr (std::is_same_v<T, Half>) return ringmaster::HalfToFloat(v.bits);
-  else if constexpr (std::is_same_v<T, Bf16>) return ringmaster::Bfloat16ToFloat(v.bits);
-  else return static_cast<double>(v);
+  if constexpr (std::is_same_v<T, Half>)
+    return ringmaster::HalfToFloat(v.bits);
+  else if constexpr (std::is_same_v<T, Bf16>)
+    return ringmaster::Bfloat16ToFloat(v.bits);
+  else
+    return static_cast<double>(v);
 }
 template <typename T>
 T Out(double v) {
-  if constexpr (std::is_same_v<T, Half>) return {ringmaster::FloatToHalf(static_cast<float>(v))};
-  else if constexpr (std::is_same_v<T, Bf16>) return {ringmaster::FloatToBfloat16(static_cast<float>(v))};
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, Half>)
+    return {ringmaster::FloatToHalf(static_cast<float>(v))};
+  else if constexpr (std::is_same_v<T, Bf16>)
+    return {ringmaster::FloatToBfloat16(static_cast<float>(v))};
+  else
+    return static_cast<T>(v);
 }
 
 // out[i] = op over ranks of parts[r][i]; integers in their own type, floats in double then rounded
@@ -192,11 +199,21 @@ void Reduce(const std::vector<const void*>& parts, void* out, size_t count, nccl
       for (size_t r = 1; r < parts.size(); ++r) {
         const T v = static_cast<const T*>(parts[r])[i];
         switch (op) {
-          case ncclSum: case ncclAvg: acc = static_cast<T>(acc + v); break;
-          case ncclProd: acc = static_cast<T>(acc * v); break;
-          case ncclMax: acc = v > acc ? v : acc; break;
-          case ncclMin: acc = v < acc ? v : acc; break;
-          default: break;
+          case ncclSum:
+          case ncclAvg:
+            acc = static_cast<T>(acc + v);
+            break;
+          case ncclProd:
+            acc = static_cast<T>(acc * v);
+            break;
+          case ncclMax:
+            acc = v > acc ? v : acc;
+            break;
+          case ncclMin:
+            acc = v < acc ? v : acc;
+            break;
+          default:
+            break;
         }
       }
       if (op == ncclAvg) acc = static_cast<T>(acc / static_cast<T>(parts.size()));
@@ -206,11 +223,21 @@ void Reduce(const std::vector<const void*>& parts, void* out, size_t count, nccl
       for (size_t r = 1; r < parts.size(); ++r) {
         const double v = In(static_cast<const T*>(parts[r])[i]);
         switch (op) {
-          case ncclSum: case ncclAvg: acc += v; break;
-          case ncclProd: acc *= v; break;
-          case ncclMax: acc = v > acc ? v : acc; break;
-          case ncclMin: acc = v < acc ? v : acc; break;
-          default: break;
+          case ncclSum:
+          case ncclAvg:
+            acc += v;
+            break;
+          case ncclProd:
+            acc *= v;
+            break;
+          case ncclMax:
+            acc = v > acc ? v : acc;
+            break;
+          case ncclMin:
+            acc = v < acc ? v : acc;
+            break;
+          default:
+            break;
         }
       }
       if (op == ncclAvg) acc /= static_cast<double>(parts.size());
@@ -221,17 +248,25 @@ void Reduce(const std::vector<const void*>& parts, void* out, size_t count, nccl
 
 size_t Size(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    default: return 8;
+    case ncclInt8:
+    case ncclUint8:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
 }  // namespace
 
-// Inside ncclGroupStart/End (per thread, as NCCL's): the non-blocking communicator the group's calls
-// went to. Its calls return ncclSuccess (deferred); ncclGroupEnd returns ncclInProgress.
+// Inside ncclGroupStart/End (per thread, as NCCL's): the non-blocking communicator the group's
+// calls went to. Its calls return ncclSuccess (deferred); ncclGroupEnd returns ncclInProgress.
 thread_local int group_depth = 0;
 thread_local ncclComm* group_comm = nullptr;
 
@@ -258,8 +293,8 @@ ncclResult_t ncclComm::Run(std::function<ncclResult_t()> op) {
 
 ncclResult_t AllReduceNow(const void* send, void* recv, size_t count, ncclDataType_t type,
                           ncclRedOp_t op, ncclComm_t comm);
-ncclResult_t BroadcastNow(const void* send, void* recv, size_t count, ncclDataType_t type,
-                         int root, ncclComm_t comm);
+ncclResult_t BroadcastNow(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                          ncclComm_t comm);
 
 extern "C" {
 
@@ -375,17 +410,38 @@ ncclResult_t AllReduceNow(const void* send, void* recv, size_t count, ncclDataTy
   for (const void* p : parts) ok = ok && p != nullptr;
   if (ok) {
     switch (type) {
-      case ncclInt8: Reduce<int8_t>(parts, recv, count, op); break;
-      case ncclUint8: Reduce<uint8_t>(parts, recv, count, op); break;
-      case ncclInt32: Reduce<int32_t>(parts, recv, count, op); break;
-      case ncclUint32: Reduce<uint32_t>(parts, recv, count, op); break;
-      case ncclInt64: Reduce<int64_t>(parts, recv, count, op); break;
-      case ncclUint64: Reduce<uint64_t>(parts, recv, count, op); break;
-      case ncclFloat16: Reduce<Half>(parts, recv, count, op); break;
-      case ncclBfloat16: Reduce<Bf16>(parts, recv, count, op); break;
-      case ncclFloat32: Reduce<float>(parts, recv, count, op); break;
-      case ncclFloat64: Reduce<double>(parts, recv, count, op); break;
-      default: ok = false;
+      case ncclInt8:
+        Reduce<int8_t>(parts, recv, count, op);
+        break;
+      case ncclUint8:
+        Reduce<uint8_t>(parts, recv, count, op);
+        break;
+      case ncclInt32:
+        Reduce<int32_t>(parts, recv, count, op);
+        break;
+      case ncclUint32:
+        Reduce<uint32_t>(parts, recv, count, op);
+        break;
+      case ncclInt64:
+        Reduce<int64_t>(parts, recv, count, op);
+        break;
+      case ncclUint64:
+        Reduce<uint64_t>(parts, recv, count, op);
+        break;
+      case ncclFloat16:
+        Reduce<Half>(parts, recv, count, op);
+        break;
+      case ncclBfloat16:
+        Reduce<Bf16>(parts, recv, count, op);
+        break;
+      case ncclFloat32:
+        Reduce<float>(parts, recv, count, op);
+        break;
+      case ncclFloat64:
+        Reduce<double>(parts, recv, count, op);
+        break;
+      default:
+        ok = false;
     }
   }
   for (const void* p : parts) {
@@ -396,8 +452,8 @@ ncclResult_t AllReduceNow(const void* send, void* recv, size_t count, ncclDataTy
   return ok && done ? ncclSuccess : ncclSystemError;
 }
 
-ncclResult_t BroadcastNow(const void* send, void* recv, size_t count, ncclDataType_t type,
-                         int root, ncclComm_t comm) {
+ncclResult_t BroadcastNow(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                          ncclComm_t comm) {
   const size_t bytes = count * Size(type);
   int mine = -1;
   if (comm->rank == root) {

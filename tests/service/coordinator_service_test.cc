@@ -1,5 +1,5 @@
-// The coordinator's gRPC services on an in-process server with real channels: simulated workers hold
-// real Session streams and negotiate multi-step jobs end to end.
+// The coordinator's gRPC services on an in-process server with real channels: simulated workers
+// hold real Session streams and negotiate multi-step jobs end to end.
 #include <memory>
 #include <string>
 #include <thread>
@@ -36,8 +36,8 @@ class ServiceTest : public ::testing::Test {
     server_ = std::make_unique<CoordinatorServer>(std::move(options));
     absl::StatusOr<int> port = server_->Start("127.0.0.1:0");
     ASSERT_TRUE(port.ok()) << port.status();
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port),
-                                   grpc::InsecureChannelCredentials());
+    channel_ =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials());
     jobs_ = v1::JobService::NewStub(channel_);
     workers_ = v1::WorkerService::NewStub(channel_);
     rendezvous_ = v1::RendezvousService::NewStub(channel_);
@@ -127,7 +127,8 @@ TEST_F(ServiceTest, FourWorkersNegotiateAMultiStepJobEndToEnd) {
     EXPECT_EQ(r.local_rank(), r.rank() % 2);
   }
   EXPECT_EQ(AwaitState(job.id(), v1::JOB_STATE_STARTING).state(), v1::JOB_STATE_STARTING);
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(w[i]->SendRankUpdate(a[i], v1::RANK_STATE_STARTED, 0).ok());
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(w[i]->SendRankUpdate(a[i], v1::RANK_STATE_STARTED, 0).ok());
   EXPECT_EQ(AwaitState(job.id(), v1::JOB_STATE_RUNNING).state(), v1::JOB_STATE_RUNNING);
 
   const std::vector<v1::TensorRequest> step = {Allreduce("fc.bias", {10}),
@@ -154,11 +155,11 @@ TEST_F(ServiceTest, FourWorkersNegotiateAMultiStepJobEndToEnd) {
     for (int i = 1; i < 4; ++i) {
       ASSERT_EQ(got[i].size(), 1u);
       EXPECT_THAT(got[i][0].names(), ::testing::ElementsAreArray(got[0][0].names()));
-      EXPECT_THAT(got[i][0].tensor_sizes(),
-                  ::testing::ElementsAreArray(got[0][0].tensor_sizes()));
+      EXPECT_THAT(got[i][0].tensor_sizes(), ::testing::ElementsAreArray(got[0][0].tensor_sizes()));
     }
   }
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(w[i]->SendRankUpdate(a[i], v1::RANK_STATE_EXITED, 0).ok());
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(w[i]->SendRankUpdate(a[i], v1::RANK_STATE_EXITED, 0).ok());
   v1::Job done = AwaitState(job.id(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(done.reason(), "all 4 ranks exited 0");
@@ -263,9 +264,9 @@ TEST_F(ServiceTest, RequestsForAJobTheWorkerDoesNotServeAreRefused) {
   ASSERT_TRUE(w0.Send(m).ok());
   stop = w0.WaitStop(kWait);
   ASSERT_TRUE(stop.ok()) << stop.status();
-  EXPECT_EQ(stop->reason(), absl::StrCat("ABORTED: epoch ", stolen.epoch() + 7, " of job ",
-                                         job.id(), " is stale; the job is at epoch ",
-                                         stolen.epoch()));
+  EXPECT_EQ(stop->reason(),
+            absl::StrCat("ABORTED: epoch ", stolen.epoch() + 7, " of job ", job.id(),
+                         " is stale; the job is at epoch ", stolen.epoch()));
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_STARTING);
 }
 
@@ -279,9 +280,8 @@ TEST_F(ServiceTest, RankExitFailsTheJobAndStopsTheOtherRanks) {
   ASSERT_TRUE(w1.SendRankUpdate(*a1, v1::RANK_STATE_EXITED, 3, "Traceback: boom").ok());
   v1::Job failed = AwaitState(job.id(), v1::JOB_STATE_FAILED);
   ASSERT_EQ(failed.state(), v1::JOB_STATE_FAILED);
-  EXPECT_EQ(failed.reason(),
-            absl::StrCat("rank ", a1->rank(), " on host h1 (", w1.worker_id(),
-                         ") exited with status 3: Traceback: boom"));
+  EXPECT_EQ(failed.reason(), absl::StrCat("rank ", a1->rank(), " on host h1 (", w1.worker_id(),
+                                          ") exited with status 3: Traceback: boom"));
   auto stop = w0.WaitStop(kWait);
   ASSERT_TRUE(stop.ok()) << stop.status();
   EXPECT_EQ(stop->reason(), failed.reason());
@@ -375,8 +375,9 @@ TEST_F(LeaseTest, AWorkerThatStopsHeartbeatingFailsItsJobOnly) {
   stop = true;
   beats.join();
   ASSERT_EQ(failed.state(), v1::JOB_STATE_FAILED);
-  EXPECT_EQ(failed.reason(), absl::StrCat("worker ", silent.worker_id(), " serving rank ",
-                                          a1->rank(), " on host h1 was lost: no heartbeat for 600ms"));
+  EXPECT_EQ(failed.reason(),
+            absl::StrCat("worker ", silent.worker_id(), " serving rank ", a1->rank(),
+                         " on host h1 was lost: no heartbeat for 600ms"));
   EXPECT_EQ(Get(solo.id()).state(), v1::JOB_STATE_STARTING);
   // The lost worker's session ended with FAILED_PRECONDITION.
   grpc::Status closed = silent.Close();

@@ -1,8 +1,9 @@
-// Run as every rank of a job (`ringmaster local --np N -- collectives_check`): each collective × data
-// type on pseudo-random data against a reference computed exactly from every rank's inputs (each rank
-// can regenerate the others' data from the seeds), enqueued asynchronously in a rank-dependent order;
-// then the errors a user relies on (mismatch, duplicate name), join and barrier. Prints one line per
-// failure and "collectives_check: rank R: N checks passed"; exits 0 only if all pass.
+// Run as every rank of a job (`ringmaster local --np N -- collectives_check`): each collective ×
+// data type on pseudo-random data against a reference computed exactly from every rank's inputs
+// (each rank can regenerate the others' data from the seeds), enqueued asynchronously in a
+// rank-dependent order; then the errors a user relies on (mismatch, duplicate name), join and
+// barrier. Prints one line per failure and "collectives_check: rank R: N checks passed"; exits 0
+// only if all pass.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -36,8 +37,8 @@ void Check(bool ok, const std::string& what) {
   }
 }
 
-const std::vector<DataType> kTypes = {DataType::kUint8,   DataType::kInt8,     DataType::kInt32,
-                                      DataType::kInt64,   DataType::kFloat16,  DataType::kBfloat16,
+const std::vector<DataType> kTypes = {DataType::kUint8,   DataType::kInt8,    DataType::kInt32,
+                                      DataType::kInt64,   DataType::kFloat16, DataType::kBfloat16,
                                       DataType::kFloat32, DataType::kFloat64};
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
                                     ReduceOp::kMax, ReduceOp::kProduct};
@@ -59,29 +60,55 @@ double Value(int rank, uint64_t seed, int64_t i, DataType t, ReduceOp op) {
 
 void Store(void* p, int64_t i, DataType t, double v) {
   switch (t) {
-    case DataType::kUint8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case DataType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DataType::kFloat16: static_cast<uint16_t*>(p)[i] = ringmaster::FloatToHalf(v); break;
-    case DataType::kBfloat16: static_cast<uint16_t*>(p)[i] = ringmaster::FloatToBfloat16(v); break;
-    case DataType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DataType::kFloat64: static_cast<double*>(p)[i] = v; break;
-    default: break;
+    case DataType::kUint8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    case DataType::kInt8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      break;
+    case DataType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::kInt64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
+    case DataType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = ringmaster::FloatToHalf(v);
+      break;
+    case DataType::kBfloat16:
+      static_cast<uint16_t*>(p)[i] = ringmaster::FloatToBfloat16(v);
+      break;
+    case DataType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DataType::kFloat64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    default:
+      break;
   }
 }
 
 double Load(const void* p, int64_t i, DataType t) {
   switch (t) {
-    case DataType::kUint8: return static_cast<const uint8_t*>(p)[i];
-    case DataType::kInt8: return static_cast<const int8_t*>(p)[i];
-    case DataType::kInt32: return static_cast<const int32_t*>(p)[i];
-    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DataType::kFloat16: return ringmaster::HalfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kBfloat16: return ringmaster::Bfloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kFloat32: return static_cast<const float*>(p)[i];
-    case DataType::kFloat64: return static_cast<const double*>(p)[i];
-    default: return 0;
+    case DataType::kUint8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DataType::kInt8:
+      return static_cast<const int8_t*>(p)[i];
+    case DataType::kInt32:
+      return static_cast<const int32_t*>(p)[i];
+    case DataType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DataType::kFloat16:
+      return ringmaster::HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kBfloat16:
+      return ringmaster::Bfloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case DataType::kFloat64:
+      return static_cast<const double*>(p)[i];
+    default:
+      return 0;
   }
 }
 
@@ -96,11 +123,20 @@ double Reduce(ReduceOp op, DataType t, int size, const std::function<double(int)
     const double v = value(r);
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAverage: acc += v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
-      case ReduceOp::kProduct: acc *= v; break;
-      default: break;
+      case ReduceOp::kAverage:
+        acc += v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+      default:
+        break;
     }
   }
   if (op == ReduceOp::kAverage) acc = IsInt(t) ? std::trunc(acc / size) : acc / size;
@@ -150,19 +186,20 @@ int main() {
         enqueues.push_back([&, data, t, op, shape, n, id, name] {
           auto h = c.AllreduceAsync(name, data, t, shape, op);
           if (!h.ok()) return Check(false, absl::StrCat(name, " enqueue: ", h.status().ToString()));
-          pending.push_back({*h, name, [=] {
-            for (int64_t i = 0; i < n; ++i) {
-              const double want =
-                  Reduce(op, t, size, [&](int r) { return Value(r, id, i, t, op); });
-              const double got = Load(data, i, t);
-              if (got != want) {
-                return Check(false, absl::StrCat(name, " dtype ", static_cast<int>(t), " op ",
-                                                 static_cast<int>(op), " [", i, "] = ", got,
-                                                 ", want ", want));
-              }
-            }
-            Check(true, name);
-          }});
+          pending.push_back(
+              {*h, name, [=] {
+                 for (int64_t i = 0; i < n; ++i) {
+                   const double want =
+                       Reduce(op, t, size, [&](int r) { return Value(r, id, i, t, op); });
+                   const double got = Load(data, i, t);
+                   if (got != want) {
+                     return Check(false, absl::StrCat(name, " dtype ", static_cast<int>(t), " op ",
+                                                      static_cast<int>(op), " [", i, "] = ", got,
+                                                      ", want ", want));
+                   }
+                 }
+                 Check(true, name);
+               }});
         });
       }
     }
@@ -177,14 +214,15 @@ int main() {
         auto h = c.BroadcastAsync(name, data, t, {n}, root);
         if (!h.ok()) return Check(false, absl::StrCat(name, " enqueue: ", h.status().ToString()));
         pending.push_back({*h, name, [=] {
-          for (int64_t i = 0; i < n; ++i) {
-            const double want = Value(root, id, i, t, ReduceOp::kSum);
-            if (Load(data, i, t) != want) {
-              return Check(false, absl::StrCat(name, " from root ", root, " [", i, "]"));
-            }
-          }
-          Check(true, name);
-        }});
+                             for (int64_t i = 0; i < n; ++i) {
+                               const double want = Value(root, id, i, t, ReduceOp::kSum);
+                               if (Load(data, i, t) != want) {
+                                 return Check(
+                                     false, absl::StrCat(name, " from root ", root, " [", i, "]"));
+                               }
+                             }
+                             Check(true, name);
+                           }});
       });
     }
     // Allgather: rank r contributes r+1 rows of 3 (rank 1 none when size > 2).
@@ -194,30 +232,35 @@ int main() {
       const int64_t rows = rows_of(rank);
       heap.emplace_back(std::max<int64_t>(1, rows * 3 * elem));
       void* data = heap.back().data();
-      for (int64_t i = 0; i < rows * 3; ++i) Store(data, i, t, Value(rank, id, i, t, ReduceOp::kSum));
+      for (int64_t i = 0; i < rows * 3; ++i)
+        Store(data, i, t, Value(rank, id, i, t, ReduceOp::kSum));
       const std::string name = absl::StrCat("allgather.", id);
       enqueues.push_back([&, data, t, id, rows, name, rows_of] {
         auto h = c.AllgatherAsync(name, data, t, {rows, 3});
         if (!h.ok()) return Check(false, absl::StrCat(name, " enqueue: ", h.status().ToString()));
         const Handle handle = *h;
-        pending.push_back({handle, name, [=, &c] {
-          auto out = c.TakeAllgather(handle);
-          if (!out.ok()) return Check(false, absl::StrCat(name, ": ", out.status().ToString()));
-          int64_t total = 0;
-          for (int r = 0; r < size; ++r) total += rows_of(r);
-          if (out->shape != std::vector<int64_t>{total, 3}) {
-            return Check(false, absl::StrCat(name, " shape [", out->shape.empty() ? -1 : out->shape[0], ", ...]"));
-          }
-          int64_t at = 0;
-          for (int r = 0; r < size; ++r) {
-            for (int64_t i = 0; i < rows_of(r) * 3; ++i, ++at) {
-              if (Load(out->data.data(), at, t) != Value(r, id, i, t, ReduceOp::kSum)) {
-                return Check(false, absl::StrCat(name, " row from rank ", r));
-              }
-            }
-          }
-          Check(true, name);
-        }});
+        pending.push_back(
+            {handle, name, [=, &c] {
+               auto out = c.TakeAllgather(handle);
+               if (!out.ok())
+                 return Check(false, absl::StrCat(name, ": ", out.status().ToString()));
+               int64_t total = 0;
+               for (int r = 0; r < size; ++r) total += rows_of(r);
+               if (out->shape != std::vector<int64_t>{total, 3}) {
+                 return Check(
+                     false, absl::StrCat(name, " shape [", out->shape.empty() ? -1 : out->shape[0],
+                                         ", ...]"));
+               }
+               int64_t at = 0;
+               for (int r = 0; r < size; ++r) {
+                 for (int64_t i = 0; i < rows_of(r) * 3; ++i, ++at) {
+                   if (Load(out->data.data(), at, t) != Value(r, id, i, t, ReduceOp::kSum)) {
+                     return Check(false, absl::StrCat(name, " row from rank ", r));
+                   }
+                 }
+               }
+               Check(true, name);
+             }});
       });
     }
   }
@@ -226,18 +269,21 @@ int main() {
     const uint64_t id = ++seed;
     const int64_t n = 9;
     float* data = static_cast<float*>(c.Allocate(n * 4));
-    for (int64_t i = 0; i < n; ++i) data[i] = Value(rank, id, i, DataType::kFloat32, ReduceOp::kSum);
+    for (int64_t i = 0; i < n; ++i)
+      data[i] = Value(rank, id, i, DataType::kFloat32, ReduceOp::kSum);
     enqueues.push_back([&, data, id] {
       auto h = c.AllreduceAsync("scaled", data, DataType::kFloat32, {n}, ReduceOp::kSum, 2.0, 0.25);
       if (!h.ok()) return Check(false, "scaled enqueue");
       pending.push_back({*h, "scaled", [=] {
-        for (int64_t i = 0; i < n; ++i) {
-          double want = 0;
-          for (int r = 0; r < size; ++r) want += 2.0 * Value(r, id, i, DataType::kFloat32, ReduceOp::kSum);
-          if (data[i] != static_cast<float>(want * 0.25)) return Check(false, "scaled");
-        }
-        Check(true, "scaled");
-      }});
+                           for (int64_t i = 0; i < n; ++i) {
+                             double want = 0;
+                             for (int r = 0; r < size; ++r)
+                               want += 2.0 * Value(r, id, i, DataType::kFloat32, ReduceOp::kSum);
+                             if (data[i] != static_cast<float>(want * 0.25))
+                               return Check(false, "scaled");
+                           }
+                           Check(true, "scaled");
+                         }});
     });
   }
 
@@ -263,7 +309,8 @@ int main() {
     std::vector<std::vector<int64_t>> shapes = {{5}, {30, 10}, {17}};
     for (int t = 0; t < 3; ++t) {
       for (int64_t i = 0; i < shapes[t][0] * (t == 1 ? 10 : 1); ++i) {
-        static_cast<float*>(data[t])[i] = Value(rank, 900 + t, i, DataType::kFloat32, ReduceOp::kSum);
+        static_cast<float*>(data[t])[i] =
+            Value(rank, 900 + t, i, DataType::kFloat32, ReduceOp::kSum);
       }
     }
     auto hs = c.GroupedAllreduceAsync({"group.a", "group.b", "group.c"}, data, DataType::kFloat32,
@@ -273,15 +320,16 @@ int main() {
     for (int t = 0; ok && t < 3; ++t) {
       for (int64_t i = 0; i < shapes[t][0] * (t == 1 ? 10 : 1); ++i) {
         double want = 0;
-        for (int r = 0; r < size; ++r) want += Value(r, 900 + t, i, DataType::kFloat32, ReduceOp::kSum);
+        for (int r = 0; r < size; ++r)
+          want += Value(r, 900 + t, i, DataType::kFloat32, ReduceOp::kSum);
         if (static_cast<float*>(data[t])[i] != static_cast<float>(want)) ok = false;
       }
     }
     Check(ok, absl::StrCat("grouped allreduce", hs.ok() ? "" : hs.status().ToString()));
   }
 
-  // A mismatch fails exactly that op, on every rank, with the coordinator's message; an op in flight
-  // beside it completes.
+  // A mismatch fails exactly that op, on every rank, with the coordinator's message; an op in
+  // flight beside it completes.
   {
     float* bad = static_cast<float*>(c.Allocate(64 * 4));
     float* good = static_cast<float*>(c.Allocate(4 * 4));
@@ -325,13 +373,15 @@ int main() {
   // contribute zeros), then joins. Everyone learns the last rank to join.
   if (rank != size - 1) {
     auto last = c.Join();
-    Check(last.ok() && *last == size - 1, absl::StrCat("join: ", last.ok() ? absl::StrCat(*last) : last.status().ToString()));
+    Check(last.ok() && *last == size - 1,
+          absl::StrCat("join: ", last.ok() ? absl::StrCat(*last) : last.status().ToString()));
   } else {
     float* ones = static_cast<float*>(c.Allocate(8 * 4));
     for (int i = 0; i < 8; ++i) ones[i] = 1;
     auto h = c.AllreduceAsync("while_others_joined", ones, DataType::kFloat32, {8}, ReduceOp::kSum);
     absl::Status s = h.ok() ? c.Wait(*h, absl::Seconds(30)) : h.status();
-    Check(s.ok() && ones[0] == 1 && ones[7] == 1, absl::StrCat("allreduce with joined ranks: ", s.ToString()));
+    Check(s.ok() && ones[0] == 1 && ones[7] == 1,
+          absl::StrCat("allreduce with joined ranks: ", s.ToString()));
     // A 2-D allgather while the others have joined: they move rows of the same size (the
     // response tells them) and contribute none; the result is this rank's rows alone.
     float* rows = static_cast<float*>(c.Allocate(3 * 4 * 4));

@@ -1,6 +1,6 @@
-// The worker's session with the coordinator never blocks a sender for longer than its write timeout:
-// against a coordinator that accepts the session but stops reading, a write that cannot complete
-// cancels the session within the timeout and the sender gets UNAVAILABLE.
+// The worker's session with the coordinator never blocks a sender for longer than its write
+// timeout: against a coordinator that accepts the session but stops reading, a write that cannot
+// complete cancels the session within the timeout and the sender gets UNAVAILABLE.
 #include "worker/coordinator_session.h"
 
 #include <memory>
@@ -70,7 +70,8 @@ TEST(CoordinatorSessionTest, AWriteTheCoordinatorNeverTakesFailsWithinTheWriteTi
       registration, &listener, absl::Seconds(1));
   session.Start();
   const absl::Time connect_deadline = absl::Now() + absl::Seconds(10);
-  while (!session.connected() && absl::Now() < connect_deadline) absl::SleepFor(absl::Milliseconds(10));
+  while (!session.connected() && absl::Now() < connect_deadline)
+    absl::SleepFor(absl::Milliseconds(10));
   ASSERT_TRUE(session.connected());
 
   // 1 MiB messages until flow control stops them: one write then blocks, and must fail.

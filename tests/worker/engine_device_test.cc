@@ -25,12 +25,14 @@ class FakeDevice : public DeviceExecutor {
     ++setups;
     return setup_status;
   }
-  absl::Status OpenReadyEvents(const std::vector<std::string>&) override { return absl::OkStatus(); }
+  absl::Status OpenReadyEvents(const std::vector<std::string>&) override {
+    return absl::OkStatus();
+  }
   absl::StatusOr<int32_t> Allreduce(const std::vector<Tensor>& tensors, DataType dtype, ReduceOp op,
                                     double prescale, double postscale) override {
     absl::MutexLock lock(&mu);
-    std::string call = absl::StrCat("allreduce op=", static_cast<int>(op), " pre=", prescale,
-                                    " post=", postscale);
+    std::string call =
+        absl::StrCat("allreduce op=", static_cast<int>(op), " pre=", prescale, " post=", postscale);
     for (const Tensor& t : tensors) {
       absl::StrAppend(&call, " [", t.offset, ",", t.count, ",e", t.ready_event, "]");
     }
@@ -48,8 +50,8 @@ class FakeDevice : public DeviceExecutor {
   absl::StatusOr<int32_t> Allgather(const Tensor& in, int64_t out_offset,
                                     const std::vector<int64_t>& bytes) override {
     absl::MutexLock lock(&mu);
-    calls.push_back(absl::StrCat("allgather [", in.offset, "] out=", out_offset, " bytes=",
-                                 absl::StrJoin(bytes, "/")));
+    calls.push_back(absl::StrCat("allgather [", in.offset, "] out=", out_offset,
+                                 " bytes=", absl::StrJoin(bytes, "/")));
     if (allgathers_ok-- > 0) return next_done++;
     return absl::UnavailableError("NCCL allgather on rank 0 failed: peer gone");
   }
@@ -190,7 +192,8 @@ TEST_F(EngineDeviceTest, BroadcastAndAllgatherGoToTheDeviceWithTheirOutputs) {
 
 TEST_F(EngineDeviceTest, ADeviceFailureFailsTheOpsAndAbortsTheRank) {
   Start();
-  device_.fail = absl::UnavailableError("NCCL allreduce on rank 0 (host-a, cuda:0) failed: peer gone");
+  device_.fail =
+      absl::UnavailableError("NCCL allreduce on rank 0 (host-a, cuda:0) failed: peer gone");
   Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {10}, 0, 1);
   Enqueue(2, "later", v1::REQUEST_TYPE_ALLREDUCE, {10}, 1024, 2);
   v1::ResponseList list;

@@ -32,9 +32,9 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < kB; ++i) b[i] = 2;
     for (int64_t i = 0; i < kC; ++i) weights[i] = static_cast<float>(c.rank() + step);
     // Grouped: always one response, so always packed and unpacked.
-    auto grads = c.GroupedAllreduceAsync({"grad.a", "grad.b"}, {a, b},
-                                         ringmaster::DataType::kFloat32, {{kA}, {kB}},
-                                         ringmaster::ReduceOp::kSum);
+    auto grads =
+        c.GroupedAllreduceAsync({"grad.a", "grad.b"}, {a, b}, ringmaster::DataType::kFloat32,
+                                {{kA}, {kB}}, ringmaster::ReduceOp::kSum);
     auto hw = c.BroadcastAsync("weights", weights, ringmaster::DataType::kFloat32, {kC}, 0);
     std::vector<absl::StatusOr<ringmaster::Handle>> handles = {hw};
     if (grads.ok()) {

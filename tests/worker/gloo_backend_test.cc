@@ -98,11 +98,16 @@ uint16_t Narrow(DataType dtype, float value) {
 }
 bool IsNanBits(DataType dtype, uint64_t bits) {
   switch (dtype) {
-    case DataType::kFloat16: return (bits & 0x7C00) == 0x7C00 && (bits & 0x3FF) != 0;
-    case DataType::kBfloat16: return (bits & 0x7F80) == 0x7F80 && (bits & 0x7F) != 0;
-    case DataType::kFloat32: return std::isnan(std::bit_cast<float>(static_cast<uint32_t>(bits)));
-    case DataType::kFloat64: return std::isnan(std::bit_cast<double>(bits));
-    default: return false;
+    case DataType::kFloat16:
+      return (bits & 0x7C00) == 0x7C00 && (bits & 0x3FF) != 0;
+    case DataType::kBfloat16:
+      return (bits & 0x7F80) == 0x7F80 && (bits & 0x7F) != 0;
+    case DataType::kFloat32:
+      return std::isnan(std::bit_cast<float>(static_cast<uint32_t>(bits)));
+    case DataType::kFloat64:
+      return std::isnan(std::bit_cast<double>(bits));
+    default:
+      return false;
   }
 }
 
@@ -133,9 +138,15 @@ Bytes Generate(DataType dtype, ReduceOp op, int64_t count, std::mt19937_64& rng)
     } else {
       const float v = static_cast<float>(small(rng));
       switch (dtype) {
-        case DataType::kFloat32: bits = std::bit_cast<uint32_t>(v); break;
-        case DataType::kFloat64: bits = std::bit_cast<uint64_t>(static_cast<double>(v)); break;
-        default: bits = Narrow(dtype, v); break;
+        case DataType::kFloat32:
+          bits = std::bit_cast<uint32_t>(v);
+          break;
+        case DataType::kFloat64:
+          bits = std::bit_cast<uint64_t>(static_cast<double>(v));
+          break;
+        default:
+          bits = Narrow(dtype, v);
+          break;
       }
     }
     std::memcpy(&bytes[i * size], &bits, size);  // Little-endian: the low `size` bytes.
@@ -151,20 +162,30 @@ T ReduceIntegers(ReduceOp op, T a, T b) {
       return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
     case ReduceOp::kProduct:
       return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
-    case ReduceOp::kMin: return std::min(a, b);
-    case ReduceOp::kMax: return std::max(a, b);
-    default: ADD_FAILURE() << "unexpected op"; return a;
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    default:
+      ADD_FAILURE() << "unexpected op";
+      return a;
   }
 }
 
 template <typename T>
 T ReduceFloats(ReduceOp op, T a, T b) {
   switch (op) {
-    case ReduceOp::kSum: return a + b;
-    case ReduceOp::kProduct: return a * b;
-    case ReduceOp::kMin: return std::min(a, b);
-    case ReduceOp::kMax: return std::max(a, b);
-    default: ADD_FAILURE() << "unexpected op"; return a;
+    case ReduceOp::kSum:
+      return a + b;
+    case ReduceOp::kProduct:
+      return a * b;
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    default:
+      ADD_FAILURE() << "unexpected op";
+      return a;
   }
 }
 
@@ -198,7 +219,9 @@ Bytes Reference(DataType dtype, ReduceOp op, const std::vector<Bytes>& inputs) {
       return ReduceAs<uint16_t>(inputs, [op, dtype](uint16_t a, uint16_t b) {
         return Narrow(dtype, ReduceFloats(op, Widen(dtype, a), Widen(dtype, b)));
       });
-    default: ADD_FAILURE() << "unexpected dtype"; return {};
+    default:
+      ADD_FAILURE() << "unexpected dtype";
+      return {};
   }
 }
 

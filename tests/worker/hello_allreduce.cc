@@ -17,7 +17,7 @@ int main() {
   if (!h.ok()) return 2;
   absl::Status s = c.Wait(*h);
   const float want = (c.size() + 1) / 2.0f;
-  std::printf("rank %d of %d: status=%s x[0]=%g want=%g\n", c.rank(), c.size(), s.ToString().c_str(),
-              x[0], want);
+  std::printf("rank %d of %d: status=%s x[0]=%g want=%g\n", c.rank(), c.size(),
+              s.ToString().c_str(), x[0], want);
   return s.ok() && x[0] == want ? 0 : 3;
 }

@@ -47,9 +47,8 @@ class RecordingHandler : public LocalServer::Handler {
   }
   void OnDisconnect(const v1::LocalWelcome* welcome) override {
     absl::MutexLock lock(&mu_);
-    disconnects.push_back(welcome == nullptr
-                              ? "none"
-                              : absl::StrCat(welcome->job_id(), "@", welcome->epoch()));
+    disconnects.push_back(
+        welcome == nullptr ? "none" : absl::StrCat(welcome->job_id(), "@", welcome->epoch()));
   }
 
   std::vector<std::string> Disconnects(size_t at_least) {

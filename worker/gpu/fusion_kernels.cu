@@ -1,9 +1,9 @@
-#include "worker/gpu/fusion_kernels.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <string>
+
+#include "worker/gpu/fusion_kernels.h"
 
 namespace ringmaster {
 namespace {
@@ -68,7 +68,10 @@ __global__ void ScaledCopyKernel(Batch batch, double scale, int divide_by) {
   int lo = 0, hi = batch.n - 1;  // the segment whose blocks include this one
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (batch.first_block[mid] <= block) lo = mid; else hi = mid - 1;
+    if (batch.first_block[mid] <= block)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const DeviceSegment s = batch.segments[lo];
   const int64_t begin = (block - batch.first_block[lo]) * kElementsPerBlock<T>;
@@ -131,8 +134,8 @@ absl::Status Launch(const std::vector<DeviceSegment>& segments, double scale, in
     batch.first_block[batch.n] = blocks;
     if (blocks == 0) continue;
     // Grids are limited to 2^31-1 blocks in x: 8 TiB of float32 per launch, far past any buffer.
-    ScaledCopyKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(batch, scale,
-                                                                                 divide_by);
+    ScaledCopyKernel<T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(batch, scale, divide_by);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
       return absl::InternalError(std::string("pack/unpack kernel launch failed: ") +
                                  cudaGetErrorString(e));
@@ -146,15 +149,24 @@ absl::Status Launch(const std::vector<DeviceSegment>& segments, double scale, in
 absl::Status ScaledCopy(const std::vector<DeviceSegment>& segments, DataType dtype, double scale,
                         int divide_by, cudaStream_t stream) {
   switch (dtype) {
-    case DataType::kUint8: return Launch<uint8_t>(segments, scale, divide_by, stream);
-    case DataType::kInt8: return Launch<int8_t>(segments, scale, divide_by, stream);
-    case DataType::kInt32: return Launch<int32_t>(segments, scale, divide_by, stream);
-    case DataType::kInt64: return Launch<int64_t>(segments, scale, divide_by, stream);
-    case DataType::kFloat16: return Launch<__half>(segments, scale, divide_by, stream);
-    case DataType::kBfloat16: return Launch<__nv_bfloat16>(segments, scale, divide_by, stream);
-    case DataType::kFloat32: return Launch<float>(segments, scale, divide_by, stream);
-    case DataType::kFloat64: return Launch<double>(segments, scale, divide_by, stream);
-    case DataType::kUnspecified: break;
+    case DataType::kUint8:
+      return Launch<uint8_t>(segments, scale, divide_by, stream);
+    case DataType::kInt8:
+      return Launch<int8_t>(segments, scale, divide_by, stream);
+    case DataType::kInt32:
+      return Launch<int32_t>(segments, scale, divide_by, stream);
+    case DataType::kInt64:
+      return Launch<int64_t>(segments, scale, divide_by, stream);
+    case DataType::kFloat16:
+      return Launch<__half>(segments, scale, divide_by, stream);
+    case DataType::kBfloat16:
+      return Launch<__nv_bfloat16>(segments, scale, divide_by, stream);
+    case DataType::kFloat32:
+      return Launch<float>(segments, scale, divide_by, stream);
+    case DataType::kFloat64:
+      return Launch<double>(segments, scale, divide_by, stream);
+    case DataType::kUnspecified:
+      break;
   }
   return absl::InvalidArgumentError("pack/unpack: unspecified data type");
 }

@@ -1,7 +1,7 @@
 // Where each tensor of a fused response goes in a device fusion buffer: back to back in response
 // order, each starting at a multiple of the alignment, so the pack/unpack kernel moves aligned
-// vectors and NCCL works on an aligned buffer. The gaps (padding) are part of the reduced buffer but
-// never copied out. Plain arithmetic: no CUDA needed, tested on every machine.
+// vectors and NCCL works on an aligned buffer. The gaps (padding) are part of the reduced buffer
+// but never copied out. Plain arithmetic: no CUDA needed, tested on every machine.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,6 @@ struct FusionLayout {
 // INVALID_ARGUMENT for an alignment that is not a power of two or is smaller than `element_size`,
 // a negative size, a size that is not a whole number of elements, or a total over 2^62 bytes.
 absl::StatusOr<FusionLayout> PlanFusion(const std::vector<int64_t>& tensor_bytes,
-                                        int64_t element_size,
-                                        int64_t alignment = kFusionAlignment);
+                                        int64_t element_size, int64_t alignment = kFusionAlignment);
 
 }  // namespace ringmaster

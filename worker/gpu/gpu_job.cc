@@ -35,10 +35,9 @@ absl::Status GpuJob::Init() {
   if (cudaError_t e = cudaMalloc(&arena, static_cast<size_t>(options_.arena_bytes));
       e != cudaSuccess) {
     cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat("cannot allocate the ", options_.arena_bytes,
-                                                      "-byte device arena on cuda:",
-                                                      options_.device, ": ",
-                                                      cudaGetErrorString(e)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot allocate the ", options_.arena_bytes,
+                     "-byte device arena on cuda:", options_.device, ": ", cudaGetErrorString(e)));
   }
   arena_ = static_cast<uint8_t*>(arena);
   cudaIpcMemHandle_t handle;
@@ -52,9 +51,9 @@ absl::Status GpuJob::Init() {
   }
   for (int i = 0; i < options_.done_events; ++i) {
     cudaEvent_t event;
-    if (absl::Status s = Cuda(cudaEventCreateWithFlags(
-                                  &event, cudaEventDisableTiming | cudaEventInterprocess),
-                              "event creation");
+    if (absl::Status s =
+            Cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess),
+                 "event creation");
         !s.ok()) {
       return s;
     }
@@ -87,9 +86,10 @@ GpuJob::~GpuJob() {
   if (stream_ != nullptr && !drained(absl::Seconds(10))) {
     if (backend_ != nullptr) backend_->Abort("the job ended with work stuck on the device");
     if (!drained(absl::Seconds(5))) {
-      spdlog::error("cuda:{}: work is still queued after the job ended; the communicator was "
-                    "aborted and the job's device memory stays allocated until the worker exits",
-                    options_.device);
+      spdlog::error(
+          "cuda:{}: work is still queued after the job ended; the communicator was "
+          "aborted and the job's device memory stays allocated until the worker exits",
+          options_.device);
       live_backend_.store(nullptr);
       backend_.release();  // NOLINT: deliberately leaked (its release would block)
       return;
@@ -137,8 +137,7 @@ void GpuJob::Abort(const std::string& why) {
 
 absl::Status GpuJob::OpenReadyEvents(const std::vector<std::string>& handles) {
   if (handles.size() > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(handles.size(), " ready events; at most 4096"));
+    return absl::InvalidArgumentError(absl::StrCat(handles.size(), " ready events; at most 4096"));
   }
   // Called on a connection's thread: the CUDA device is per thread.
   if (absl::Status s = Cuda(cudaSetDevice(options_.device), "cudaSetDevice"); !s.ok()) return s;
@@ -179,9 +178,9 @@ absl::Status GpuJob::WaitReady(const std::vector<Tensor>& tensors) {
     }
   }
   for (void* e : waits) {
-    if (absl::Status s = Cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_),
-                                                  static_cast<cudaEvent_t>(e), 0),
-                              "waiting for a tensor's ready event");
+    if (absl::Status s = Cuda(
+            cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(e), 0),
+            "waiting for a tensor's ready event");
         !s.ok()) {
       return s;
     }
@@ -251,8 +250,8 @@ absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, Da
     }
     if (absl::Status s = backend_->Allreduce(data, total, dtype, op); !s.ok()) return s;
     if (post) {
-      if (absl::Status s = ScaledCopy({{data, data, total}}, dtype, postscale,
-                                      reduction->divide_by, stream);
+      if (absl::Status s =
+              ScaledCopy({{data, data, total}}, dtype, postscale, reduction->divide_by, stream);
           !s.ok()) {
         return s;
       }
@@ -270,8 +269,8 @@ absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, Da
   for (size_t i = 0; i < tensors.size(); ++i) {
     uint8_t* slot = *fusion + layout->offsets[i];
     // A joined rank (no tensor) contributes zeros.
-    pack.push_back({tensors[i].offset >= 0 ? arena_ + tensors[i].offset : nullptr, slot,
-                    tensors[i].count});
+    pack.push_back(
+        {tensors[i].offset >= 0 ? arena_ + tensors[i].offset : nullptr, slot, tensors[i].count});
     if (tensors[i].offset >= 0) {
       unpack.push_back({slot, arena_ + tensors[i].offset, tensors[i].count});
     }

@@ -1,7 +1,7 @@
 // One GPU rank's device side of a job (DeviceExecutor): the device arena shared with the training
 // process once through a CUDA IPC memory handle, the interprocess events that order the two
-// processes' streams, the device fusion buffer, and the NCCL communicator. The daemon creates it when
-// the job starts (arena and events); the engine thread sets up the communicator and executes.
+// processes' streams, the device fusion buffer, and the NCCL communicator. The daemon creates it
+// when the job starts (arena and events); the engine thread sets up the communicator and executes.
 #pragma once
 
 #include <atomic>
@@ -35,8 +35,8 @@ struct GpuJobOptions {
 
 class GpuJob final : public DeviceExecutor {
  public:
-  // Allocates the arena and the events on `options.device`. FAILED_PRECONDITION (with CUDA's reason)
-  // when the device or the memory is not available.
+  // Allocates the arena and the events on `options.device`. FAILED_PRECONDITION (with CUDA's
+  // reason) when the device or the memory is not available.
   static absl::StatusOr<std::unique_ptr<GpuJob>> Create(GpuJobOptions options);
   ~GpuJob() override;
 
@@ -77,17 +77,17 @@ class GpuJob final : public DeviceExecutor {
   std::vector<std::string> done_handles_;
   int next_done_ = 0;  // engine thread only
 
-  std::unique_ptr<NcclBackend> backend_;  // engine thread only, after Setup()
+  std::unique_ptr<NcclBackend> backend_;             // engine thread only, after Setup()
   std::atomic<NcclBackend*> live_backend_{nullptr};  // for Abort() from other threads
-  void* stream_ = nullptr;  // cudaStream_t, the backend's
+  void* stream_ = nullptr;                           // cudaStream_t, the backend's
   int nccl_version_ = 0;
   uint8_t* scratch_ = nullptr;
   int64_t scratch_bytes_ = 0;
 
   absl::Mutex mu_;
-  std::vector<void*> ready_events_ ABSL_GUARDED_BY(mu_);  // opened from the training process
+  std::vector<void*> ready_events_ ABSL_GUARDED_BY(mu_);    // opened from the training process
   std::vector<void*> retired_events_ ABSL_GUARDED_BY(mu_);  // of an earlier connection
-  std::string aborted_ ABSL_GUARDED_BY(mu_);  // why, if Abort() came before Setup()
+  std::string aborted_ ABSL_GUARDED_BY(mu_);                // why, if Abort() came before Setup()
 };
 
 }  // namespace ringmaster

@@ -82,8 +82,8 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
     const std::string key = absl::StrCat(options_.prefix, "unique_id");
     if (options_.rank == 0) {
       if (absl::Status s = NcclStatus(ncclGetUniqueId(&id), "unique id", where); !s.ok()) return s;
-      if (absl::Status s = options_.store->Set(
-              key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+      if (absl::Status s =
+              options_.store->Set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
           !s.ok()) {
         return s;
       }
@@ -91,9 +91,8 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
       absl::StatusOr<std::vector<std::string>> values =
           options_.store->Wait({key}, options_.timeout);
       if (!values.ok()) {
-        return absl::Status(values.status().code(),
-                            absl::StrCat("NCCL rendezvous of ", where, ": ",
-                                         values.status().message()));
+        return absl::Status(values.status().code(), absl::StrCat("NCCL rendezvous of ", where, ": ",
+                                                                 values.status().message()));
       }
       if ((*values)[0].size() != sizeof(id)) {
         return absl::InternalError(absl::StrCat("NCCL unique id from the store has ",
@@ -126,10 +125,10 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
         return s;
       }
       if (absl::Now() > deadline) {
-        absl::Status s = absl::DeadlineExceededError(absl::StrCat(
-            "NCCL communicator setup on ", where, " did not complete in ",
-            absl::FormatDuration(options_.timeout), " (are all ", options_.size,
-            " ranks up, and can they reach each other? see NCCL_SOCKET_IFNAME)"));
+        absl::Status s = absl::DeadlineExceededError(
+            absl::StrCat("NCCL communicator setup on ", where, " did not complete in ",
+                         absl::FormatDuration(options_.timeout), " (are all ", options_.size,
+                         " ranks up, and can they reach each other? see NCCL_SOCKET_IFNAME)"));
         watchdog_->PeerLost(std::string(s.message()));
         return s;
       }
@@ -167,8 +166,7 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
   absl::Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override {
     absl::StatusOr<ncclDataType_t> type = ToNcclDataType(dtype);
     if (!type.ok()) return type.status();
-    absl::StatusOr<NcclReduction> reduction =
-        ToNcclReduction(op, dtype, options_.size, version_);
+    absl::StatusOr<NcclReduction> reduction = ToNcclReduction(op, dtype, options_.size, version_);
     if (!reduction.ok()) return reduction.status();
     return Run("allreduce", [&] {
       return ncclAllReduce(data, data, static_cast<size_t>(count), *type, reduction->op, comm_,
@@ -184,8 +182,8 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
 
   absl::Status Allgatherv(const void* in, void* out, absl::Span<const int64_t> bytes) override {
     if (static_cast<int>(bytes.size()) != options_.size) {
-      return absl::InvalidArgumentError(absl::StrCat("allgatherv: ", bytes.size(),
-                                                     " parts for ", options_.size, " ranks"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("allgatherv: ", bytes.size(), " parts for ", options_.size, " ranks"));
     }
     // Parts of different sizes: one broadcast per rank, grouped into one NCCL launch.
     return Run("allgather", [&] {
@@ -263,8 +261,8 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
       if (watchdog_->state() == Watchdog::State::kAborted) return watchdog_->failure();
       return NcclStatus(r, what, options_.where, detail);
     }
-    if (absl::Status s = CudaStatus(cudaEventRecord(event_, stream_), "event record",
-                                    options_.where);
+    if (absl::Status s =
+            CudaStatus(cudaEventRecord(event_, stream_), "event record", options_.where);
         !s.ok()) {
       return s;
     }
@@ -318,9 +316,8 @@ CudaProbe ProbeCuda() {
     probe.problem = absl::StrCat(
         "no CUDA device: ", e == cudaSuccess ? "none visible" : cudaGetErrorString(e),
         " (CUDA runtime ", runtime / 1000, ".", runtime % 1000 / 10, ", driver supports ",
-        driver / 1000, ".", driver % 1000 / 10, probe.driver_installed
-                                                      ? "; an NVIDIA driver is installed)"
-                                                      : "; no NVIDIA driver)");
+        driver / 1000, ".", driver % 1000 / 10,
+        probe.driver_installed ? "; an NVIDIA driver is installed)" : "; no NVIDIA driver)");
   }
   return probe;
 }

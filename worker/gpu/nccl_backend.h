@@ -4,13 +4,13 @@
 // Setup: rank 0 generates the NCCL unique id and publishes it through the epoch's rendezvous store
 // (the coordinator relays it); every rank creates its communicator non-blocking
 // (ncclCommInitRankConfig with blocking = 0) and polls it until ready or `timeout`, then aborts it:
-// DEADLINE_EXCEEDED naming the rank. Collectives are enqueued on the stream and completed by polling
-// a CUDA event (no cudaStreamSynchronize); while waiting, the watchdog (watchdog.h) polls NCCL's
-// asynchronous error and the deadline, and on failure aborts the communicator (ncclCommAbort, never a
-// blocking destroy) so the wait returns with the rank and host named.
+// DEADLINE_EXCEEDED naming the rank. Collectives are enqueued on the stream and completed by
+// polling a CUDA event (no cudaStreamSynchronize); while waiting, the watchdog (watchdog.h) polls
+// NCCL's asynchronous error and the deadline, and on failure aborts the communicator
+// (ncclCommAbort, never a blocking destroy) so the wait returns with the rank and host named.
 //
-// Not thread-safe (see Backend) except Abort(), which any thread may call (e.g. when the coordinator
-// reports a lost peer).
+// Not thread-safe (see Backend) except Abort(), which any thread may call (e.g. when the
+// coordinator reports a lost peer).
 #pragma once
 
 #include <atomic>

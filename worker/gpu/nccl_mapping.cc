@@ -17,15 +17,24 @@ constexpr int kNcclAvgVersion = 21000;
 
 absl::StatusOr<ncclDataType_t> ToNcclDataType(DataType dtype) {
   switch (dtype) {
-    case DataType::kUint8: return ncclUint8;
-    case DataType::kInt8: return ncclInt8;
-    case DataType::kInt32: return ncclInt32;
-    case DataType::kInt64: return ncclInt64;
-    case DataType::kFloat16: return ncclFloat16;
-    case DataType::kBfloat16: return ncclBfloat16;
-    case DataType::kFloat32: return ncclFloat32;
-    case DataType::kFloat64: return ncclFloat64;
-    case DataType::kUnspecified: break;
+    case DataType::kUint8:
+      return ncclUint8;
+    case DataType::kInt8:
+      return ncclInt8;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kInt64:
+      return ncclInt64;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kBfloat16:
+      return ncclBfloat16;
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
+    case DataType::kUnspecified:
+      break;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("data type ", static_cast<int>(dtype), " has no NCCL equivalent"));
@@ -39,10 +48,14 @@ absl::StatusOr<NcclReduction> ToNcclReduction(ReduceOp op, DataType dtype, int s
       // Integers keep Horovod's truncating division of the sum (ncclAvg would round differently).
       if (IsFloating(dtype) && nccl_version >= kNcclAvgVersion) return NcclReduction{ncclAvg, 1};
       return NcclReduction{ncclSum, size};
-    case ReduceOp::kSum: return NcclReduction{ncclSum, 1};
-    case ReduceOp::kMin: return NcclReduction{ncclMin, 1};
-    case ReduceOp::kMax: return NcclReduction{ncclMax, 1};
-    case ReduceOp::kProduct: return NcclReduction{ncclProd, 1};
+    case ReduceOp::kSum:
+      return NcclReduction{ncclSum, 1};
+    case ReduceOp::kMin:
+      return NcclReduction{ncclMin, 1};
+    case ReduceOp::kMax:
+      return NcclReduction{ncclMax, 1};
+    case ReduceOp::kProduct:
+      return NcclReduction{ncclProd, 1};
   }
   return absl::InvalidArgumentError(
       absl::StrCat("reduce op ", static_cast<int>(op), " has no NCCL equivalent"));
@@ -50,15 +63,24 @@ absl::StatusOr<NcclReduction> ToNcclReduction(ReduceOp op, DataType dtype, int s
 
 absl::string_view NcclResultName(ncclResult_t result) {
   switch (result) {
-    case ncclSuccess: return "ncclSuccess";
-    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
-    case ncclSystemError: return "ncclSystemError";
-    case ncclInternalError: return "ncclInternalError";
-    case ncclInvalidArgument: return "ncclInvalidArgument";
-    case ncclInvalidUsage: return "ncclInvalidUsage";
-    case ncclRemoteError: return "ncclRemoteError";
-    case ncclInProgress: return "ncclInProgress";
-    default: break;
+    case ncclSuccess:
+      return "ncclSuccess";
+    case ncclUnhandledCudaError:
+      return "ncclUnhandledCudaError";
+    case ncclSystemError:
+      return "ncclSystemError";
+    case ncclInternalError:
+      return "ncclInternalError";
+    case ncclInvalidArgument:
+      return "ncclInvalidArgument";
+    case ncclInvalidUsage:
+      return "ncclInvalidUsage";
+    case ncclRemoteError:
+      return "ncclRemoteError";
+    case ncclInProgress:
+      return "ncclInProgress";
+    default:
+      break;
   }
   return "ncclUnknownResult";
 }

@@ -55,7 +55,8 @@ std::optional<absl::Status> Watchdog::Check(absl::Time now) {
     error = communicator_->AsyncError();
   }
   if (!error.ok()) {
-    absl::Status status(error.code(), absl::StrCat("NCCL error on ", where_, ": ", error.message()));
+    absl::Status status(error.code(),
+                        absl::StrCat("NCCL error on ", where_, ": ", error.message()));
     if (Fail(status, /*report=*/true)) return status;
     return std::nullopt;
   }

@@ -5,14 +5,14 @@
 //   - an asynchronous error,
 //   - a collective running past its deadline,
 //   - the coordinator reporting a peer lost (the job is stopping),
-// aborts the communicator exactly once (ncclCommAbort, never a blocking destroy), stops touching it,
-// and from then on fails every operation with the same status, naming this rank and host. `on_fail`
-// (to report to the coordinator) runs once, outside the lock, for a failure the watchdog detected
-// (an asynchronous error or a deadline), not for an abort it was told to do (PeerLost: the
+// aborts the communicator exactly once (ncclCommAbort, never a blocking destroy), stops touching
+// it, and from then on fails every operation with the same status, naming this rank and host.
+// `on_fail` (to report to the coordinator) runs once, outside the lock, for a failure the watchdog
+// detected (an asynchronous error or a deadline), not for an abort it was told to do (PeerLost: the
 // coordinator knows already).
 //
-// Transport-free: the communicator is an interface (NcclCommunicator implements it; tests use a fake)
-// and times are passed in. Thread-safe: the engine thread starts and finishes operations, a
+// Transport-free: the communicator is an interface (NcclCommunicator implements it; tests use a
+// fake) and times are passed in. Thread-safe: the engine thread starts and finishes operations, a
 // watchdog thread calls Check().
 #pragma once
 

@@ -19,14 +19,14 @@ namespace {
 
 int failures = 0;
 
-#define CHECK(cond, ...)                                 \
-  do {                                                   \
-    if (!(cond)) {                                       \
+#define CHECK(cond, ...)                                       \
+  do {                                                         \
+    if (!(cond)) {                                             \
       std::printf("rank %d: check failed: %s: ", rank, #cond); \
-      std::printf(__VA_ARGS__);                          \
-      std::printf("\n");                                 \
-      ++failures;                                        \
-    }                                                    \
+      std::printf(__VA_ARGS__);                                \
+      std::printf("\n");                                       \
+      ++failures;                                              \
+    }                                                          \
   } while (0)
 
 int rank = 0;
@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   std::vector<int32_t> bv(1000);
   for (size_t i = 0; i < bv.size(); ++i) bv[i] = static_cast<int32_t>(rank * 10 + i);
   Up(b, bv);
-  auto ha = c.AllreduceAsync("a", a, DataType::kFloat32, {static_cast<int64_t>(count)}, ReduceOp::kSum);
+  auto ha =
+      c.AllreduceAsync("a", a, DataType::kFloat32, {static_cast<int64_t>(count)}, ReduceOp::kSum);
   auto hb = c.AllreduceAsync("b", b, DataType::kInt32, {1000}, ReduceOp::kAverage);
   CHECK(ha.ok() && hb.ok(), "enqueue");
   CHECK(c.Wait(*ha).ok() && c.Wait(*hb).ok(), "wait");
@@ -91,7 +92,8 @@ int main(int argc, char** argv) {
   std::vector<int32_t> br = Down<int32_t>(b, 1000);
   for (size_t i = 0; i < br.size(); ++i) {
     // sum over ranks of (r*10 + i), divided by n, truncating
-    const int32_t want = static_cast<int32_t>((10 * (n * (n - 1) / 2) + n * static_cast<int>(i)) / n);
+    const int32_t want =
+        static_cast<int32_t>((10 * (n * (n - 1) / 2) + n * static_cast<int>(i)) / n);
     if (br[i] != want) {
       CHECK(false, "b[%zu] = %d, want %d", i, br[i], want);
       break;
@@ -176,8 +178,8 @@ int main(int argc, char** argv) {
           inputs[i].assign(kCount, static_cast<float>(rank + 1 + round + i));
           cudaMemcpyAsync(xs[i], inputs[i].data(), kCount * sizeof(float), cudaMemcpyHostToDevice,
                           produce);
-          auto h = c.AllreduceAsync(absl::StrCat("stream.", i), xs[i], DataType::kFloat32,
-                                    {kCount}, ReduceOp::kSum, 1.0, 2.0);
+          auto h = c.AllreduceAsync(absl::StrCat("stream.", i), xs[i], DataType::kFloat32, {kCount},
+                                    ReduceOp::kSum, 1.0, 2.0);
           CHECK(h.ok(), "stream submit %d", i);
           if (h.ok()) handles[i] = *h;
         }
@@ -240,10 +242,11 @@ int main(int argc, char** argv) {
     if (rank == 0 && !times.empty()) {
       const double median = times[times.size() / 2];
       const double factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
-      std::printf("{\"bench\":\"whole_path\",\"profile\":\"%s\",\"gpus\":%d,\"tensors\":%zu,"
-                  "\"step_ms\":%.4f,\"busbw_gbs\":%.2f}\n",
-                  profile->model.c_str(), n, grads.size(), median * 1e3,
-                  factor * profile->bytes_fp32 / median / 1e9);
+      std::printf(
+          "{\"bench\":\"whole_path\",\"profile\":\"%s\",\"gpus\":%d,\"tensors\":%zu,"
+          "\"step_ms\":%.4f,\"busbw_gbs\":%.2f}\n",
+          profile->model.c_str(), n, grads.size(), median * 1e3,
+          factor * profile->bytes_fp32 / median / 1e9);
     }
   }
   // 7. Timing: bus bandwidth on 256 MiB tensors, two in flight (the next one is submitted before
@@ -252,7 +255,7 @@ int main(int argc, char** argv) {
   //    smaller arena (--arena-mb) skips it.
   const size_t large = size_t{256} << 20;
   float* big[2] = {timing ? static_cast<float*>(c.Allocate(large)) : nullptr,
-                    timing ? static_cast<float*>(c.Allocate(large)) : nullptr};
+                   timing ? static_cast<float*>(c.Allocate(large)) : nullptr};
   if (big[0] != nullptr && big[1] != nullptr) {
     cudaMemset(big[0], 0, large);
     cudaMemset(big[1], 0, large);
@@ -276,9 +279,10 @@ int main(int argc, char** argv) {
     const double per_op = absl::ToDoubleSeconds(absl::Now() - start) / kMeasured;
     if (rank == 0) {
       const double factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
-      std::printf("{\"bench\":\"whole_path_large\",\"gpus\":%d,\"bytes\":%zu,\"step_ms\":%.4f,"
-                  "\"busbw_gbs\":%.2f}\n",
-                  n, large, per_op * 1e3, factor * static_cast<double>(large) / per_op / 1e9);
+      std::printf(
+          "{\"bench\":\"whole_path_large\",\"gpus\":%d,\"bytes\":%zu,\"step_ms\":%.4f,"
+          "\"busbw_gbs\":%.2f}\n",
+          n, large, per_op * 1e3, factor * static_cast<double>(large) / per_op / 1e9);
     }
   } else if (rank == 0 && timing) {
     std::printf("large-message timing skipped: no 2 x 256 MiB free in the arena\n");

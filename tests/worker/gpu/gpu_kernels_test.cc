@@ -89,38 +89,45 @@ class GpuKernelsTest : public ::testing::Test {
 
 TEST_F(GpuKernelsTest, EveryTypeScalesTheSameOnTheVectorAndElementPaths) {
   auto uniform = [](double lo, double hi) {
-    return [lo, hi](std::mt19937& rng) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+    return
+        [lo, hi](std::mt19937& rng) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
   };
   auto ints = [](int64_t lo, int64_t hi) {
-    return [lo, hi](std::mt19937& rng) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+    return
+        [lo, hi](std::mt19937& rng) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   };
   const float f = static_cast<float>(0.37 / 3);
-  CheckEveryPath<float>(DataType::kFloat32,
-                        Values<float>([&](auto& r) { return static_cast<float>(uniform(-1e3, 1e3)(r)); }),
+  CheckEveryPath<float>(DataType::kFloat32, Values<float>([&](auto& r) {
+                          return static_cast<float>(uniform(-1e3, 1e3)(r));
+                        }),
                         0.37, 3, [f](float v) { return v * f; });
   CheckEveryPath<double>(DataType::kFloat64, Values<double>(uniform(-1e6, 1e6)), 1.1, 2,
                          [](double v) { return v * (1.1 / 2); });
-  CheckEveryPath<uint16_t>(
-      DataType::kFloat16,
-      Values<uint16_t>([&](auto& r) { return FloatToHalf(static_cast<float>(uniform(-6e4, 6e4)(r))); }),
-      0.25, 1, [](uint16_t v) { return FloatToHalf(HalfToFloat(v) * 0.25f); });
+  CheckEveryPath<uint16_t>(DataType::kFloat16, Values<uint16_t>([&](auto& r) {
+                             return FloatToHalf(static_cast<float>(uniform(-6e4, 6e4)(r)));
+                           }),
+                           0.25, 1, [](uint16_t v) { return FloatToHalf(HalfToFloat(v) * 0.25f); });
   const float third = static_cast<float>(1.0 / 3);
   CheckEveryPath<uint16_t>(
-      DataType::kBfloat16,
-      Values<uint16_t>([&](auto& r) { return FloatToBfloat16(static_cast<float>(uniform(-1e9, 1e9)(r))); }),
+      DataType::kBfloat16, Values<uint16_t>([&](auto& r) {
+        return FloatToBfloat16(static_cast<float>(uniform(-1e9, 1e9)(r)));
+      }),
       1.0, 3, [third](uint16_t v) { return FloatToBfloat16(Bfloat16ToFloat(v) * third); });
-  CheckEveryPath<uint8_t>(DataType::kUint8,
-                          Values<uint8_t>([&](auto& r) { return static_cast<uint8_t>(ints(0, 255)(r)); }),
+  CheckEveryPath<uint8_t>(DataType::kUint8, Values<uint8_t>([&](auto& r) {
+                            return static_cast<uint8_t>(ints(0, 255)(r));
+                          }),
                           1.0, 3, [](uint8_t v) { return static_cast<uint8_t>(v / 3); });
-  CheckEveryPath<int8_t>(DataType::kInt8,
-                         Values<int8_t>([&](auto& r) { return static_cast<int8_t>(ints(-128, 127)(r)); }),
-                         0.5, 1, [](int8_t v) { return static_cast<int8_t>(std::llrint(v * 0.5)); });
+  CheckEveryPath<int8_t>(
+      DataType::kInt8,
+      Values<int8_t>([&](auto& r) { return static_cast<int8_t>(ints(-128, 127)(r)); }), 0.5, 1,
+      [](int8_t v) { return static_cast<int8_t>(std::llrint(v * 0.5)); });
   CheckEveryPath<int32_t>(
       DataType::kInt32,
-      Values<int32_t>([&](auto& r) { return static_cast<int32_t>(ints(-1000000, 1000000)(r)); }), 1.5,
-      1, [](int32_t v) { return static_cast<int32_t>(std::llrint(v * 1.5)); });
-  CheckEveryPath<int64_t>(DataType::kInt64, Values<int64_t>(ints(-(int64_t{1} << 50), int64_t{1} << 50)),
-                          1.0, 4, [](int64_t v) { return v / 4; });
+      Values<int32_t>([&](auto& r) { return static_cast<int32_t>(ints(-1000000, 1000000)(r)); }),
+      1.5, 1, [](int32_t v) { return static_cast<int32_t>(std::llrint(v * 1.5)); });
+  CheckEveryPath<int64_t>(DataType::kInt64,
+                          Values<int64_t>(ints(-(int64_t{1} << 50), int64_t{1} << 50)), 1.0, 4,
+                          [](int64_t v) { return v / 4; });
 }
 
 TEST_F(GpuKernelsTest, PackScalesIntoTheLayoutAndUnpackScalesBack) {
@@ -147,9 +154,9 @@ TEST_F(GpuKernelsTest, PackScalesIntoTheLayoutAndUnpackScalesBack) {
     ASSERT_EQ(packed[layout->offsets[2] / 4 + i], b[i] * 0.5f) << i;
   }
   // Unpack with postscale 3 and an average over 4 ranks: x * 3 / 4.
-  ASSERT_TRUE(ScaledCopy({{fusion + layout->offsets[2], db, 70000}}, DataType::kFloat32, 3.0, 4,
-                         stream_)
-                  .ok());
+  ASSERT_TRUE(
+      ScaledCopy({{fusion + layout->offsets[2], db, 70000}}, DataType::kFloat32, 3.0, 4, stream_)
+          .ok());
   std::vector<float> out = Download<float>(db, b.size());
   for (size_t i = 0; i < b.size(); ++i) {
     ASSERT_EQ(out[i], b[i] * 0.5f * static_cast<float>(3.0 / 4)) << i;

@@ -29,11 +29,13 @@ TEST(NcclMappingTest, AveragingUsesNcclAvgForFloatsOnNcclNewEnough) {
     EXPECT_EQ(r->divide_by, 1);
   }
   // NCCL 2.9 has no ncclAvg: a sum, divided by the ranks when unpacking.
-  absl::StatusOr<NcclReduction> old = ToNcclReduction(ReduceOp::kAverage, DataType::kFloat16, 8, 20907);
+  absl::StatusOr<NcclReduction> old =
+      ToNcclReduction(ReduceOp::kAverage, DataType::kFloat16, 8, 20907);
   EXPECT_EQ(old->op, ncclSum);
   EXPECT_EQ(old->divide_by, 8);
   // Integers keep Horovod's truncating division of the sum.
-  absl::StatusOr<NcclReduction> ints = ToNcclReduction(ReduceOp::kAverage, DataType::kInt64, 4, 22809);
+  absl::StatusOr<NcclReduction> ints =
+      ToNcclReduction(ReduceOp::kAverage, DataType::kInt64, 4, 22809);
   EXPECT_EQ(ints->op, ncclSum);
   EXPECT_EQ(ints->divide_by, 4);
 }
@@ -44,16 +46,16 @@ TEST(NcclMappingTest, OtherReductionsMapOneToOne) {
   EXPECT_EQ(ToNcclReduction(ReduceOp::kMax, DataType::kBfloat16, 4, 22809)->op, ncclMax);
   EXPECT_EQ(ToNcclReduction(ReduceOp::kProduct, DataType::kUint8, 4, 22809)->op, ncclProd);
   EXPECT_EQ(ToNcclReduction(ReduceOp::kProduct, DataType::kUint8, 4, 22809)->divide_by, 1);
-  EXPECT_EQ(ToNcclReduction(static_cast<ReduceOp>(42), DataType::kFloat32, 4, 22809)
-                .status()
-                .message(),
-            "reduce op 42 has no NCCL equivalent");
+  EXPECT_EQ(
+      ToNcclReduction(static_cast<ReduceOp>(42), DataType::kFloat32, 4, 22809).status().message(),
+      "reduce op 42 has no NCCL equivalent");
 }
 
 TEST(NcclMappingTest, ResultsBecomeStatusesNamingTheRankAndNcclsMessage) {
   EXPECT_TRUE(NcclStatus(ncclSuccess, "allreduce", "rank 0 (h, cuda:0)").ok());
-  absl::Status remote = NcclStatus(ncclRemoteError, "allreduce", "rank 3 (host-b, cuda:1)",
-                                   "socketProgress: Connection closed by remote peer 10.0.0.7<39157>");
+  absl::Status remote =
+      NcclStatus(ncclRemoteError, "allreduce", "rank 3 (host-b, cuda:1)",
+                 "socketProgress: Connection closed by remote peer 10.0.0.7<39157>");
   EXPECT_EQ(remote.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(remote.message(),
             "NCCL allreduce on rank 3 (host-b, cuda:1) failed: a remote peer failed or exited, or "

@@ -1,5 +1,5 @@
-// The NCCL watchdog's state machine against a fake communicator: what aborts, that the abort happens
-// exactly once and the communicator is never queried after it, and what the engine is told.
+// The NCCL watchdog's state machine against a fake communicator: what aborts, that the abort
+// happens exactly once and the communicator is never queried after it, and what the engine is told.
 #include "worker/gpu/watchdog.h"
 
 #include <thread>
