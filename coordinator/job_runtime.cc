@@ -221,10 +221,13 @@ JobThroughput JobRuntime::Throughput(absl::Time until) const {
   out.tensors_negotiated = now.tensors;
   out.bytes_negotiated = now.bytes;
   if (until == absl::InfiniteFuture()) until = now.time;  // as of the last cycle
-  if (!window_.empty()) {
-    // From the oldest snapshot of the window to `until` (the clock, for a running job, so an idle
-    // job decays to zero).
-    const Totals& then = window_.front();
+  // A job whose negotiation has been idle for a while moves nothing now, whatever its last window.
+  if (!window_.empty() && until - now.time < kIdleAfter) {
+    // Over the window that ends at `until`: from the newest snapshot at least the window's length
+    // old (the oldest one while the job is younger than that).
+    auto start = std::find_if(window_.rbegin(), window_.rend(),
+                              [&](const Totals& t) { return until - t.time >= kWindow; });
+    const Totals& then = start != window_.rend() ? *start : window_.front();
     const double seconds = absl::ToDoubleSeconds(until - then.time);
     if (seconds > 0) {
       out.bytes_per_second = (now.bytes - then.bytes) / seconds;

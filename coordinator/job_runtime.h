@@ -63,8 +63,11 @@ class JobRuntime {
   // The earliest time a cycle falls due (InfiniteFuture when none is pending).
   absl::Time NextDeadline() const { return negotiator_->NextDeadline(); }
 
-  // The job's figures over its 10 s window up to `until` (InfiniteFuture: up to its last cycle).
+  // The job's figures over the 10 s (kWindow) up to `until` (InfiniteFuture: up to its last
+  // cycle); rates are 0 once no cycle came for kIdleAfter.
   JobThroughput Throughput(absl::Time until) const;
+  static constexpr absl::Duration kWindow = absl::Seconds(10);
+  static constexpr absl::Duration kIdleAfter = absl::Seconds(3);
 
   // Writes the negotiation events since the last call to the timeline, then checks for stalls
   // (updating the stalled-tensors gauge).

@@ -957,17 +957,38 @@ TEST_F(CoordinatorTest, GetJobReportsLiveThroughputOverTheLastTenSeconds) {
   EXPECT_DOUBLE_EQ(t.cycles_per_second, 0.9);
   EXPECT_EQ(t.fusion_threshold_bytes, int64_t{128} << 20);
   EXPECT_EQ(t.cycle_time_ms, 1.0);
-  // Once the job ends it keeps its figures as of its last cycle (step 10, 9 s after the first),
-  // however long ago that is.
+  // Nothing moves for 3 s: the live rates are 0, the totals stay.
+  clock_.Advance(absl::Seconds(2));
+  for (const std::string& w : {w0, w1}) ASSERT_TRUE(coordinator_.Heartbeat(w).ok());
+  Job idle = GetJob(id);
+  ASSERT_TRUE(idle.throughput.has_value());
+  EXPECT_EQ(idle.throughput->bytes_per_second, 0);
+  EXPECT_EQ(idle.throughput->steps_per_second, 0);
+  EXPECT_EQ(idle.throughput->cycles_per_second, 0);
+  EXPECT_EQ(idle.throughput->bytes_negotiated, 20000);
+  // Steps resume, one a second: after 10 s, the window holds only them.
+  for (int step = 0; step < 10; ++step) {
+    for (int rank : {0, 1}) {
+      ASSERT_TRUE(
+          Submit(rank == 0 ? w0 : w1, id, rank, {Allreduce("w", {250}), Allreduce("b", {250})})
+              .ok());
+    }
+    clock_.Advance(absl::Seconds(1));
+    for (const std::string& w : {w0, w1}) ASSERT_TRUE(coordinator_.Heartbeat(w).ok());
+  }
+  EXPECT_DOUBLE_EQ(GetJob(id).throughput->bytes_per_second, 18000.0 / 10);
+  // Once the job ends it keeps its figures as of its last cycle (21 s after the first), however
+  // long ago that is: over the 12 s since the newest snapshot at least 10 s older (step 10 of the
+  // first run, at 9 s), 10 steps of 2000 bytes.
   ASSERT_TRUE(coordinator_.CancelJob(id, "").ok());
   clock_.Advance(absl::Seconds(30));
   Job ended = GetJob(id);
   ASSERT_TRUE(ended.throughput.has_value());
-  EXPECT_EQ(ended.throughput->tensors_negotiated, 20);
-  EXPECT_EQ(ended.throughput->bytes_negotiated, 20000);
-  EXPECT_DOUBLE_EQ(ended.throughput->bytes_per_second, 18000.0 / 9);
-  EXPECT_DOUBLE_EQ(ended.throughput->steps_per_second, 1.0);
-  EXPECT_DOUBLE_EQ(ended.throughput->cycles_per_second, 1.0);
+  EXPECT_EQ(ended.throughput->tensors_negotiated, 40);
+  EXPECT_EQ(ended.throughput->bytes_negotiated, 40000);
+  EXPECT_DOUBLE_EQ(ended.throughput->bytes_per_second, 20000.0 / 12);
+  EXPECT_DOUBLE_EQ(ended.throughput->steps_per_second, 10.0 / 12);
+  EXPECT_DOUBLE_EQ(ended.throughput->cycles_per_second, 10.0 / 12);
   EXPECT_EQ(ended.throughput->fusion_threshold_bytes, int64_t{128} << 20);
 }
 
