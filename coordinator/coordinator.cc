@@ -92,10 +92,10 @@ std::optional<Job> Coordinator::PlaceOne() {
   std::vector<Job> pending = jobs_.List({JobState::kPending});
   std::reverse(pending.begin(), pending.end());  // oldest first
   // Forget jobs that are no longer pending (started, cancelled).
-  absl::erase_if(waiting_, [&pending](const auto& entry) {
-    return std::none_of(pending.begin(), pending.end(),
-                        [&entry](const Job& j) { return j.id == entry.first; });
-  });
+  absl::flat_hash_set<std::string> pending_ids;
+  for (const Job& job : pending) pending_ids.insert(job.id);
+  absl::erase_if(waiting_,
+                 [&pending_ids](const auto& entry) { return !pending_ids.contains(entry.first); });
   for (const Job& job : pending) {
     absl::StatusOr<std::vector<RankInfo>> ranks =
         GangSchedule(workers_.Available(), job.spec.np, job.spec.processes_per_host);
@@ -103,9 +103,18 @@ std::optional<Job> Coordinator::PlaceOne() {
       // Watchers see why it waits, each time that changes.
       std::string why = WaitingReason(workers_.List(), job.spec.np, job.spec.processes_per_host,
                                       job.spec.knobs.backend);
-      if (!why.empty() && waiting_[job.id] != why) {
-        jobs_.AddEvent(job.id, absl::StrCat("waiting: ", why)).IgnoreError();
-        waiting_[job.id] = std::move(why);
+      // At most kMaxWaitingEvents per job (workers coming and going change the counts); `status`
+      // always has the reason as it is.
+      Waiting& w = waiting_[job.id];
+      if (!why.empty() && w.reason != why && w.events < kMaxWaitingEvents) {
+        ++w.events;
+        jobs_
+            .AddEvent(job.id,
+                      w.events == kMaxWaitingEvents
+                          ? absl::StrCat("waiting: ", why, " (further changes only in status)")
+                          : absl::StrCat("waiting: ", why))
+            .IgnoreError();
+        w.reason = std::move(why);
       }
       continue;
     }
@@ -144,6 +153,11 @@ void Coordinator::Schedule() {
 }
 
 void Coordinator::StartPlaced(const Job& job) {
+  // Cancelled meanwhile: no files, no series, no assignments.
+  if (absl::StatusOr<Job> now = jobs_.Get(job.id);
+      !now.ok() || IsTerminal(now->state) || now->epoch != job.epoch) {
+    return;
+  }
   std::vector<std::string> problems;
   std::shared_ptr<JobRuntime> runtime =
       JobRuntime::Open(job, artifacts_, metrics_, clock_->Now(), &problems);
@@ -187,9 +201,13 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
   } else {
     spdlog::info("job {} {}: {}", job_id, JobStateName(state), reason);
   }
+  std::shared_ptr<JobRuntime> ended;  // destroyed after mu_ is released
   {
     absl::MutexLock lock(&mu_);
-    runtimes_.erase(job_id);
+    if (auto it = runtimes_.find(job_id); it != runtimes_.end()) {
+      ended = std::move(it->second);
+      runtimes_.erase(it);
+    }
     pending_failures_.erase(job_id);
     for (const RankInfo& r : job->ranks) {
       if (r.worker_id == except_worker) continue;
@@ -392,6 +410,18 @@ absl::StatusOr<Coordinator::ArtifactSnapshot> Coordinator::SnapshotArtifact(
   return absl::NotFoundError(absl::StrCat("job ", job_id, " has no artifact '", name, "'"));
 }
 
+std::vector<Job> Coordinator::ListJobs(const std::vector<JobState>& states) const {
+  std::vector<Job> jobs = jobs_.List(states);
+  std::vector<Worker> workers;
+  for (Job& job : jobs) {
+    if (job.state != JobState::kPending) continue;
+    if (workers.empty()) workers = workers_.List();
+    job.waiting_reason =
+        WaitingReason(workers, job.spec.np, job.spec.processes_per_host, job.spec.knobs.backend);
+  }
+  return jobs;
+}
+
 absl::StatusOr<Job> Coordinator::GetJob(const std::string& id) const {
   absl::StatusOr<Job> job = jobs_.Get(id);
   if (!job.ok()) return job;
@@ -540,9 +570,13 @@ void Coordinator::SettleFailures(absl::Time now, const std::string& disconnected
   std::vector<std::pair<std::string, PendingFailure>> due;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, failure] : pending_failures_) {
-      if (now < failure.deadline && id != disconnected_job) continue;
-      due.emplace_back(id, failure);
+    for (auto it = pending_failures_.begin(); it != pending_failures_.end();) {
+      if (now < it->second.deadline && it->first != disconnected_job) {
+        ++it;
+        continue;
+      }
+      due.emplace_back(it->first, std::move(it->second));  // taken: settled once
+      pending_failures_.erase(it++);
     }
   }
   for (auto& [job_id, failure] : due) {
@@ -552,7 +586,7 @@ void Coordinator::SettleFailures(absl::Time now, const std::string& disconnected
         reason = absl::StrCat(cause, "; then ", reason);
       }
     }
-    Finish(job_id, JobState::kFailed, std::move(reason), failure.worker_id).IgnoreError();
+    FinishLater(job_id, JobState::kFailed, std::move(reason), failure.worker_id);
   }
 }
 
@@ -656,10 +690,9 @@ void Coordinator::Housekeeping(absl::Time now) {
     }
     if (w.job_id.empty()) Schedule();  // pending jobs' reasons count registered workers
     if (!w.job_id.empty()) {
-      Finish(w.job_id, JobState::kFailed,
-             absl::StrCat("worker ", w.id, " serving rank ", w.rank, " on host ", w.host,
-                          " was lost: ", lost))
-          .IgnoreError();  // the job may have ended meanwhile
+      FinishLater(w.job_id, JobState::kFailed,
+                  absl::StrCat("worker ", w.id, " serving rank ", w.rank, " on host ", w.host,
+                               " was lost: ", lost));  // the job may have ended meanwhile
     }
   }
   std::vector<std::shared_ptr<JobRuntime>> runtimes;
@@ -672,7 +705,7 @@ void Coordinator::Housekeeping(absl::Time now) {
     if (report.message.empty()) continue;
     spdlog::warn("{}", report.message);
     if (report.shutdown) {
-      Finish(runtime->job_id(), JobState::kFailed, report.message).IgnoreError();
+      FinishLater(runtime->job_id(), JobState::kFailed, report.message);
     } else {
       jobs_.AddEvent(runtime->job_id(), report.message).IgnoreError();
     }

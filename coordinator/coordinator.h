@@ -108,9 +108,8 @@ class Coordinator {
   absl::StatusOr<Job> RegisterJob(JobSpec spec);
   // With live throughput while the job has a runtime.
   absl::StatusOr<Job> GetJob(const std::string& id) const;
-  std::vector<Job> ListJobs(const std::vector<JobState>& states) const {
-    return jobs_.List(states);
-  }
+  // Newest first; PENDING jobs with their waiting reason.
+  std::vector<Job> ListJobs(const std::vector<JobState>& states) const;
   // Ends the job CANCELLED on the caller's thread (file I/O: closing its timeline).
   absl::StatusOr<Job> CancelJob(const std::string& id, std::string reason);
   // The same, for callers that must not block: checks the request at once, then cancels on the
@@ -265,8 +264,13 @@ class Coordinator {
 
   // Serialises scheduling decisions (read idle workers, assign, start), which span registries.
   absl::Mutex schedule_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  // The last waiting reason reported for each pending job (no others).
-  absl::flat_hash_map<std::string, std::string> waiting_ ABSL_GUARDED_BY(schedule_mu_);
+  // The last waiting reason reported for each pending job (no others), and how many events said it.
+  struct Waiting {
+    std::string reason;
+    int events = 0;
+  };
+  static constexpr int kMaxWaitingEvents = 16;
+  absl::flat_hash_map<std::string, Waiting> waiting_ ABSL_GUARDED_BY(schedule_mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<JobRuntime>> runtimes_ ABSL_GUARDED_BY(mu_);
   // A rank's non-zero exit waiting for failure_settle before it fails its job, by job (running jobs

@@ -261,6 +261,8 @@ std::optional<JobRuntime::TimelineSnapshot> JobRuntime::Timeline() const {
 }
 
 void JobRuntime::Close() {
+  // A second caller waits for the first to be done: once Close() returns, the files are complete.
+  absl::MutexLock close_lock(&close_mu_);
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;

@@ -117,6 +117,7 @@ class JobRuntime {
   std::unique_ptr<ringmaster::Timeline> timeline_;
   std::string timeline_name_;
 
+  absl::Mutex close_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // held for a whole Close()
   mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(log_mu_);
   NegotiatorStats reported_ ABSL_GUARDED_BY(mu_);  // stats already added to the counters
   // Running totals, and snapshots of them about every second for a 10 s window.

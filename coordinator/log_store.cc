@@ -109,6 +109,50 @@ void LogStore::EvictLocked() {
   }
 }
 
+namespace {
+
+// The length of the valid UTF-8 sequence at text[i] (RFC 3629: no overlong forms, no surrogates,
+// nothing above U+10FFFF), or 0.
+size_t Utf8Length(absl::string_view text, size_t i) {
+  auto at = [&](size_t k) { return static_cast<unsigned char>(text[i + k]); };
+  const unsigned char c = at(0);
+  if (c < 0x80) return 1;
+  const size_t n = c >= 0xc2 && c <= 0xdf   ? 2
+                   : c >= 0xe0 && c <= 0xef ? 3
+                   : c >= 0xf0 && c <= 0xf4 ? 4
+                                            : 0;
+  if (n == 0 || i + n > text.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((at(k) >> 6) != 0x2) return 0;
+  }
+  if ((c == 0xe0 && at(1) < 0xa0) || (c == 0xed && at(1) >= 0xa0) || (c == 0xf0 && at(1) < 0x90) ||
+      (c == 0xf4 && at(1) >= 0x90)) {
+    return 0;
+  }
+  return n;
+}
+
+// At most `max_bytes` of `text` as valid UTF-8 (the lines go into proto3 strings): cut on a
+// character boundary, each byte of an invalid sequence replaced by '?'.
+std::string ValidUtf8Prefix(absl::string_view text, size_t max_bytes) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = Utf8Length(text, i);
+    const bool valid = n > 0;
+    const size_t take = valid ? n : 1;
+    if (out.size() + take > max_bytes) break;
+    if (valid) {
+      out.append(text.data() + i, n);
+    } else {
+      out.push_back('?');
+    }
+    i += take;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::string> LogStore::LastLines(const std::string& job_id, int32_t rank, int max_lines,
                                              size_t max_line_bytes) const {
   // Enough of the end to hold the lines asked for, unless they are very long.
@@ -126,9 +170,10 @@ std::vector<std::string> LogStore::LastLines(const std::string& job_id, int32_t 
     for (size_t i = first; i < chunks.size(); ++i) text += chunks[i].data;
   }
   std::vector<std::string> lines;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+  // A progress bar's carriage returns end lines too.
+  for (absl::string_view line : absl::StrSplit(text, absl::ByAnyChar("\r\n"))) {
     if (absl::StripAsciiWhitespace(line).empty()) continue;
-    lines.emplace_back(line.substr(0, max_line_bytes));
+    lines.push_back(ValidUtf8Prefix(line, max_line_bytes));
   }
   if (lines.size() > static_cast<size_t>(max_lines)) {
     lines.erase(lines.begin(), lines.end() - max_lines);

@@ -36,8 +36,9 @@ class CoordinatorServer {
   // Serves the coordinator's metrics at http://ADDRESS/metrics; returns the port.
   absl::StatusOr<int> StartMetrics(const std::string& address);
 
-  // Tells workers to shut down, fails pending rendezvous waits, and stops the server, giving
-  // in-flight calls up to `grace` to finish. Idempotent.
+  // Ends every worker's session UNAVAILABLE (the daemons stay up and reconnect), fails pending
+  // rendezvous waits, stops the server (giving in-flight calls up to `grace` to finish), then runs
+  // what was handed to the executor (ending jobs, closing their files). Idempotent.
   void Stop(absl::Duration grace = absl::Seconds(5));
 
   Coordinator& coordinator() { return *coordinator_; }

@@ -79,12 +79,16 @@ class Cluster:
         self.tmp = tmp
         self.procs = []
         self.count = 0
+        # Daemons as on a fresh machine: artifacts under the test's own directory, and no
+        # PYTHONPATH of the caller's (a job that needs the package must be sent it).
+        self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.env["TMPDIR"] = str(tmp)
 
     def coordinator(self, *extra, port=0, expect_port=True):
         self.count += 1
         c = Proc([str(BIN / "ringmaster-coordinator"), "--listen", f"127.0.0.1:{port}",
                   "--lease-seconds", "3", "--heartbeat-interval-seconds", "0.5", *extra],
-                 self.tmp, f"coordinator{self.count}")
+                 self.tmp, f"coordinator{self.count}", env=self.env)
         self.procs.append(c)
         if expect_port:
             m = wait_for(lambda: PORT_RE.search(c.stdout()) or (not c.alive() and "exited"), 20,
@@ -99,7 +103,7 @@ class Cluster:
         socket_path = socket_path or f"{self.tmp}/w{self.count}.sock"
         w = Proc([str(BIN / "ringmaster-worker"), "--coordinator", coordinator.address,
                   "--device", "cpu", "--host-name", host, "--socket", socket_path, *extra],
-                 self.tmp, f"worker{self.count}")
+                 self.tmp, f"worker{self.count}", env=self.env)
         w.socket = socket_path
         self.procs.append(w)
         return w
@@ -420,7 +424,7 @@ def test_two_coordinators_keep_their_artifacts_apart(cluster, tmp_path):
     for c in (first, second):
         cluster.worker(c)
         wait_for(lambda: cluster.idle_workers(c), 20, "a worker")
-    base = Path(os.environ.get("TMPDIR") or "/tmp") / f"ringmaster-artifacts-{UID}"
+    base = Path(cluster.env["TMPDIR"]) / f"ringmaster-artifacts-{UID}"
     for c in (first, second):
         job = submit(cluster, c, "--np", "1", "--timeline", "timeline.json", "--",
                      str(BIN / "hello_allreduce"), cwd=tmp_path)

@@ -1149,5 +1149,75 @@ TEST_F(CoordinatorTest, ArtifactNamesMustBePlainFileNames) {
       "cycle_time_ms, cache_capacity)");
 }
 
+// Holds what the coordinator hands to its executor until the test runs it.
+class ManualExecutor : public Executor {
+ public:
+  void Post(std::function<void()> task) override { tasks_.push_back(std::move(task)); }
+  size_t pending() const { return tasks_.size(); }
+  void RunAll() {
+    while (!tasks_.empty()) {
+      auto task = std::move(tasks_.front());
+      tasks_.erase(tasks_.begin());
+      task();
+    }
+  }
+
+ private:
+  std::vector<std::function<void()>> tasks_;
+};
+
+TEST(CoordinatorExecutorTest, SlowWorkWaitsForTheExecutorAndACancelledPlacementStartsNothing) {
+  FakeClock clock;
+  ManualExecutor executor;
+  const std::string artifacts = absl::StrCat(std::filesystem::temp_directory_path().string(),
+                                             "/coordinator_executor_test_", getpid());
+  CoordinatorOptions o;
+  o.clock = &clock;
+  o.executor = &executor;
+  o.artifacts_dir = artifacts;
+  Coordinator coordinator(std::move(o));
+  RecordingChannel c0, c1;
+  const std::string w0 = coordinator.RegisterWorker("host-a", "cpu", {})->id;
+  const std::string w1 = coordinator.RegisterWorker("host-a", "cpu", {})->id;
+  ASSERT_TRUE(coordinator.OpenSession(w0, &c0).ok());
+  ASSERT_TRUE(coordinator.OpenSession(w1, &c1).ok());
+  JobSpec spec = Spec(2);
+  spec.knobs.timeline = "timeline.json";
+
+  // Placed at once (its workers are taken); its runtime's files and assignments wait.
+  const std::string first = coordinator.RegisterJob(spec)->id;
+  EXPECT_EQ(coordinator.GetJob(first)->state, JobState::kStarting);
+  EXPECT_EQ(executor.pending(), 1u);
+  EXPECT_THAT(c0.assignments, IsEmpty());
+  ASSERT_TRUE(coordinator.CancelJob(first, "").ok());  // before the executor ran
+  executor.RunAll();
+  EXPECT_THAT(c0.assignments, IsEmpty());
+  EXPECT_THAT(c1.assignments, IsEmpty());
+  EXPECT_FALSE(std::filesystem::exists(artifacts + "/" + first + "/timeline.json"));
+
+  // The next job starts once the executor runs; its ranks' exits end it there too.
+  const std::string second = coordinator.RegisterJob(spec)->id;
+  executor.RunAll();
+  ASSERT_EQ(c0.assignments.size(), 1u);
+  EXPECT_TRUE(std::filesystem::exists(artifacts + "/" + second + "/timeline.json"));
+  for (auto [worker, rank] : {std::pair{w0, 0}, std::pair{w1, 1}}) {
+    RankUpdate u;
+    u.job_id = second;
+    u.epoch = 1;
+    u.rank = rank;
+    u.state = RankState::kExited;
+    ASSERT_TRUE(coordinator.UpdateRank(worker, u).ok());
+  }
+  EXPECT_EQ(coordinator.GetJob(second)->state, JobState::kStarting);
+  std::optional<absl::StatusOr<Job>> cancelled;
+  coordinator.CancelJob(second, "late", [&](absl::StatusOr<Job> j) { cancelled = std::move(j); });
+  EXPECT_FALSE(cancelled.has_value());
+  executor.RunAll();
+  EXPECT_EQ(coordinator.GetJob(second)->state, JobState::kSucceeded);
+  ASSERT_TRUE(cancelled.has_value());  // the cancel came after the success: refused
+  EXPECT_EQ(cancelled->status().code(), absl::StatusCode::kFailedPrecondition);
+  std::filesystem::remove_all(artifacts);
+}
+
 }  // namespace
 }  // namespace ringmaster

@@ -74,6 +74,19 @@ TEST_F(LogStoreTest, LastLinesAreARanksNewestNonBlankLinesAcrossChunksAndStreams
   EXPECT_TRUE(store.LastLines("j", 2, 5, 240).empty());
 }
 
+TEST_F(LogStoreTest, LastLinesAreValidUtf8CutOnACharacterAndSplitAtCarriageReturns) {
+  LogStore store = Store();
+  // "██" is 6 bytes; cut at 4, the second character goes whole. \xff is no UTF-8 at all.
+  ASSERT_TRUE(store.Append("j", 0, OutputStream::kStdout, "\xe2\x96\x88\xe2\x96\x88\n").ok());
+  ASSERT_TRUE(store
+                  .Append("j", 0, OutputStream::kStdout,
+                          "a\xff"
+                          "b\n10%\r50%\r100%\n")
+                  .ok());
+  EXPECT_THAT(store.LastLines("j", 0, 5, 4),
+              ElementsAre("\xe2\x96\x88", "a?b", "10%", "50%", "100%"));
+}
+
 TEST_F(LogStoreTest, ACursorResumesAfterTheLastChunkRead) {
   LogStore store = Store();
   for (const char* s : {"one", "two", "three"}) {
