@@ -1,12 +1,14 @@
 // The coordinator's composition root and the glue between its parts: it owns the job registry, the
-// worker registry, the rendezvous store, the jobs' output (logs) and one negotiator per running
-// job, in dependency order, and implements the operations the services expose. Transport-free:
-// services translate messages and call it; it talks to workers through WorkerChannel.
+// worker registry, the rendezvous store, the jobs' output (logs) and artifacts, and one JobRuntime
+// per running job (coordinator/job_runtime.h: its negotiator, throughput, timeline, autotuner), in
+// dependency order, and implements the operations the services expose. Transport-free: services
+// translate messages and call it; it talks to workers through WorkerChannel.
 //
-// Thread-safe. mu_ guards the job runtimes and the worker channels. Channels are called with mu_
-// held: their methods only queue a message (they never block or call back), and holding mu_ keeps a
-// closing session's channel alive. Watchers, log followers and negotiators are called with mu_
-// released.
+// Thread-safe. mu_ guards the job runtimes, the pending failures and the worker channels. Channels
+// are called with mu_ held: their methods only queue a message (they never block or call back), and
+// holding mu_ keeps a closing session's channel alive. Watchers, log followers and runtimes are
+// called with mu_ released. Slow work (opening a placed job's runtime, ending a job: file I/O) goes
+// to the injected executor, so a gRPC callback that triggers it never blocks on it.
 #pragma once
 
 #include <cstdint>
