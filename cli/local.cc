@@ -369,7 +369,10 @@ class LocalRun {
       std::fprintf(stderr, "ringmaster local: %s did not stop on SIGTERM; killed it\n",
                    name.c_str());
     }
-    for (const std::string& path : sockets_) unlink(path.c_str());
+    for (const std::string& path : sockets_) {
+      unlink(path.c_str());
+      unlink(absl::StrCat(path, ".lock").c_str());  // a killed worker's claim on it
+    }
     std::error_code error;
     std::filesystem::remove_all(artifacts_dir_, error);
   }

@@ -1,5 +1,7 @@
 #include "worker/local_server.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -46,8 +48,26 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::strin
     return absl::InvalidArgumentError(
         absl::StrCat("--socket '", path, "' must be 1..", sizeof(addr.sun_path) - 1, " bytes"));
   }
+  const std::string in_use = absl::StrCat(
+      "--socket ", path,
+      " is in use: another ringmaster-worker serves it (give each worker its own --socket)");
+  // PATH.lock, held for the server's life, makes claiming the path atomic: two workers started at
+  // once on a dead daemon's socket cannot both take it over.
+  const std::string lock_path = absl::StrCat(path, ".lock");
+  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create ", lock_path, ": ", std::strerror(errno)));
+  }
+  if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    close(lock_fd);
+    return absl::FailedPreconditionError(in_use);
+  }
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (fd < 0) {
+    close(lock_fd);
+    return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   // A path that exists is replaced only when it is a socket nobody answers on (left by a daemon
@@ -55,6 +75,7 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::strin
   if (struct stat st; lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
       close(fd);
+      close(lock_fd);
       return absl::FailedPreconditionError(
           absl::StrCat("--socket ", path, " exists and is not a socket; choose another path"));
     }
@@ -62,11 +83,10 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::strin
     const bool answered =
         probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     if (probe >= 0) close(probe);
-    if (answered) {
+    if (answered) {  // a server that holds no lock (an older worker's)
       close(fd);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--socket ", path,
-          " is in use: another ringmaster-worker serves it (give each worker its own --socket)"));
+      close(lock_fd);
+      return absl::FailedPreconditionError(in_use);
     }
     unlink(path.c_str());
   }
@@ -74,6 +94,7 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::strin
     absl::Status s =
         absl::UnavailableError(absl::StrCat("cannot listen on ", path, ": ", std::strerror(errno)));
     close(fd);
+    close(lock_fd);
     return s;
   }
   struct stat bound {};
@@ -81,6 +102,7 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::strin
   auto server = std::unique_ptr<LocalServer>(new LocalServer(path, fd, handler));
   server->socket_device_ = bound.st_dev;
   server->socket_inode_ = bound.st_ino;
+  server->lock_fd_ = lock_fd;
   server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
@@ -193,6 +215,9 @@ void LocalServer::Stop() {
       stat(path_.c_str(), &st) == 0 && st.st_dev == socket_device_ && st.st_ino == socket_inode_) {
     unlink(path_.c_str());
   }
+  // Unlinked while still held, so a worker that opens PATH.lock afterwards creates a fresh one.
+  unlink(absl::StrCat(path_, ".lock").c_str());
+  close(lock_fd_);
 }
 
 }  // namespace ringmaster

@@ -50,9 +50,9 @@ class LocalServer {
     virtual void OnDisconnect(const v1::LocalWelcome* welcome) = 0;
   };
 
-  // Listens on `path`. A socket file there that nobody answers on (a dead daemon's) is replaced;
-  // FAILED_PRECONDITION when a live server answers there, or the path is not a socket. `handler` is
-  // borrowed.
+  // Listens on `path`, holding `path`.lock (flock) until Stop(). A socket file there that nobody
+  // answers on (a dead daemon's) is replaced; FAILED_PRECONDITION when another server holds the
+  // lock or answers there, or the path is not a socket. `handler` is borrowed.
   static absl::StatusOr<std::unique_ptr<LocalServer>> Start(const std::string& path,
                                                             Handler* handler);
   ~LocalServer();  // Stop()s
@@ -75,6 +75,7 @@ class LocalServer {
   // The socket file this server created (unlinked at Stop() only if the path still names it).
   dev_t socket_device_ = 0;
   ino_t socket_inode_ = 0;
+  int lock_fd_ = -1;  // PATH.lock, flock()ed from Start() to Stop()
   Handler* const handler_;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;

@@ -7,6 +7,7 @@ Binaries come from $RINGMASTER_BIN_DIR (default <repo>/build/bin). Every process
 killed when it ends; every wait is bounded.
 """
 
+import fcntl
 import json
 import os
 import re
@@ -300,6 +301,18 @@ def test_a_worker_socket_in_use_is_refused_and_a_worker_removes_only_its_own(clu
     assert cluster.wait_state(c, job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 30)["state"] == \
         "JOB_STATE_SUCCEEDED"
 
+    # Claiming a path is atomic: while another holds PATH.lock (a worker starting at the same
+    # moment), the path is refused too.
+    claimed = f"{cluster.tmp}/claimed.sock"
+    with open(claimed + ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        racer = cluster.worker(c, host="h1", socket_path=claimed)
+        assert racer.p.wait(20) == 1
+        assert racer.stderr().splitlines()[-1] == (
+            f"ringmaster-worker: --socket {claimed} is in use: another ringmaster-worker serves it "
+            "(give each worker its own --socket)")
+    assert not Path(claimed).exists()
+
     # A socket left by a dead daemon (nobody answers) is replaced.
     stale = f"{cluster.tmp}/stale.sock"
     s = socket.socket(socket.AF_UNIX)
@@ -317,6 +330,7 @@ def test_a_worker_socket_in_use_is_refused_and_a_worker_removes_only_its_own(clu
     s.close()
     assert first.stop() == 0
     assert not Path(first.socket).exists()
+    assert not Path(first.socket + ".lock").exists()
 
 
 # --------------------------------------------------------------------------------------------------
