@@ -27,6 +27,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
       heartbeat_interval_(options.heartbeat_interval),
       housekeeping_interval_(options.housekeeping_interval),
       failure_settle_(options.failure_settle),
+      start_timeout_(options.start_timeout),
       log_linger_(options.log_linger),
       jobs_(std::move(options.store), options.clock),
       workers_(options.clock, options.lease, options.reconnect_grace),
@@ -138,6 +139,10 @@ std::optional<Job> Coordinator::PlaceOne() {
       for (const std::string& id : ids) workers_.Release(id);
       continue;
     }
+    {
+      absl::MutexLock lock(&mu_);
+      starting_since_[started->id] = clock_->Now();
+    }
     return *started;
   }
   return std::nullopt;
@@ -209,6 +214,7 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
       runtimes_.erase(it);
     }
     pending_failures_.erase(job_id);
+    starting_since_.erase(job_id);
     for (const RankInfo& r : job->ranks) {
       if (r.worker_id == except_worker) continue;
       if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendStopJob(job_id, reason);
@@ -458,6 +464,10 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     const bool all = std::all_of(job->ranks.begin(), job->ranks.end(),
                                  [](const RankInfo& r) { return r.state != RankState::kAssigned; });
     if (all && job->state == JobState::kStarting) {
+      {
+        absl::MutexLock lock(&mu_);
+        starting_since_.erase(update.job_id);
+      }
       return jobs_
           .Transition(update.job_id, JobState::kRunning,
                       absl::StrCat("all ", job->ranks.size(), " ranks started"))
@@ -710,8 +720,37 @@ void Coordinator::Housekeeping(absl::Time now) {
       jobs_.AddEvent(runtime->job_id(), report.message).IgnoreError();
     }
   }
+  FailJobsThatDidNotStart(now);
   rendezvous_.ExpireWaiters(now);
   logs_.EndDue();
+}
+
+void Coordinator::FailJobsThatDidNotStart(absl::Time now) {
+  std::vector<std::string> late;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = starting_since_.begin(); it != starting_since_.end();) {
+      if (now - it->second < start_timeout_) {
+        ++it;
+        continue;
+      }
+      late.push_back(it->first);
+      starting_since_.erase(it++);  // failed once
+    }
+  }
+  for (const std::string& job_id : late) {
+    absl::StatusOr<Job> job = jobs_.Get(job_id);
+    if (!job.ok() || job->state != JobState::kStarting) continue;
+    std::vector<std::string> missing;
+    for (const RankInfo& r : job->ranks) {
+      if (r.state == RankState::kAssigned) missing.push_back(Placement(r));
+    }
+    FinishLater(
+        job_id, JobState::kFailed,
+        absl::StrCat(missing.size() == 1 ? "1 rank" : absl::StrCat(missing.size(), " ranks"),
+                     " did not start within ", absl::FormatDuration(start_timeout_), ": ",
+                     absl::StrJoin(missing, ", ")));
+  }
 }
 
 void Coordinator::Shutdown(const std::string& reason) {

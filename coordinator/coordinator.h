@@ -54,6 +54,9 @@ struct CoordinatorOptions {
   // A rank's non-zero exit fails its job after this long, unless a worker of the job disconnects
   // meanwhile: then the failure names that worker first (the exit was most likely its consequence).
   absl::Duration failure_settle = absl::Milliseconds(300);
+  // A job still STARTING this long after it was placed (some rank never reported STARTED) fails,
+  // naming those ranks.
+  absl::Duration start_timeout = absl::Minutes(5);
   // How often Tick() expires leases, checks stalls and expires rendezvous waiters.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);
   // Output kept per rank (oldest dropped first), and by all jobs together (ended jobs' logs
@@ -245,6 +248,8 @@ class Coordinator {
   // Flushes the job's due cycle to its ranks' channels.
   void Flush(JobRuntime& runtime, absl::Time now);
   void Housekeeping(absl::Time now);
+  // Fails the jobs STARTING for longer than the start timeout, naming the ranks that never started.
+  void FailJobsThatDidNotStart(absl::Time now);
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
@@ -253,6 +258,7 @@ class Coordinator {
   const absl::Duration heartbeat_interval_;
   const absl::Duration housekeeping_interval_;
   const absl::Duration failure_settle_;
+  const absl::Duration start_timeout_;
   const absl::Duration log_linger_;
   JobRegistry jobs_;
   WorkerRegistry workers_;
@@ -278,6 +284,8 @@ class Coordinator {
   // A rank's non-zero exit waiting for failure_settle before it fails its job, by job (running jobs
   // only).
   absl::flat_hash_map<std::string, PendingFailure> pending_failures_ ABSL_GUARDED_BY(mu_);
+  // When each STARTING job was placed (until it runs or ends).
+  absl::flat_hash_map<std::string, absl::Time> starting_since_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, WorkerChannel*> channels_ ABSL_GUARDED_BY(mu_);
   absl::Time last_housekeeping_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

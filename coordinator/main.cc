@@ -23,6 +23,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://ADDR:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(double, lease_seconds, 10, "a worker without a heartbeat for this long is lost");
 ABSL_FLAG(double, heartbeat_interval_seconds, 2, "how often workers are told to heartbeat");
+ABSL_FLAG(absl::Duration, start_timeout, absl::Minutes(5),
+          "a job whose ranks have not all started this long after it was placed fails, naming "
+          "them (e.g. 30s, 5m)");
 ABSL_FLAG(
     std::string, artifacts_dir, "",
     "where jobs' timelines and autotune logs are kept, as DIR/JOB_ID/NAME (empty: "
@@ -65,6 +68,11 @@ int main(int argc, char** argv) {
   ringmaster::CoordinatorOptions options;
   options.lease = absl::Milliseconds(lease * 1000);
   options.heartbeat_interval = absl::Milliseconds(heartbeat * 1000);
+  options.start_timeout = absl::GetFlag(FLAGS_start_timeout);
+  if (options.start_timeout <= absl::ZeroDuration()) {
+    std::fprintf(stderr, "ringmaster-coordinator: --start-timeout must be positive\n");
+    return 2;
+  }
   if (std::string dir = absl::GetFlag(FLAGS_artifacts_dir); !dir.empty()) {
     options.artifacts_dir = std::move(dir);
   } else {

@@ -154,7 +154,8 @@ def submit(cluster, coordinator, *args, **kw):
 
 @pytest.mark.parametrize("binary,flags", [
     ("ringmaster-coordinator", ["--listen", "--metrics-listen", "--log-level", "--artifacts-dir",
-                                "--lease-seconds", "--heartbeat-interval-seconds"]),
+                                "--lease-seconds", "--heartbeat-interval-seconds",
+                                "--start-timeout"]),
     ("ringmaster-worker", ["--coordinator", "--device", "--host-name", "--socket", "--iface",
                            "--metrics-listen", "--arena-mb", "--collective-timeout-seconds", "--log-level"]),
 ])

@@ -1018,6 +1018,38 @@ TEST_F(CoordinatorTest, APendingJobSaysWhyItWaitsAndWatchersSeeEachChange) {
   EXPECT_EQ(GetJob(id).waiting_reason, "");
 }
 
+TEST_F(CoordinatorTest, AJobWhoseRanksDoNotAllStartFailsAtTheStartTimeoutNamingThem) {
+  const std::string w0 = Connect("host-a", "cpu");
+  const std::string w1 = Connect("host-b", "cpu");
+  const std::string w2 = Connect("host-b", "cpu");
+  const std::string id = coordinator_.RegisterJob(Spec(3))->id;
+  ASSERT_TRUE(Update(w0, id, 0, RankState::kStarted).ok());
+  clock_.Advance(absl::Minutes(5) - absl::Seconds(1));
+  for (const std::string& w : {w0, w1, w2}) ASSERT_TRUE(coordinator_.Heartbeat(w).ok());
+  coordinator_.Tick();
+  EXPECT_EQ(GetJob(id).state, JobState::kStarting);
+  clock_.Advance(absl::Seconds(1));
+  for (const std::string& w : {w0, w1, w2}) ASSERT_TRUE(coordinator_.Heartbeat(w).ok());
+  coordinator_.Tick();
+  const Job job = GetJob(id);
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_EQ(job.reason,
+            "2 ranks did not start within 5m: rank 1 on host host-b (worker-000002), rank 2 on "
+            "host host-b (worker-000003)");
+  EXPECT_THAT(Channel(w0).stops, SizeIs(1));
+}
+
+TEST_F(CoordinatorTest, AJobThatRunsIsNotFailedByTheStartTimeout) {
+  const std::string w0 = Connect("host-a", "cpu");
+  const std::string id = coordinator_.RegisterJob(Spec(1))->id;
+  ASSERT_TRUE(Update(w0, id, 0, RankState::kStarted).ok());
+  EXPECT_EQ(GetJob(id).state, JobState::kRunning);
+  clock_.Advance(absl::Minutes(6));
+  ASSERT_TRUE(coordinator_.Heartbeat(w0).ok());
+  coordinator_.Tick();
+  EXPECT_EQ(GetJob(id).state, JobState::kRunning);
+}
+
 TEST_F(CoordinatorTest, RanksThatHadNotExitedWhenTheJobEndedAreStopped) {
   const std::string w0 = Connect("host-a", "cpu");
   const std::string w1 = Connect("host-b", "cpu");
