@@ -165,7 +165,7 @@ void Coordinator::StartPlaced(const Job& job) {
   }
   std::vector<std::string> problems;
   std::shared_ptr<JobRuntime> runtime =
-      JobRuntime::Open(job, artifacts_, metrics_, clock_->Now(), &problems);
+      JobRuntime::Open(job, artifacts_, metrics_, slow_, clock_->Now(), &problems);
   for (const std::string& problem : problems) {
     spdlog::error("job {}: {}", job.id, problem);
     jobs_.AddEvent(job.id, problem).IgnoreError();

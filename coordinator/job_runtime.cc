@@ -36,10 +36,11 @@ constexpr int kDefaultCacheCapacity = 1024;
 
 }  // namespace
 
-JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics)
+JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics, Executor& io)
     : job_id_(job.id),
       epoch_(job.epoch),
       ranks_(job.ranks),
+      io_(io),
       cycles_(&metrics.GetCounter("ringmaster_negotiation_cycles_total",
                                   "Negotiation cycles that produced responses.",
                                   {{"job", job.id}})),
@@ -63,10 +64,10 @@ JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics)
 
 JobRuntime::~JobRuntime() { Close(); }
 
-std::unique_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore& artifacts,
-                                             MetricsRegistry& metrics, absl::Time now,
+std::shared_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore& artifacts,
+                                             MetricsRegistry& metrics, Executor& io, absl::Time now,
                                              std::vector<std::string>* problems) {
-  auto runtime = std::unique_ptr<JobRuntime>(new JobRuntime(job, metrics));
+  auto runtime = std::shared_ptr<JobRuntime>(new JobRuntime(job, metrics, io));
   const Knobs& k = job.spec.knobs;
   NegotiatorOptions options = NegotiatorOptionsFor(job);
   const bool tune_cache = k.autotune && !Fixed(k, "cache_capacity");
@@ -150,13 +151,14 @@ void JobRuntime::Flush(absl::Time now,
     cycle->fusion_threshold_bytes = negotiator_->fusion_threshold_bytes();
     cycle->cycle_time_ms = absl::ToDoubleMilliseconds(negotiator_->cycle_time());
     deliver(cycle);
-    // Taken before mu_ is released, so the lines of successive cycles are written in order; the
-    // file I/O then happens under log_mu_ alone.
-    if (!log_lines.empty()) log_mu_.Lock();
+    if (log_lines.empty()) return;
+    // Posted under mu_, so the lines of successive cycles are written in order; the file I/O then
+    // happens on the executor (never on a gRPC callback thread), under log_mu_ alone.
+    io_.Post([self = shared_from_this(), lines = std::move(log_lines)] {
+      absl::MutexLock log_lock(&self->log_mu_);
+      self->WriteAutotuneLog(lines);
+    });
   }
-  if (log_lines.empty()) return;
-  WriteAutotuneLog(log_lines);
-  log_mu_.Unlock();
 }
 
 std::pair<int64_t, int64_t> JobRuntime::RecordThroughput(const CycleOutput& output,

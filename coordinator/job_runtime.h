@@ -5,8 +5,9 @@
 //
 // Thread-safe. mu_ guards the negotiator's cycles, the counters already reported, the throughput
 // window and the autotuner, and is held from a poll of the negotiator until the cycle is handed to
-// `deliver`, so every rank sees cycles in one order. log_mu_ guards the autotune log file alone
-// (file I/O happens under it, never under mu_). The timeline has its own writer thread.
+// `deliver`, so every rank sees cycles in one order. The autotune log is written by tasks posted to
+// the `io` executor (in cycle order: they are posted under mu_), under log_mu_, which guards the
+// file alone. The timeline has its own writer thread.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/executor.h"
 #include "common/metrics.h"
 #include "coordinator/artifact_store.h"
 #include "coordinator/autotuner.h"
@@ -31,15 +33,16 @@
 
 namespace ringmaster {
 
-class JobRuntime {
+class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
  public:
   // Opens the runtime of `job` (placed: its ranks and epoch set): its negotiator with the job's
   // knobs, its metric series in `metrics` (borrowed; must outlive the runtime), and, when the knobs
   // ask for them, its timeline and autotune log under `artifacts` (the job's directory is emptied
   // first). Does file I/O: call with no lock held. A file that cannot be created is reported in
   // `problems` (the job runs without it).
-  static std::unique_ptr<JobRuntime> Open(const Job& job, const ArtifactStore& artifacts,
-                                          MetricsRegistry& metrics, absl::Time now,
+  // `io` (borrowed; must outlive the runtime's tasks) writes the autotune log as the job runs.
+  static std::shared_ptr<JobRuntime> Open(const Job& job, const ArtifactStore& artifacts,
+                                          MetricsRegistry& metrics, Executor& io, absl::Time now,
                                           std::vector<std::string>* problems);
   ~JobRuntime();
 
@@ -90,7 +93,7 @@ class JobRuntime {
   void Close();
 
  private:
-  JobRuntime(const Job& job, MetricsRegistry& metrics);
+  JobRuntime(const Job& job, MetricsRegistry& metrics, Executor& io);
 
   // Counts the cycle; returns the bytes of allreduce and broadcast it carried, and its number of
   // allreduce tensors.
@@ -105,6 +108,7 @@ class JobRuntime {
   const std::string job_id_;
   const int64_t epoch_;
   const std::vector<RankInfo> ranks_;
+  Executor& io_;
   std::unique_ptr<Negotiator> negotiator_;
   // The job's series (owned by the registry).
   Counter* const cycles_;

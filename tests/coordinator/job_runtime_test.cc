@@ -59,9 +59,10 @@ class JobRuntimeTest : public ::testing::Test {
         artifacts_(dir_.string()) {}
   ~JobRuntimeTest() override { std::filesystem::remove_all(dir_); }
 
-  std::unique_ptr<JobRuntime> Open(const Job& job) {
+  std::shared_ptr<JobRuntime> Open(const Job& job) {
     std::vector<std::string> problems;
-    auto runtime = JobRuntime::Open(job, artifacts_, metrics_, start_, &problems);
+    auto runtime =
+        JobRuntime::Open(job, artifacts_, metrics_, Executor::Inline(), start_, &problems);
     EXPECT_THAT(problems, IsEmpty());
     return runtime;
   }
@@ -136,7 +137,7 @@ TEST_F(JobRuntimeTest, AFileThatCannotBeCreatedIsAProblemAndTheJobRunsWithoutIt)
   Job job = PlacedJob(1);
   job.spec.knobs.timeline = "no-such-dir/timeline.json";
   std::vector<std::string> problems;
-  auto runtime = JobRuntime::Open(job, artifacts_, metrics_, start_, &problems);
+  auto runtime = JobRuntime::Open(job, artifacts_, metrics_, Executor::Inline(), start_, &problems);
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_EQ(problems[0].rfind("no timeline: ", 0), 0u) << problems[0];
   EXPECT_FALSE(runtime->Timeline().has_value());
