@@ -26,8 +26,6 @@
 #include "cli/subprocess.h"
 #include "ringmaster/v1/job.grpc.pb.h"
 
-extern char** environ;
-
 namespace ringmaster::cli {
 namespace {
 

@@ -299,14 +299,15 @@ void Coordinator::CloseSession(const std::string& worker_id, WorkerChannel* chan
     // within the reconnect grace.
     workers_.SetConnected(worker_id, false).IgnoreError();
   }
-  if (absl::StatusOr<Worker> w = workers_.Get(worker_id); w.ok()) {
+  absl::StatusOr<Worker> w = workers_.Get(worker_id);
+  if (w.ok()) {
     spdlog::info("worker {} on host {} ({}) disconnected; {}", worker_id, w->host, w->device,
                  w->job_id.empty()
                      ? absl::StrCat("it is lost unless it reconnects within its lease")
                      : absl::StrCat("it served rank ", w->rank, " of job ", w->job_id));
   }
   Schedule();  // a pending job's reason to wait counts idle workers
-  if (absl::StatusOr<Worker> w = workers_.Get(worker_id); w.ok() && !w->job_id.empty()) {
+  if (w.ok() && !w->job_id.empty()) {
     jobs_
         .AddEvent(w->job_id, absl::StrCat("worker ", worker_id, " serving rank ", w->rank,
                                           " on host ", w->host, " disconnected"))

@@ -937,15 +937,18 @@ TEST_F(CoordinatorTest, GetJobReportsLiveThroughputOverTheLastTenSeconds) {
   const std::string id = coordinator_.RegisterJob(Spec(2))->id;
   EXPECT_FALSE(GetJob(id).throughput.has_value() && GetJob(id).throughput->bytes_per_second > 0);
   // Ten steps, one a second, each allreducing two float32 tensors of 250 elements: 2000 bytes.
-  for (int step = 0; step < 10; ++step) {
-    for (int rank : {0, 1}) {
-      ASSERT_TRUE(
-          Submit(rank == 0 ? w0 : w1, id, rank, {Allreduce("w", {250}), Allreduce("b", {250})})
-              .ok());
+  auto ten_steps = [&] {
+    for (int step = 0; step < 10; ++step) {
+      for (int rank : {0, 1}) {
+        ASSERT_TRUE(
+            Submit(rank == 0 ? w0 : w1, id, rank, {Allreduce("w", {250}), Allreduce("b", {250})})
+                .ok());
+      }
+      clock_.Advance(absl::Seconds(1));
+      for (const std::string& w : {w0, w1}) ASSERT_TRUE(coordinator_.Heartbeat(w).ok());
     }
-    clock_.Advance(absl::Seconds(1));
-    for (const std::string& w : {w0, w1}) ASSERT_TRUE(coordinator_.Heartbeat(w).ok());
-  }
+  };
+  ASSERT_NO_FATAL_FAILURE(ten_steps());
   Job job = GetJob(id);
   ASSERT_TRUE(job.throughput.has_value());
   const JobThroughput& t = *job.throughput;
@@ -967,15 +970,7 @@ TEST_F(CoordinatorTest, GetJobReportsLiveThroughputOverTheLastTenSeconds) {
   EXPECT_EQ(idle.throughput->cycles_per_second, 0);
   EXPECT_EQ(idle.throughput->bytes_negotiated, 20000);
   // Steps resume, one a second: after 10 s, the window holds only them.
-  for (int step = 0; step < 10; ++step) {
-    for (int rank : {0, 1}) {
-      ASSERT_TRUE(
-          Submit(rank == 0 ? w0 : w1, id, rank, {Allreduce("w", {250}), Allreduce("b", {250})})
-              .ok());
-    }
-    clock_.Advance(absl::Seconds(1));
-    for (const std::string& w : {w0, w1}) ASSERT_TRUE(coordinator_.Heartbeat(w).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(ten_steps());
   EXPECT_DOUBLE_EQ(GetJob(id).throughput->bytes_per_second, 18000.0 / 10);
   // Once the job ends it keeps its figures as of its last cycle (21 s after the first), however
   // long ago that is: over the 12 s since the newest snapshot at least 10 s older (step 10 of the
