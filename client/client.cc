@@ -1,6 +1,5 @@
 #include "ringmaster/client.h"
 
-#include <dlfcn.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -10,7 +9,6 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -18,12 +16,11 @@
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/client_internal.h"
+#include "client/staging.h"
 #include "common/framing.h"
 #include "common/shared_memory.h"
 #include "ringmaster/v1/local.pb.h"
-#ifdef RINGMASTER_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace ringmaster {
 namespace {
@@ -48,152 +45,8 @@ absl::StatusOr<int> Dial(const std::string& path) {
   return fd;
 }
 
-// A GPU slot's client side: the daemon's device arena (opened once from its IPC handle), the events
-// the daemon records when collectives are done (opened once), and the events this process records
-// when tensors are ready (created here, shared once).
-struct DeviceSide {
-  int device = -1;
-  uint8_t* base = nullptr;
-#ifdef RINGMASTER_HAVE_CUDA
-  std::vector<cudaEvent_t> done;
-  std::vector<cudaEvent_t> ready;
-  // Staged arena memory whose copy out is queued on a stream: reusable once its event completes
-  // (the next tensor staged there may be copied in on another stream). Guarded by the client's
-  // free_mu_.
-  std::deque<std::pair<size_t, cudaEvent_t>> pending_frees;
-  std::vector<cudaEvent_t> spare_events;
-
-  // A process that outlives its job must not keep the arena mapped (nor leak events).
-  ~DeviceSide() {
-    if (device < 0) return;
-    cudaSetDevice(device);
-    cudaDeviceSynchronize();  // nothing may still use the arena or the events
-    for (cudaEvent_t e : done) cudaEventDestroy(e);
-    for (cudaEvent_t e : ready) cudaEventDestroy(e);
-    for (auto& [offset, e] : pending_frees) cudaEventDestroy(e);
-    for (cudaEvent_t e : spare_events) cudaEventDestroy(e);
-    if (base != nullptr) cudaIpcCloseMemHandle(base);
-  }
-#endif
-  std::vector<uint8_t> ready_busy;  // per ready event: in use until its op completes
-  size_t next_ready = 0;
-};
-
-constexpr int kReadyEvents = 1024;
 // How long a tensor to stage waits for arena memory held by operations in flight.
 constexpr absl::Duration kArenaWait = absl::Seconds(60);
-
-#ifdef RINGMASTER_HAVE_CUDA
-absl::Status CudaError(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();
-  return absl::UnavailableError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(e)));
-}
-
-// The driver's cuCtxGetCurrent / cuCtxSetCurrent, from the libcuda the CUDA runtime has loaded
-// (nullptr before it has): the client links no libcuda, so it loads on machines without a driver.
-struct DriverContextCalls {
-  using Get = int (*)(void**);
-  using Set = int (*)(void*);
-  Get get = nullptr;
-  Set set = nullptr;
-  DriverContextCalls() {
-    if (void* cuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
-      get = reinterpret_cast<Get>(dlsym(cuda, "cuCtxGetCurrent"));
-      set = reinterpret_cast<Set>(dlsym(cuda, "cuCtxSetCurrent"));
-    }
-  }
-};
-
-// Makes `device` current on this thread (the user's thread may have another one current: the legacy
-// default stream and new events are per device) and restores the thread's previous CUDA context
-// (none, on a thread that never used CUDA: restoring by device number would create a context on
-// GPU 0 there).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    static const DriverContextCalls driver;
-    int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
-    if (driver.get == nullptr || driver.set == nullptr || driver.get(&previous_) != 0) {
-      cudaSetDevice(device);  // no way back: leave the slot's device current
-      return;
-    }
-    set_ = driver.set;
-    cudaSetDevice(device);
-  }
-  ~DeviceGuard() {
-    if (set_ != nullptr) set_(previous_);
-  }
-
- private:
-  void* previous_ = nullptr;  // CUcontext
-  DriverContextCalls::Set set_ = nullptr;
-};
-
-// Opens the daemon's arena and events, creates this process's ready events and shares them.
-absl::StatusOr<std::unique_ptr<DeviceSide>> OpenDevice(int fd, const v1::LocalWelcome& w) {
-  auto side = std::make_unique<DeviceSide>();
-  side->device = w.device() - 1;
-  // The same GPU as the daemon's, whatever this process's CUDA_VISIBLE_DEVICES.
-  if (!w.device_pci_bus_id().empty()) {
-    int ordinal = -1;
-    if (absl::Status s = CudaError(cudaDeviceGetByPCIBusId(&ordinal, w.device_pci_bus_id().c_str()),
-                                   "finding the worker's GPU by its PCI bus id (is it visible to "
-                                   "this process?)");
-        !s.ok()) {
-      return s;
-    }
-    side->device = ordinal;
-  }
-  if (absl::Status s = CudaError(cudaSetDevice(side->device), "cudaSetDevice"); !s.ok()) return s;
-  cudaIpcMemHandle_t handle;
-  if (w.device_arena().size() != sizeof(handle)) {
-    return absl::InternalError("the worker's device arena handle has the wrong size");
-  }
-  std::memcpy(&handle, w.device_arena().data(), sizeof(handle));
-  void* base = nullptr;
-  if (absl::Status s =
-          CudaError(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
-                    "opening the worker's device arena (same GPU, shared IPC "
-                    "namespace?)");
-      !s.ok()) {
-    return s;
-  }
-  side->base = static_cast<uint8_t*>(base);
-  for (const std::string& bytes : w.done_events()) {
-    cudaIpcEventHandle_t h;
-    if (bytes.size() != sizeof(h)) return absl::InternalError("bad done event handle");
-    std::memcpy(&h, bytes.data(), sizeof(h));
-    cudaEvent_t e;
-    if (absl::Status s = CudaError(cudaIpcOpenEventHandle(&e, h), "opening a done event");
-        !s.ok()) {
-      return s;
-    }
-    side->done.push_back(e);
-  }
-  v1::LocalRequest m;
-  for (int i = 0; i < kReadyEvents; ++i) {
-    cudaEvent_t e;
-    if (absl::Status s =
-            CudaError(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess),
-                      "creating a ready event");
-        !s.ok()) {
-      return s;
-    }
-    side->ready.push_back(e);
-    cudaIpcEventHandle_t h;
-    if (absl::Status s = CudaError(cudaIpcGetEventHandle(&h, e), "sharing a ready event");
-        !s.ok()) {
-      return s;
-    }
-    m.mutable_ready_events()->add_handles(std::string(reinterpret_cast<char*>(&h), sizeof(h)));
-  }
-  side->ready_busy.assign(kReadyEvents, 0);
-  if (absl::Status s = WriteFrame(fd, m); !s.ok()) return s;
-  return side;
-}
-#endif
 
 // The stream each thread set with SetCudaStream, and for which client.
 struct ThreadStream {
@@ -204,14 +57,16 @@ thread_local ThreadStream thread_stream;
 
 class ClientImpl : public Client {
  public:
-  ClientImpl(int fd, v1::LocalWelcome welcome, std::unique_ptr<SharedMemory> arena,
-             std::unique_ptr<DeviceSide> device)
+  // `arena`: the host arena (mapped on GPU slots too); `staging`: where tensors are staged (the
+  // host arena, or the device's).
+  ClientImpl(int fd, const v1::LocalWelcome& welcome, std::unique_ptr<SharedMemory> arena,
+             std::unique_ptr<Staging> staging)
       : fd_(fd),
         arena_(std::move(arena)),
-        device_(std::move(device)),
-        base_(device_ != nullptr ? device_->base : arena_->data()),
-        allocator_(0, static_cast<size_t>(welcome.client_bytes())) {
-    topology_.device = device_ != nullptr ? device_->device : -1;
+        staging_(std::move(staging)),
+        base_(staging_->base()),
+        allocator_(staging_->allocator()) {
+    topology_.device = staging_->device();
     topology_.job_id = welcome.job_id();
     topology_.rank = welcome.rank();
     topology_.size = welcome.size();
@@ -235,7 +90,7 @@ class ClientImpl : public Client {
 
   void Free(void* data) override {
     if (data == nullptr) return;
-    ReleaseAfter(static_cast<size_t>(static_cast<uint8_t*>(data) - base_), CurrentStream());
+    staging_->Release(static_cast<size_t>(static_cast<uint8_t*>(data) - base_), CurrentStream());
   }
 
   void SetCudaStream(void* stream) override { thread_stream = {this, stream}; }
@@ -265,9 +120,8 @@ class ClientImpl : public Client {
     for (size_t i = 0; i < names.size(); ++i) {
       int64_t count = 1;
       for (int64_t d : shapes[i]) count *= d;
-      const auto* p = static_cast<const uint8_t*>(data[i]);
       const size_t bytes = static_cast<size_t>(std::max<int64_t>(0, count * DataTypeSize(dtype)));
-      if (p < base_ || p + bytes > base_ + allocator_.end()) {
+      if (!staging_->InArena(data[i], bytes)) {
         staged += (bytes + ArenaAllocator::kAlignment - 1) / ArenaAllocator::kAlignment *
                   ArenaAllocator::kAlignment;
       }
@@ -319,11 +173,9 @@ class ClientImpl : public Client {
     absl::Status status = WaitLocked(handle, timeout, &op_stream);
     // GPU: the result is ordered on the stream the operation was submitted on; a caller waiting on
     // another stream (another thread, or the stream changed) has its stream wait for that one.
-#ifdef RINGMASTER_HAVE_CUDA
-    if (status.ok() && device_ != nullptr && op_stream != CurrentStream()) {
-      status = JoinStreams(op_stream, CurrentStream());
+    if (status.ok() && op_stream != CurrentStream()) {
+      status = staging_->JoinStreams(op_stream, CurrentStream());
     }
-#endif
     return status;
   }
 
@@ -444,22 +296,17 @@ class ClientImpl : public Client {
     op.allgather = request.type() == v1::REQUEST_TYPE_ALLGATHER;
     op.group = request.group_id();
     op.stream = CurrentStream();
-#ifdef RINGMASTER_HAVE_CUDA
-    std::optional<DeviceGuard> guard;
-    if (device_ != nullptr) guard.emplace(device_->device);
-#endif
-    const uint8_t* base = base_;
-    const auto* p = static_cast<const uint8_t*>(data);
-    if (data != nullptr && p >= base && p + bytes <= base + allocator_.end()) {
-      op.offset = static_cast<size_t>(p - base);  // already in the arena: zero copy
+    std::unique_ptr<Staging::DeviceScope> scope = staging_->EnterDevice();
+    if (data != nullptr && staging_->InArena(data, bytes)) {
+      op.offset = static_cast<size_t>(static_cast<const uint8_t*>(data) - base_);  // zero copy
     } else if (data != nullptr) {
       absl::StatusOr<size_t> offset = AllocateArena(bytes, /*wait=*/true, request.group_id());
       if (!offset.ok()) return offset.status();
       op.offset = *offset;
       op.staged = true;
-      op.user_on_host = device_ != nullptr && HostMemory(data);
-      if (absl::Status s =
-              Copy(base_ + op.offset, data, bytes, op.stream, "staging a tensor into the arena");
+      op.user_on_host = staging_->HostMemory(data);
+      if (absl::Status s = staging_->Copy(base_ + op.offset, data, bytes, op.stream,
+                                          "staging a tensor into the arena", /*wait=*/false);
           !s.ok()) {
         allocator_.Free(op.offset).IgnoreError();
         return s;
@@ -467,16 +314,14 @@ class ClientImpl : public Client {
     }
     v1::LocalRequest m;
     v1::LocalEnqueue* e = m.mutable_enqueue();
-    if (device_ != nullptr) {
-      request.set_device(device_->device);
-      absl::StatusOr<int> slot = RecordReady(op.stream);
-      if (!slot.ok()) {
-        if (op.staged) ReleaseAfter(op.offset, op.stream);  // once the staging copy is done
-        return slot.status();
-      }
-      op.ready_slot = *slot;
-      e->set_ready_event(*slot >= 0 ? *slot + 1 : 0);
+    request.set_device(staging_->device());
+    absl::StatusOr<int> slot = staging_->RecordReady(op.stream);
+    if (!slot.ok()) {
+      if (op.staged) staging_->Release(op.offset, op.stream);  // once the staging copy is done
+      return slot.status();
     }
+    op.ready_slot = *slot;
+    e->set_ready_event(*slot + 1);  // 1-based; 0: none
     *e->mutable_request() = std::move(request);
     e->set_offset(static_cast<int64_t>(op.offset));
     Handle handle = 0;
@@ -491,7 +336,8 @@ class ClientImpl : public Client {
       }
     }
     if (closed) {
-      if (op.staged) ReleaseAfter(op.offset, op.stream);
+      staging_->ReadyDone(op.ready_slot);
+      if (op.staged) staging_->Release(op.offset, op.stream);
       return absl::UnavailableError("the connection to the worker is closed");
     }
     absl::Status written;
@@ -511,10 +357,8 @@ class ClientImpl : public Client {
   }
 
   void ReadLoop() {
-#ifdef RINGMASTER_HAVE_CUDA
     // Completions queue stream waits and copies from this thread: on the slot's device.
-    if (device_ != nullptr) cudaSetDevice(device_->device);
-#endif
+    staging_->BindThread();
     v1::LocalReply reply;
     absl::Status status;
     while ((status = ReadFrame(fd_, &reply)).ok()) {
@@ -534,15 +378,13 @@ class ClientImpl : public Client {
       // Stable (node-based map), and only Wait() erases it, once it is done; FailAll() runs on
       // this thread or after it has been joined.
       op = &it->second;
-      if (device_ != nullptr && op->ready_slot >= 0) device_->ready_busy[op->ready_slot] = 0;
     }
+    staging_->ReadyDone(op->ready_slot);
     // Copies and stream waits (for an allgather output, a CUDA synchronisation) with mu_ released,
     // so other threads' enqueues and waits go on meanwhile.
     absl::Status status(static_cast<absl::StatusCode>(c.code()), c.message());
-    if (device_ != nullptr) {
-      absl::Status waited = WaitDone(c.done_event(), op->stream);
-      if (status.ok()) status = waited;
-    }
+    absl::Status waited = staging_->WaitDone(c.done_event(), op->stream);
+    if (status.ok()) status = waited;
     AllgatherOutput gathered;
     int64_t release_offset = -1;
     if (status.ok() && op->allgather) {
@@ -550,11 +392,12 @@ class ClientImpl : public Client {
       int64_t n = op->elem;
       for (int64_t d : gathered.shape) n *= d;
       gathered.data.resize(static_cast<size_t>(n));
-      status = Copy(gathered.data.data(), base_ + c.output_offset(), static_cast<size_t>(n),
-                    op->stream, "copying an allgather output", /*wait=*/true);
+      status = staging_->Copy(gathered.data.data(), base_ + c.output_offset(),
+                              static_cast<size_t>(n), op->stream, "copying an allgather output",
+                              /*wait=*/true);
       release_offset = c.output_offset();
     }
-    const bool free_staged = op->staged && (status.ok() || device_ == nullptr);
+    const bool free_staged = op->staged && (status.ok() || staging_->ReusableAfterFailure());
     if (free_staged) {
       // GPU: reusable once the copy out queued on the op's stream is done (ReleaseAfter). After a
       // failure the memory stays allocated: the daemon may still write it (as in FailAll).
@@ -562,10 +405,10 @@ class ClientImpl : public Client {
         // Into host memory (a CPU tensor on a GPU slot) the copy is complete before the operation
         // is: the caller reads it on the CPU, with no stream to order it (a copy into pinned memory
         // would otherwise still be in flight).
-        status = Copy(op->user, base_ + op->offset, op->bytes, op->stream,
-                      "copying a result out of the arena", /*wait=*/op->user_on_host);
+        status = staging_->Copy(op->user, base_ + op->offset, op->bytes, op->stream,
+                                "copying a result out of the arena", /*wait=*/op->user_on_host);
       }
-      ReleaseAfter(op->offset, op->stream);
+      staging_->Release(op->offset, op->stream);
     }
     {
       absl::MutexLock lock(&mu_);
@@ -587,117 +430,9 @@ class ClientImpl : public Client {
     }
   }
 
-  // Host: memcpy. GPU: an asynchronous copy on the caller's stream (host or device memory either
-  // side), complete when this returns only with `wait`.
-  absl::Status Copy(void* dst, const void* src, size_t bytes, void* stream, const char* what,
-                    bool wait = false) {
-    if (device_ == nullptr) {
-      std::memcpy(dst, src, bytes);
-      return absl::OkStatus();
-    }
-#ifdef RINGMASTER_HAVE_CUDA
-    auto s_ = static_cast<cudaStream_t>(stream);
-    absl::Status s = CudaError(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s_), what);
-    if (s.ok() && wait) s = CudaError(cudaStreamSynchronize(s_), what);
-    return s;
-#else
-    return absl::InternalError("no CUDA in this build");
-#endif
-  }
-
-  // GPU: records a free ready event on the caller's stream (the tensor is ready once the work
-  // queued so far is done); returns its index, or -1 after synchronizing the stream when every
-  // event is in use.
-  absl::StatusOr<int> RecordReady(void* stream) {
-#ifdef RINGMASTER_HAVE_CUDA
-    int slot = -1;
-    {
-      absl::MutexLock lock(&mu_);
-      for (size_t tried = 0; tried < device_->ready.size() && slot < 0; ++tried) {
-        const size_t i = device_->next_ready;
-        device_->next_ready = (i + 1) % device_->ready.size();
-        if (device_->ready_busy[i]) continue;
-        device_->ready_busy[i] = 1;
-        slot = static_cast<int>(i);
-      }
-    }
-    if (slot < 0) {  // every event in use: the tensor is ready once the stream has drained
-      if (absl::Status s = CudaError(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
-                                     "synchronizing the stream");
-          !s.ok()) {
-        return s;
-      }
-      return -1;
-    }
-    if (absl::Status s =
-            CudaError(cudaEventRecord(device_->ready[slot], static_cast<cudaStream_t>(stream)),
-                      "recording a ready event");
-        !s.ok()) {
-      absl::MutexLock lock(&mu_);
-      device_->ready_busy[slot] = 0;
-      return s;
-    }
-    return slot;
-#else
-    return absl::InternalError("no CUDA in this build");
-#endif
-  }
-
-  // Whether `p` is host memory (GPU slots; a CPU slot's arena is host memory anyway).
-  bool HostMemory(const void* p) const {
-#ifdef RINGMASTER_HAVE_CUDA
-    if (device_ == nullptr) return true;
-    cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-      cudaGetLastError();
-      return true;  // unknown to CUDA: plain host memory
-    }
-    return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
-#else
-    return true;
-#endif
-  }
-
-  // GPU: makes the caller's stream wait for the daemon's done event (1-based; 0: none).
-  absl::Status WaitDone(int32_t done_event, void* stream) {
-#ifdef RINGMASTER_HAVE_CUDA
-    if (done_event <= 0) return absl::OkStatus();
-    if (done_event > static_cast<int32_t>(device_->done.size())) {
-      return absl::InternalError(absl::StrCat("done event ", done_event, " was not shared"));
-    }
-    return CudaError(
-        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), device_->done[done_event - 1], 0),
-        "waiting for the worker's done event");
-#else
-    return absl::OkStatus();
-#endif
-  }
-
   // This thread's stream (SetCudaStream), nullptr (the legacy default stream) if it set none.
   void* CurrentStream() const {
     return thread_stream.client == this ? thread_stream.stream : nullptr;
-  }
-
-  // Staged memory goes back to the allocator at once on the host. On the GPU, once the work queued
-  // on `stream` so far (the copy out) is done: an event marks it, and the next stagings reap it.
-  void ReleaseAfter(size_t offset, void* stream) {
-#ifdef RINGMASTER_HAVE_CUDA
-    if (device_ != nullptr) {
-      DeviceGuard guard(device_->device);  // the events are the slot device's
-      const auto s = static_cast<cudaStream_t>(stream);
-      if (cudaEvent_t event = TakeEvent()) {
-        if (cudaEventRecord(event, s) == cudaSuccess) {
-          absl::MutexLock lock(&free_mu_);
-          device_->pending_frees.emplace_back(offset, event);
-          return;
-        }
-        cudaGetLastError();
-        ReturnEvent(event);
-      }
-      cudaStreamSynchronize(s);  // no event: wait here instead (no lock held)
-    }
-#endif
-    allocator_.Free(offset).IgnoreError();
   }
 
   // Arena memory (for the caller, or a staged tensor). GPU: released memory whose last use on its
@@ -717,16 +452,11 @@ class ClientImpl : public Client {
     const absl::Time deadline = absl::Now() + kArenaWait;
     while (true) {
       const int64_t seen = releases_.load();
-#ifdef RINGMASTER_HAVE_CUDA
-      if (device_ != nullptr) {
-        ReapFrees(/*wait=*/false);
-        absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
-        if (offset.ok()) return offset;
-        if (ReapFrees(/*wait=*/true)) continue;  // something came back: try again
-      }
-#endif
+      staging_->Reclaim(/*wait=*/false);
       absl::StatusOr<size_t> offset = allocator_.Allocate(bytes);
-      if (offset.ok() || !wait) return offset;
+      if (offset.ok()) return offset;
+      if (staging_->Reclaim(/*wait=*/true)) continue;  // something came back: try again
+      if (!wait) return offset;
       absl::MutexLock lock(&mu_);
       if (closed_) return absl::UnavailableError("the connection to the worker is closed");
       if (releases_ != seen) continue;  // memory came back meanwhile: try again
@@ -746,83 +476,6 @@ class ClientImpl : public Client {
     }
   }
 
-#ifdef RINGMASTER_HAVE_CUDA
-  // Frees the staged memory whose copy out is done (with `wait`, waits for all of it); returns
-  // whether anything was freed.
-  bool ReapFrees(bool wait) {
-    std::deque<std::pair<size_t, cudaEvent_t>> waited;
-    if (wait) {
-      // Waited for with the lock released: completions (which release memory) go on meanwhile.
-      {
-        absl::MutexLock lock(&free_mu_);
-        waited.swap(device_->pending_frees);
-      }
-      for (auto& [offset, event] : waited) {
-        if (cudaEventSynchronize(event) != cudaSuccess) cudaGetLastError();
-      }
-    }
-    absl::MutexLock lock(&free_mu_);
-    bool freed = false;
-    for (auto& [offset, event] : waited) {
-      device_->spare_events.push_back(event);
-      allocator_.Free(offset).IgnoreError();
-      freed = true;
-    }
-    auto& pending = device_->pending_frees;
-    while (!pending.empty()) {
-      auto [offset, event] = pending.front();
-      const cudaError_t e = cudaEventQuery(event);
-      if (e == cudaErrorNotReady) break;  // completes in order per stream; others wait a turn
-      if (e != cudaSuccess) cudaGetLastError();
-      pending.pop_front();
-      device_->spare_events.push_back(event);
-      allocator_.Free(offset).IgnoreError();
-      freed = true;
-    }
-    return freed;
-  }
-
-  // Makes `to` wait for the work queued on `from` so far.
-  absl::Status JoinStreams(void* from, void* to) {
-    DeviceGuard guard(device_->device);
-    cudaEvent_t event = TakeEvent();
-    if (event == nullptr) return absl::UnavailableError("CUDA: cannot create an event");
-    absl::Status s = CudaError(cudaEventRecord(event, static_cast<cudaStream_t>(from)),
-                               "ordering the result on the waiting stream");
-    if (s.ok()) {
-      s = CudaError(cudaStreamWaitEvent(static_cast<cudaStream_t>(to), event, 0),
-                    "ordering the result on the waiting stream");
-    }
-    ReturnEvent(event);  // the wait captured the record: reusable at once
-    return s;
-  }
-
-  // An event of the slot's device (current on this thread) from the spares, or a new one; nullptr
-  // when CUDA cannot create one.
-  cudaEvent_t TakeEvent() {
-    {
-      absl::MutexLock lock(&free_mu_);
-      if (!device_->spare_events.empty()) {
-        cudaEvent_t event = device_->spare_events.back();
-        device_->spare_events.pop_back();
-        return event;
-      }
-    }
-    cudaEvent_t event = nullptr;
-    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    return event;
-  }
-
-  void ReturnEvent(cudaEvent_t event) {
-    absl::MutexLock lock(&free_mu_);
-    device_->spare_events.push_back(event);
-  }
-
-#endif
-
   void FailAll(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     closed_ = true;
@@ -836,9 +489,9 @@ class ClientImpl : public Client {
 
   const int fd_;
   std::unique_ptr<SharedMemory> arena_;
-  std::unique_ptr<DeviceSide> device_;  // GPU slots
-  uint8_t* const base_;                 // the arena the client allocates in (host or device)
-  ArenaAllocator allocator_;
+  std::unique_ptr<Staging> staging_;
+  uint8_t* const base_;        // staging_'s arena: where the client allocates (host or device)
+  ArenaAllocator& allocator_;  // staging_'s
   Topology topology_;
   std::thread reader_;
   std::atomic<int64_t> joins_{0};
@@ -846,7 +499,6 @@ class ClientImpl : public Client {
   std::atomic<int64_t> groups_{0};
 
   absl::Mutex write_mu_;
-  absl::Mutex free_mu_;  // GPU: DeviceSide's pending_frees and spare_events
   absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
   Handle next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   // Node-based: Wait() keeps a pointer to its Op across AwaitWithTimeout, which releases mu_ while
@@ -861,6 +513,66 @@ class ClientImpl : public Client {
 };
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Handshake(int fd, bool* retry) {
+  *retry = false;
+  v1::LocalRequest hello;
+  hello.mutable_hello()->set_pid(getpid());
+  v1::LocalReply reply;
+  absl::Status status = WriteFrame(fd, hello);
+  if (status.ok()) status = ReadFrame(fd, &reply);
+  if (status.ok() && reply.kind_case() != v1::LocalReply::kWelcome) {
+    status = absl::Status(static_cast<absl::StatusCode>(reply.completion().code()),
+                          reply.completion().message());
+    if (status.ok()) status = absl::InternalError("the worker answered the hello with no welcome");
+  }
+  if (!status.ok()) {
+    // Refused for good (another process holds this rank): waiting would not change that.
+    *retry = status.code() != absl::StatusCode::kFailedPrecondition;
+    close(fd);
+    return status;
+  }
+  const v1::LocalWelcome& welcome = reply.welcome();
+  absl::StatusOr<int> arena_fd = ReceiveFd(fd);
+  absl::StatusOr<std::unique_ptr<SharedMemory>> arena =
+      arena_fd.ok() ? SharedMemory::Map(*arena_fd, welcome.arena_name())
+                    : absl::StatusOr<std::unique_ptr<SharedMemory>>(arena_fd.status());
+  if (!arena.ok()) {
+    close(fd);
+    return arena.status();
+  }
+  const size_t bytes = static_cast<size_t>(welcome.client_bytes());
+  std::unique_ptr<Staging> staging;
+  if (welcome.device() > 0) {
+    DeviceArena device;
+    device.device = welcome.device() - 1;
+    device.pci_bus_id = welcome.device_pci_bus_id();
+    device.arena_handle = welcome.device_arena();
+    device.done_events.assign(welcome.done_events().begin(), welcome.done_events().end());
+    device.bytes = bytes;
+    absl::StatusOr<std::unique_ptr<Staging>> opened = OpenDeviceStaging(device);
+    if (opened.ok()) {
+      v1::LocalRequest ready;
+      for (std::string& h : (*opened)->ReadyEventHandles()) {
+        ready.mutable_ready_events()->add_handles(std::move(h));
+      }
+      if (absl::Status s = WriteFrame(fd, ready); !s.ok()) opened = s;
+    }
+    if (!opened.ok()) {
+      close(fd);
+      return opened.status();
+    }
+    staging = *std::move(opened);
+  } else if (bytes > (*arena)->size()) {
+    close(fd);
+    return absl::InternalError(absl::StrCat("the worker gave this process ", bytes,
+                                            " bytes of an arena of ", (*arena)->size()));
+  } else {
+    staging = MakeHostStaging((*arena)->data(), bytes);
+  }
+  return std::unique_ptr<Client>(
+      new ClientImpl(fd, welcome, *std::move(arena), std::move(staging)));
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path,
                                                         absl::Duration timeout) {
@@ -878,48 +590,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path,
   while (true) {
     absl::StatusOr<int> fd = Dial(socket_path);
     if (fd.ok()) {
-      v1::LocalRequest hello;
-      hello.mutable_hello()->set_pid(getpid());
-      v1::LocalReply reply;
-      last = WriteFrame(*fd, hello);
-      if (last.ok()) last = ReadFrame(*fd, &reply);
-      if (last.ok() && reply.kind_case() == v1::LocalReply::kWelcome) {
-        absl::StatusOr<int> arena_fd = ReceiveFd(*fd);
-        absl::StatusOr<std::unique_ptr<SharedMemory>> arena =
-            arena_fd.ok() ? SharedMemory::Map(*arena_fd, reply.welcome().arena_name())
-                          : absl::StatusOr<std::unique_ptr<SharedMemory>>(arena_fd.status());
-        if (!arena.ok()) {
-          close(*fd);
-          return arena.status();
-        }
-        std::unique_ptr<DeviceSide> device;
-        if (reply.welcome().device() > 0) {
-#ifdef RINGMASTER_HAVE_CUDA
-          absl::StatusOr<std::unique_ptr<DeviceSide>> opened = OpenDevice(*fd, reply.welcome());
-          if (!opened.ok()) {
-            close(*fd);
-            return opened.status();
-          }
-          device = *std::move(opened);
-#else
-          close(*fd);
-          return absl::FailedPreconditionError(
-              "the worker serves a GPU, but this client was built without CUDA");
-#endif
-        }
-        return std::unique_ptr<Client>(
-            new ClientImpl(*fd, reply.welcome(), *std::move(arena), std::move(device)));
-      }
-      if (last.ok()) {
-        last = absl::Status(static_cast<absl::StatusCode>(reply.completion().code()),
-                            reply.completion().message());
-        // Refused for good (another process holds this rank): waiting would not change that.
-        if (last.code() == absl::StatusCode::kFailedPrecondition) {
-          close(*fd);
-          return last;
-        }
-      }
-      close(*fd);
+      bool retry = false;
+      absl::StatusOr<std::unique_ptr<Client>> client = Handshake(*fd, &retry);
+      if (client.ok() || !retry) return client;
+      last = client.status();
     } else {
       last = fd.status();
     }
