@@ -67,8 +67,7 @@ class DeviceGuard final : public Staging::DeviceScope {
 
 class CudaStaging final : public Staging {
  public:
-  CudaStaging(int device, uint8_t* base, size_t bytes)
-      : Staging(base, bytes), device_(device) {}
+  CudaStaging(int device, uint8_t* base, size_t bytes) : Staging(base, bytes), device_(device) {}
 
   // A process that outlives its job must not keep the arena mapped (nor leak events).
   ~CudaStaging() override {
@@ -312,9 +311,10 @@ absl::StatusOr<std::unique_ptr<Staging>> OpenDeviceStaging(const DeviceArena& ar
   }
   std::memcpy(&handle, arena.arena_handle.data(), sizeof(handle));
   void* base = nullptr;
-  if (absl::Status s = CudaError(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
-                                 "opening the worker's device arena (same GPU, shared IPC "
-                                 "namespace?)");
+  if (absl::Status s =
+          CudaError(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
+                    "opening the worker's device arena (same GPU, shared IPC "
+                    "namespace?)");
       !s.ok()) {
     return s;
   }

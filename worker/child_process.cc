@@ -10,7 +10,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/executor.h"
 
 namespace ringmaster {
 namespace {
@@ -47,33 +49,51 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
   args.push_back(nullptr);
   const pid_t parent = getpid();
 
-  pid_t pid = fork();
-  if (pid < 0) return absl::UnavailableError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(137);  // the daemon died before prctl took effect
-    dup2(out[1], STDOUT_FILENO);
-    dup2(err[1], STDERR_FILENO);
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
-    if (!working_dir.empty() && chdir(working_dir.c_str()) != 0) {
-      const char msg[] = "ringmaster-worker: cannot change to the job's working directory\n";
-      (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
-      _exit(127);
-    }
-    execvpe(args[0], args.data(), envp.data());
-    const char msg[] = "ringmaster-worker: cannot execute the job's command: ";
-    (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
-    const char* reason = strerror(errno);
-    (void)!write(STDERR_FILENO, reason, strlen(reason));
-    (void)!write(STDERR_FILENO, "\n", 1);
-    _exit(127);
-  }
+  // PR_SET_PDEATHSIG fires when the *thread* that forked exits, not the process: a child forked by
+  // a short-lived thread (the one that cleaned up the previous job and starts a queued one) would
+  // be killed with it. Every child is forked by one thread that lives as long as the daemon.
+  static SerialExecutor* const launcher = new SerialExecutor();  // never destroyed
+  pid_t pid = -1;
+  int fork_errno = 0;
+  absl::Notification forked;
+  launcher->Post([&] {
+    pid = fork();
+    if (pid == 0) RunChild(out, err, working_dir, args, envp, parent);  // never returns
+    fork_errno = errno;
+    forked.Notify();
+  });
+  forked.WaitForNotification();
+  if (pid < 0) return absl::UnavailableError(absl::StrCat("fork: ", std::strerror(fork_errno)));
   setpgid(pid, pid);  // also from the parent, so the group exists before we signal it
   close(out[1]);
   close(err[1]);
   return std::unique_ptr<ChildProcess>(new ChildProcess(pid, out[0], err[0], std::move(output)));
+}
+
+// In the forked child: only async-signal-safe calls.
+[[noreturn]] void ChildProcess::RunChild(const int out[2], const int err[2],
+                                         const std::string& working_dir,
+                                         const std::vector<char*>& args,
+                                         const std::vector<char*>& envp, pid_t parent) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(137);  // the daemon died before prctl took effect
+  dup2(out[1], STDOUT_FILENO);
+  dup2(err[1], STDERR_FILENO);
+  int devnull = open("/dev/null", O_RDONLY);
+  if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+  if (!working_dir.empty() && chdir(working_dir.c_str()) != 0) {
+    const char msg[] = "ringmaster-worker: cannot change to the job's working directory\n";
+    (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    _exit(127);
+  }
+  execvpe(args[0], args.data(), envp.data());
+  const char msg[] = "ringmaster-worker: cannot execute the job's command: ";
+  (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  const char* reason = strerror(errno);
+  (void)!write(STDERR_FILENO, reason, strlen(reason));
+  (void)!write(STDERR_FILENO, "\n", 1);
+  _exit(127);
 }
 
 ChildProcess::ChildProcess(pid_t pid, int out, int err, OutputFn output) : pid_(pid) {

@@ -43,6 +43,11 @@ class ChildProcess {
   void Terminate(absl::Duration grace);
 
  private:
+  // The forked child's side: redirects, changes directory, execs; never returns.
+  [[noreturn]] static void RunChild(const int out[2], const int err[2],
+                                    const std::string& working_dir, const std::vector<char*>& args,
+                                    const std::vector<char*>& envp, pid_t parent);
+
   ChildProcess(pid_t pid, int out, int err, OutputFn output);
 
   const pid_t pid_;

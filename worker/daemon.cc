@@ -14,7 +14,9 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "spdlog/spdlog.h"
+#include "worker/cpu_executor.h"
 #include "worker/gloo_backend.h"
+#include "worker/gpu_executor.h"
 #include "worker/rendezvous_client.h"
 #ifdef RINGMASTER_HAVE_NCCL
 #include "worker/gpu/gpu_job.h"
@@ -206,9 +208,7 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   e.rank = rank;
   e.size = spec.spec().np();
   e.host = options_.host_name;
-  e.arena = job->arena->data();
   e.arena_bytes = job->arena->size();
-  e.outputs = job->outputs.get();
   e.cycle_time =
       absl::Microseconds(static_cast<int64_t>(spec.spec().knobs().cycle_time_ms() * 1000));
   // Horovod records the timeline's execution rows on rank 0.
@@ -216,7 +216,12 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   auto channel = channel_;
   const std::string iface = options_.iface;
   const absl::Duration timeout = options_.collective_timeout;
-  e.make_backend = [channel, spec, assignment, iface, timeout](int index) {
+  CpuExecutorOptions cpu;
+  cpu.rank = rank;
+  cpu.size = spec.spec().np();
+  cpu.arena = job->arena->data();
+  cpu.outputs = job->outputs.get();
+  cpu.make_backend = [channel, spec, assignment, iface, timeout](int index) {
     GlooBackendOptions g;
     g.rank = assignment.rank();
     g.size = spec.spec().np();
@@ -233,7 +238,9 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     }
   };
   e.metrics = options_.record_metrics ? &metrics_ : nullptr;
-  if (cuda_device_ >= 0) {
+  if (cuda_device_ < 0) {
+    e.executor = std::make_unique<CpuExecutor>(std::move(cpu));
+  } else {
     if (absl::Status s = StartDevice(*job, e); !s.ok()) {
       SendRankUpdate(
           *job, v1::RANK_STATE_EXITED, 1,
@@ -439,8 +446,7 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
   job.device_pci_bus_id = (*gpu)->pci_bus_id();
   job.device_arena_handle = (*gpu)->arena_handle();
   job.done_event_handles = (*gpu)->done_event_handles();
-  e.arena = (*gpu)->arena();
-  e.device = gpu->get();
+  e.executor = std::make_unique<GpuExecutor>(gpu->get(), job.outputs.get(), g.rank, g.size);
   job.gpu = *std::move(gpu);
   return absl::OkStatus();
 #else

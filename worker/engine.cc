@@ -1,12 +1,10 @@
 #include "worker/engine.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/half.h"
 #include "common/tensor.h"
 #include "spdlog/spdlog.h"
 
@@ -26,69 +24,13 @@ v1::LocalCompletion StatusCompletion(const absl::Status& status) {
   return c;
 }
 
-template <typename T>
-void ScaleInts(T* p, int64_t n, double factor, int divisor) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (divisor > 1 && factor == 1.0) {
-      p[i] = static_cast<T>(p[i] / divisor);
-    } else {
-      p[i] = static_cast<T>(std::llround(static_cast<double>(p[i]) * factor / divisor));
-    }
-  }
-}
-
-template <typename T>
-void ScaleFloats(T* p, int64_t n, double factor) {
-  const T f = static_cast<T>(factor);  // in the tensor's own type, so the loop vectorises
-  for (int64_t i = 0; i < n; ++i) p[i] *= f;
-}
-
-// Multiplies `n` elements by factor / divisor. Integers are divided exactly (truncating toward
-// zero, as C++ and PyTorch's integer division of a sum do) when only averaging, rounded otherwise.
-void Scale(void* data, int64_t n, DataType dtype, double factor, int divisor) {
-  if (factor == 1.0 && divisor == 1) return;
-  switch (dtype) {
-    case DataType::kUint8:
-      ScaleInts(static_cast<uint8_t*>(data), n, factor, divisor);
-      break;
-    case DataType::kInt8:
-      ScaleInts(static_cast<int8_t*>(data), n, factor, divisor);
-      break;
-    case DataType::kInt32:
-      ScaleInts(static_cast<int32_t*>(data), n, factor, divisor);
-      break;
-    case DataType::kInt64:
-      ScaleInts(static_cast<int64_t*>(data), n, factor, divisor);
-      break;
-    case DataType::kFloat32:
-      ScaleFloats(static_cast<float*>(data), n, factor / divisor);
-      break;
-    case DataType::kFloat64:
-      ScaleFloats(static_cast<double*>(data), n, factor / divisor);
-      break;
-    case DataType::kFloat16: {
-      auto* p = static_cast<uint16_t*>(data);
-      const float f = static_cast<float>(factor / divisor);
-      for (int64_t i = 0; i < n; ++i) p[i] = FloatToHalf(HalfToFloat(p[i]) * f);
-      break;
-    }
-    case DataType::kBfloat16: {
-      auto* p = static_cast<uint16_t*>(data);
-      const float f = static_cast<float>(factor / divisor);
-      for (int64_t i = 0; i < n; ++i) p[i] = FloatToBfloat16(Bfloat16ToFloat(p[i]) * f);
-      break;
-    }
-    case DataType::kUnspecified:
-      break;
-  }
-}
-
 }  // namespace
 
 Engine::Engine(EngineOptions options)
     : options_(std::move(options)),
       metrics_(options_.metrics != nullptr ? options_.metrics : &own_metrics_),
       record_(options_.metrics != nullptr),
+      executor_(options_.executor.get()),
       labels_({{"job", options_.job_id},
                {"rank", absl::StrCat(options_.rank)},
                {"host", options_.host}}),
@@ -201,8 +143,7 @@ void Engine::OnResponses(v1::ResponseList list) {
 void Engine::Abort(const absl::Status& status) {
   // A collective stuck on a lost peer must return: abort the communicator (never a blocking
   // destroy); the engine thread's wait then fails.
-  if (options_.device != nullptr && !status.ok())
-    options_.device->Abort(std::string(status.message()));
+  if (executor_ != nullptr && !status.ok()) executor_->Abort(std::string(status.message()));
   absl::flat_hash_map<std::string, std::unique_ptr<Op>> ops;
   {
     absl::MutexLock lock(&mu_);
@@ -230,40 +171,21 @@ bool Engine::Stopping() {
 }
 
 void Engine::Loop() {
-  if (options_.device != nullptr) {
-    backend_status_ = options_.device->Setup();
-    device_ready_ = backend_status_.ok();
-    if (!device_ready_) {
-      spdlog::error("job {} {}: communicator: {}", options_.job_id, RankName(),
-                    backend_status_.ToString());
-      Abort(absl::UnavailableError(absl::StrCat("communicator setup failed on ", RankName(), ": ",
-                                                backend_status_.message())));
-    }
-  }
-  for (int i = 0; options_.device == nullptr && options_.make_backend &&
-                  i < std::max(1, options_.communicators);
-       ++i) {
-    absl::StatusOr<std::unique_ptr<Backend>> backend = options_.make_backend(i);
-    if (backend.ok()) {
-      backends_.push_back(*std::move(backend));
-      backend_ = backends_.front().get();
+  setup_status_ =
+      executor_ != nullptr ? executor_->Setup() : absl::FailedPreconditionError("no executor");
+  executor_ready_ = setup_status_.ok();
+  if (!executor_ready_) {
+    if (setup_status_.code() == absl::StatusCode::kFailedPrecondition || Stopping()) {
+      // The job ended while its ranks were still meeting (a command that exits at once): its
+      // rendezvous is closed, which is no error of this rank.
+      spdlog::info("job {} {}: no communicator, the job ended: {}", options_.job_id, RankName(),
+                   std::string(setup_status_.message()));
     } else {
-      backends_.clear();
-      backend_ = nullptr;
-      backend_status_ = backend.status();
-      if (backend_status_.code() == absl::StatusCode::kFailedPrecondition || Stopping()) {
-        // The job ended while its ranks were still meeting (a command that exits at once): its
-        // rendezvous is closed, which is no error of this rank.
-        spdlog::info("job {} {}: no communicator, the job ended: {}", options_.job_id, RankName(),
-                     std::string(backend_status_.message()));
-      } else {
-        spdlog::error("job {} {}: communicator: {}", options_.job_id, RankName(),
-                      backend_status_.ToString());
-      }
-      Abort(absl::UnavailableError(absl::StrCat("communicator setup failed on ", RankName(), ": ",
-                                                backend_status_.message())));
-      break;
+      spdlog::error("job {} {}: communicator: {}", options_.job_id, RankName(),
+                    setup_status_.ToString());
     }
+    Abort(absl::UnavailableError(
+        absl::StrCat("communicator setup failed on ", RankName(), ": ", setup_status_.message())));
   }
   while (true) {
     std::vector<v1::TensorRequest> batch;
@@ -274,19 +196,22 @@ void Engine::Loop() {
       // batch left a cycle ago or more, else when that cycle ends (so tensors enqueued meanwhile
       // travel, and can be fused, together).
       const bool had_unsent = !unsent_.empty();
-      auto due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !unsent_.empty() && absl::Now() >= last_sent_ + cycle_time_;
+      Clock& clock = *options_.clock;
+      auto due = [this, &clock]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !unsent_.empty() && clock.Now() >= last_sent_ + cycle_time_;
       };
       auto ready = [this, had_unsent, &due]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || !responses_.empty() || (!had_unsent && !unsent_.empty()) || due();
       };
-      const absl::Time deadline =
-          unsent_.empty() ? absl::Now() + absl::Milliseconds(50) : last_sent_ + cycle_time_;
-      mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+      // Until the cycle ends on the engine's clock, looking at it at least every kClockPoll.
+      const absl::Duration wait =
+          unsent_.empty() ? kClockPoll
+                          : std::min(kClockPoll, last_sent_ + cycle_time_ - clock.Now());
+      mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
       if (stopping_) return;
       if (due()) {
         batch.swap(unsent_);
-        last_sent_ = absl::Now();
+        last_sent_ = clock.Now();
       }
       lists.swap(responses_);
     }
@@ -378,18 +303,18 @@ void Engine::Process(v1::ResponseList& list, absl::Time arrived) {
         if (const std::string* name = cache_.NameOf(r.cache_ids(i))) names[i] = *name;
       }
     }
-    Activities activities(options_.timeline && r.type() != v1::Response::TYPE_ERROR &&
-                              r.type() != v1::Response::TYPE_JOIN,
-                          arrived);
+    ExecutionTrace trace(options_.timeline && r.type() != v1::Response::TYPE_ERROR &&
+                             r.type() != v1::Response::TYPE_JOIN,
+                         arrived);
     // Waiting behind the earlier responses of the list.
-    activities.End("QUEUE");
-    Execute(r, names, activities);
+    trace.End("QUEUE");
+    Execute(r, names, trace);
   }
 }
 
 void Engine::SendSpan(const v1::Response& r, const std::vector<std::string>& names,
-                      Activities& activities) {
-  if (!options_.timeline || activities.ends().size() < 2) return;
+                      const ExecutionTrace& trace) {
+  if (!options_.timeline || trace.ends().size() < 2) return;
   v1::WorkerMessage message;
   v1::TimelineSpans& spans = *message.mutable_timeline();
   spans.set_job_id(options_.job_id);
@@ -402,16 +327,50 @@ void Engine::SendSpan(const v1::Response& r, const std::vector<std::string>& nam
   if (span->tensors_size() == 0) return;
   const char* ops[] = {"", "ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN", "BARRIER", "ERROR"};
   span->set_op(ops[std::clamp<int>(r.type(), 0, 6)]);
-  span->set_start_unix_us(absl::ToUnixMicros(activities.arrived()));
-  for (const auto& [activity, end] : activities.ends()) {
+  span->set_start_unix_us(absl::ToUnixMicros(trace.arrived()));
+  for (const auto& [activity, end] : trace.ends()) {
     span->add_activities(activity);
     span->add_activity_end_unix_us(end);
   }
   options_.send(message);
 }
 
+Collective Engine::ToCollective(const v1::Response& r, const std::vector<Op*>& ops) {
+  Collective c;
+  switch (r.type()) {
+    case v1::Response::TYPE_ALLGATHER:
+      c.type = Collective::Type::kAllgather;
+      break;
+    case v1::Response::TYPE_BROADCAST:
+      c.type = Collective::Type::kBroadcast;
+      break;
+    case v1::Response::TYPE_BARRIER:
+      c.type = Collective::Type::kBarrier;
+      break;
+    default:
+      c.type = Collective::Type::kAllreduce;
+      break;
+  }
+  c.dtype = static_cast<DataType>(r.dtype());
+  c.op = static_cast<ReduceOp>(r.reduce_op());
+  c.prescale = r.prescale_factor() == 0 ? 1.0 : r.prescale_factor();
+  c.postscale = r.postscale_factor() == 0 ? 1.0 : r.postscale_factor();
+  c.root = r.root_rank();
+  c.tensors.resize(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i] == nullptr) continue;
+    c.tensors[i].offset = ops[i]->enqueue.offset();
+    c.tensors[i].ready_event = ops[i]->enqueue.ready_event();
+    const auto& shape = ops[i]->enqueue.request().shape();
+    c.tensors[i].shape.assign(shape.begin(), shape.end());
+  }
+  c.sizes.assign(r.tensor_sizes().begin(), r.tensor_sizes().end());
+  c.row_elements.assign(r.row_elements().begin(), r.row_elements().end());
+  return c;
+}
+
 void Engine::Execute(const v1::Response& r, const std::vector<std::string>& names,
-                     Activities& activities) {
+                     ExecutionTrace& trace) {
   if (r.type() == v1::Response::TYPE_JOIN) {
     {
       absl::MutexLock lock(&mu_);
@@ -436,54 +395,43 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
     for (Op* op : ops) Complete(op, absl::FailedPreconditionError(r.error_message()));
     return;
   }
-  absl::Status status;
   std::vector<v1::LocalCompletion> completions(ops.size());
   const absl::Time started = absl::Now();
-  if (options_.device != nullptr) {
-    status = device_ready_ ? ExecuteOnDevice(r, ops, &completions, activities)
-                           : absl::UnavailableError(absl::StrCat("no communicator on ", RankName(),
-                                                                 ": ", backend_status_.message()));
-  } else if (backend_ == nullptr) {
+  absl::Status status;
+  const bool known =
+      r.type() == v1::Response::TYPE_ALLREDUCE || r.type() == v1::Response::TYPE_ALLGATHER ||
+      r.type() == v1::Response::TYPE_BROADCAST || r.type() == v1::Response::TYPE_BARRIER;
+  if (!executor_ready_) {
     status = absl::UnavailableError(
-        absl::StrCat("no communicator on ", RankName(), ": ", backend_status_.message()));
-  } else if (r.type() == v1::Response::TYPE_ALLREDUCE) {
-    status = ExecuteAllreduce(r, ops, activities);
-  } else if (r.type() == v1::Response::TYPE_ALLGATHER) {
-    status = ExecuteAllgather(r, ops, &completions);
-    activities.End("GLOO_ALLGATHER");
-  } else if (r.type() == v1::Response::TYPE_BROADCAST) {
-    const int64_t bytes = r.tensor_sizes_size() > 0
-                              ? r.tensor_sizes(0) * DataTypeSize(static_cast<DataType>(r.dtype()))
-                              : 0;
-    uint8_t* data;
-    if (ops[0] != nullptr) {
-      data = options_.arena + ops[0]->enqueue.offset();
-    } else {  // joined: take part with scratch memory
-      fusion_buffer_.resize(std::max<size_t>(fusion_buffer_.size(), bytes));
-      data = fusion_buffer_.data();
-    }
-    status = backend_->Broadcast(data, bytes, r.root_rank());
-    activities.End("GLOO_BCAST");
-  } else if (r.type() == v1::Response::TYPE_BARRIER) {
-    status = backend_->Barrier();
-    activities.End("GLOO_BARRIER");
-  } else {
+        absl::StrCat("no communicator on ", RankName(), ": ", setup_status_.message()));
+  } else if (!known) {
     status = absl::InternalError(absl::StrCat("unknown response type ", r.type()));
+  } else {
+    absl::StatusOr<Executed> executed = executor_->Execute(ToCollective(r, ops), trace);
+    status = executed.status();
+    if (executed.ok()) {
+      for (size_t i = 0; i < completions.size(); ++i) {
+        completions[i].set_done_event(executed->done_event);
+        if (i < executed->outputs.size() && executed->outputs[i].offset >= 0) {
+          completions[i].set_output_offset(executed->outputs[i].offset);
+          for (int64_t d : executed->outputs[i].shape) completions[i].add_output_shape(d);
+        }
+      }
+    }
   }
-  if (status.ok() && (backend_ != nullptr || device_ready_)) Record(r, ops, absl::Now() - started);
+  if (status.ok()) Record(r, ops, absl::Now() - started);
   // Before completing: a rank that finishes at once and exits must not overtake its last span (the
   // job, and its timeline, would end without it).
-  SendSpan(r, names, activities);
+  SendSpan(r, names, trace);
   for (size_t i = 0; i < ops.size(); ++i) Complete(ops[i], status, completions[i]);
   if (record_) {
     absl::MutexLock lock(&mu_);
     series_.queue_depth->Set(static_cast<double>(ops_.size()));
   }
-  // A failed collective leaves the communicator unusable, and on a GPU any failure may leave this
-  // rank out of step with its peers (NCCL matches calls by order): fail everything else too.
-  if (!status.ok() &&
-      (status.code() != absl::StatusCode::kInvalidArgument || options_.device != nullptr)) {
-    // The communicator is unusable after a failed collective: fail everything else too.
+  // The executor says whether the failure leaves the rank unable to go on (a Gloo communicator is
+  // unusable after a failed collective; on a GPU the rank would be out of step with its peers):
+  // then everything else fails too.
+  if (!status.ok() && (executor_ == nullptr || !executor_ready_ || executor_->Fatal(status))) {
     Abort(status);
   }
 }
@@ -529,235 +477,6 @@ void Engine::Record(const v1::Response& r, const std::vector<Op*>& ops, absl::Du
     default:
       break;
   }
-}
-
-absl::Status Engine::ExecuteAllreduce(const v1::Response& r, const std::vector<Op*>& ops,
-                                      Activities& activities) {
-  const auto dtype = static_cast<DataType>(r.dtype());
-  const int64_t elem = DataTypeSize(dtype);
-  std::vector<int64_t> counts(ops.size());
-  int64_t total = 0;
-  bool contiguous = true;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    counts[i] = i < static_cast<size_t>(r.tensor_sizes_size()) ? r.tensor_sizes(i) : 0;
-    total += counts[i];
-    if (ops[i] == nullptr) {
-      contiguous = false;
-    } else if (i > 0 && ops[i - 1] != nullptr &&
-               ops[i - 1]->enqueue.offset() + counts[i - 1] * elem != ops[i]->enqueue.offset()) {
-      contiguous = false;
-    }
-  }
-  uint8_t* buffer;
-  if (contiguous && !ops.empty()) {
-    buffer = options_.arena + ops[0]->enqueue.offset();  // already one buffer: no pack, no unpack
-  } else {
-    fusion_buffer_.resize(std::max<size_t>(fusion_buffer_.size(), total * elem));
-    buffer = fusion_buffer_.data();
-    int64_t at = 0;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const size_t bytes = counts[i] * elem;
-      if (ops[i] != nullptr) {
-        std::memcpy(buffer + at, options_.arena + ops[i]->enqueue.offset(), bytes);
-      } else {
-        std::memset(buffer + at, 0, bytes);  // a joined rank contributes zeros
-      }
-      at += bytes;
-    }
-    activities.End("MEMCPY_IN_FUSION_BUFFER");
-  }
-  auto op = static_cast<ReduceOp>(r.reduce_op());
-  const bool average = op == ReduceOp::kAverage || op == ReduceOp::kUnspecified;
-  const double prescale = r.prescale_factor() == 0 ? 1.0 : r.prescale_factor();
-  const double postscale = r.postscale_factor() == 0 ? 1.0 : r.postscale_factor();
-  const ReduceOp backend_op = average ? ReduceOp::kSum : op;
-  const int divisor = average ? options_.size : 1;
-  // Split into one chunk per communicator (the same split on every rank) and run them concurrently;
-  // each chunk is scaled by the thread that reduces it.
-  const int parts = total * elem >= options_.split_bytes ? static_cast<int>(backends_.size()) : 1;
-  std::vector<absl::Status> statuses(parts);
-  auto run = [&](int part) {
-    const int64_t begin = total * part / parts, end = total * (part + 1) / parts;
-    uint8_t* data = buffer + begin * elem;
-    Scale(data, end - begin, dtype, prescale, 1);
-    statuses[part] = backends_[part]->Allreduce(data, end - begin, dtype, backend_op);
-    if (statuses[part].ok()) Scale(data, end - begin, dtype, postscale, divisor);
-  };
-  std::vector<std::thread> helpers;
-  for (int part = 1; part < parts; ++part) helpers.emplace_back(run, part);
-  run(0);
-  for (auto& t : helpers) t.join();
-  activities.End("GLOO_ALLREDUCE");  // failed or not: the timeline shows where the time went
-  for (const absl::Status& status : statuses) {
-    if (!status.ok()) return status;
-  }
-  if (buffer == fusion_buffer_.data()) {
-    int64_t at = 0;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const size_t bytes = counts[i] * elem;
-      if (ops[i] != nullptr)
-        std::memcpy(options_.arena + ops[i]->enqueue.offset(), buffer + at, bytes);
-      at += bytes;
-    }
-    activities.End("MEMCPY_OUT_FUSION_BUFFER");
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<Engine::AllgatherPart>> Engine::PlanAllgather(
-    const v1::Response& r, const std::vector<Op*>& ops) const {
-  const int64_t elem = DataTypeSize(static_cast<DataType>(r.dtype()));
-  const int size = options_.size;
-  if (static_cast<size_t>(r.tensor_sizes_size()) < ops.size() * size) {
-    return absl::InvalidArgumentError(absl::StrCat("allgather response has ", r.tensor_sizes_size(),
-                                                   " sizes for ", ops.size(), " tensors on ", size,
-                                                   " ranks"));
-  }
-  std::vector<AllgatherPart> parts(ops.size());
-  for (size_t t = 0; t < ops.size(); ++t) {
-    AllgatherPart& part = parts[t];
-    if (ops[t] != nullptr) {
-      const auto& s = ops[t]->enqueue.request().shape();
-      part.shape.assign(s.begin(), s.end());
-    }
-    // Row size from the response (every rank the same; a joined rank has no shape of its own),
-    // else from this rank's shape.
-    int64_t row = elem;
-    if (t < static_cast<size_t>(r.row_elements_size())) {
-      row *= r.row_elements(static_cast<int>(t));
-    } else {
-      for (size_t d = 1; d < part.shape.size(); ++d) row *= part.shape[d];
-    }
-    part.bytes.resize(size);
-    for (int k = 0; k < size; ++k) {
-      const int64_t first = r.tensor_sizes(static_cast<int>(t) * size + k);
-      part.bytes[k] = first * row;
-      part.rows += first;
-    }
-    part.total = part.rows * row;
-  }
-  return parts;
-}
-
-void Engine::SetAllgatherOutput(const AllgatherPart& part, size_t offset,
-                                v1::LocalCompletion* completion) {
-  completion->set_output_offset(static_cast<int64_t>(offset));
-  completion->add_output_shape(part.rows);
-  for (size_t d = 1; d < part.shape.size(); ++d) completion->add_output_shape(part.shape[d]);
-}
-
-absl::Status Engine::ExecuteOnDevice(const v1::Response& r, const std::vector<Op*>& ops,
-                                     std::vector<v1::LocalCompletion>* completions,
-                                     Activities& activities) {
-  DeviceExecutor& device = *options_.device;
-  const auto dtype = static_cast<DataType>(r.dtype());
-  const int64_t elem = DataTypeSize(dtype);
-  auto tensor = [&](size_t i, int64_t count) {
-    DeviceExecutor::Tensor t;
-    t.count = count;
-    if (ops[i] != nullptr) {
-      t.offset = ops[i]->enqueue.offset();
-      t.ready_event = ops[i]->enqueue.ready_event();
-    }
-    return t;
-  };
-  absl::StatusOr<int32_t> done = 0;
-  switch (r.type()) {
-    case v1::Response::TYPE_ALLREDUCE: {
-      std::vector<DeviceExecutor::Tensor> tensors;
-      for (size_t i = 0; i < ops.size(); ++i) {
-        tensors.push_back(
-            tensor(i, i < static_cast<size_t>(r.tensor_sizes_size()) ? r.tensor_sizes(i) : 0));
-      }
-      done = device.Allreduce(tensors, dtype, static_cast<ReduceOp>(r.reduce_op()),
-                              r.prescale_factor() == 0 ? 1.0 : r.prescale_factor(),
-                              r.postscale_factor() == 0 ? 1.0 : r.postscale_factor());
-      activities.End("NCCL_ALLREDUCE");
-      break;
-    }
-    case v1::Response::TYPE_BROADCAST: {
-      const int64_t count = r.tensor_sizes_size() > 0 ? r.tensor_sizes(0) : 0;
-      done = device.Broadcast(tensor(0, count), count * elem, r.root_rank());
-      activities.End("NCCL_BCAST");
-      break;
-    }
-    case v1::Response::TYPE_ALLGATHER: {
-      absl::StatusOr<std::vector<AllgatherPart>> parts = PlanAllgather(r, ops);
-      if (!parts.ok()) return parts.status();
-      for (size_t t = 0; t < ops.size() && done.ok(); ++t) {
-        const AllgatherPart& part = (*parts)[t];
-        absl::StatusOr<size_t> out = options_.outputs->Allocate(part.total);
-        if (!out.ok()) {
-          done = out.status();
-          break;
-        }
-        done = device.Allgather(tensor(t, part.bytes[options_.rank] / elem),
-                                static_cast<int64_t>(*out), part.bytes);
-        if (!done.ok() || ops[t] == nullptr) {
-          options_.outputs->Free(*out).IgnoreError();
-          continue;
-        }
-        SetAllgatherOutput(part, *out, &(*completions)[t]);
-      }
-      activities.End("NCCL_ALLGATHER");
-      break;
-    }
-    case v1::Response::TYPE_BARRIER: {
-      absl::Status s = device.Barrier();
-      activities.End("NCCL_BARRIER");
-      if (!s.ok()) return s;
-      break;
-    }
-    default:
-      return absl::InternalError(absl::StrCat("unknown response type ", r.type()));
-  }
-  if (!done.ok()) {
-    // Outputs allocated for earlier tensors go back to the arena.
-    for (v1::LocalCompletion& c : *completions) {
-      if (c.output_shape_size() > 0) options_.outputs->Free(c.output_offset()).IgnoreError();
-      c.clear_output_shape();
-    }
-    return done.status();
-  }
-  for (v1::LocalCompletion& c : *completions) c.set_done_event(*done);
-  return absl::OkStatus();
-}
-
-absl::Status Engine::ExecuteAllgather(const v1::Response& r, const std::vector<Op*>& ops,
-                                      std::vector<v1::LocalCompletion>* out) {
-  absl::StatusOr<std::vector<AllgatherPart>> parts = PlanAllgather(r, ops);
-  if (!parts.ok()) return parts.status();
-  // On failure, outputs already allocated for earlier tensors go back to the arena.
-  auto release_earlier = [&](size_t upto) {
-    for (size_t e = 0; e < upto; ++e) {
-      if (ops[e] != nullptr) options_.outputs->Free((*out)[e].output_offset()).IgnoreError();
-    }
-  };
-  for (size_t t = 0; t < ops.size(); ++t) {
-    const AllgatherPart& part = (*parts)[t];
-    uint8_t* output;
-    absl::StatusOr<size_t> offset = absl::UnavailableError("");
-    if (ops[t] != nullptr) {
-      offset = options_.outputs->Allocate(part.total);
-      if (!offset.ok()) {
-        release_earlier(t);
-        return offset.status();
-      }
-      output = options_.arena + *offset;
-    } else {
-      fusion_buffer_.resize(std::max<size_t>(fusion_buffer_.size(), part.total));
-      output = fusion_buffer_.data();
-    }
-    const uint8_t* input = ops[t] != nullptr ? options_.arena + ops[t]->enqueue.offset() : output;
-    absl::Status status = backend_->Allgatherv(input, output, part.bytes);
-    if (!status.ok()) {
-      if (offset.ok()) options_.outputs->Free(*offset).IgnoreError();
-      release_earlier(t);
-      return status;
-    }
-    if (ops[t] != nullptr) SetAllgatherOutput(part, *offset, &(*out)[t]);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace ringmaster

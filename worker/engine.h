@@ -1,11 +1,11 @@
 // The engine of one rank of one job: collects the training process's enqueued collectives, sends
 // them to the coordinator in at most one batch per cycle (by response-cache id once cached), and
-// executes the coordinator's responses in the order given — pack into the fusion buffer (skipped
-// when the tensors are already contiguous in the arena), prescale, collective, postscale/average,
-// unpack — then completes each operation. Errors reach exactly the operations concerned.
+// hands the coordinator's responses, in the order given, to its executor (executor.h: Gloo on the
+// CPU, NCCL on a GPU), then completes each operation. Errors reach exactly the operations
+// concerned.
 //
 // Thread-safe: Enqueue/OnResponses/Abort may be called from any thread; one engine thread owns the
-// backend and executes collectives with mu_ released.
+// executor and executes collectives with mu_ released.
 #pragma once
 
 #include <condition_variable>
@@ -22,12 +22,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "common/shared_memory.h"
 #include "ringmaster/v1/local.pb.h"
 #include "ringmaster/v1/worker.pb.h"
-#include "worker/backend.h"
-#include "worker/device_executor.h"
+#include "worker/executor.h"
 #include "worker/worker_cache.h"
 
 namespace ringmaster {
@@ -38,23 +38,17 @@ struct EngineOptions {
   int rank = 0;
   int size = 1;
   std::string host;
-  uint8_t* arena = nullptr;  // borrowed; outlives the engine
-  size_t arena_bytes = 0;
-  ArenaAllocator* outputs = nullptr;  // borrowed: where allgather outputs are allocated
+  size_t arena_bytes = 0;  // enqueued tensors must lie in the arena
   // Requests go out at most once per cycle; response lists may change it (autotune).
   absl::Duration cycle_time = absl::Milliseconds(1);
+  // What cycles are measured on (borrowed). A FakeClock moves the engine's cycles in tests: the
+  // engine looks at the clock at least every kClockPoll of real time.
+  Clock* clock = Clock::Real();
   // Report what each response's execution spent where (ExecutionSpan messages), for the timeline.
   bool timeline = false;
-  // Creates communicator `index` (rendezvous included); called on the engine thread for 0 ..
-  // communicators-1. Large allreduces are split across the communicators and run concurrently, so
-  // the reduction arithmetic uses several cores (as NCCL's channels and PyTorch's Gloo threads do).
-  std::function<absl::StatusOr<std::unique_ptr<Backend>>(int index)> make_backend;
-  // GPU ranks: collectives run here instead (borrowed; outlives the engine), on tensors in the
-  // device arena (`arena` is then the device arena's base, never dereferenced on the host).
-  DeviceExecutor* device = nullptr;
-  int communicators = 2;
-  // Allreduces smaller than this use communicator 0 alone.
-  int64_t split_bytes = int64_t{4} << 20;
+  // Executes the collectives (CpuExecutor, GpuExecutor); set up on the engine thread when it
+  // starts. Null: every collective fails (no communicator).
+  std::unique_ptr<Executor> executor;
   // Sends a message to the coordinator on the worker's session. Must not block for long.
   std::function<void(const v1::WorkerMessage&)> send;
   // Where the engine's series go (borrowed), labelled job, rank and host. Null: nothing is recorded
@@ -64,6 +58,8 @@ struct EngineOptions {
 
 class Engine {
  public:
+  static constexpr absl::Duration kClockPoll = absl::Milliseconds(50);
+
   using Done = std::function<void(const v1::LocalCompletion&)>;
 
   explicit Engine(EngineOptions options);
@@ -96,50 +92,16 @@ class Engine {
     absl::Time time;
   };
 
-  // Activities of the response being executed, for the timeline (engine thread only).
-  class Activities {
-   public:
-    Activities(bool on, absl::Time arrived) : on_(on), arrived_(arrived) {}
-    absl::Time arrived() const { return arrived_; }
-    // The activity that ends now.
-    void End(const char* name) {
-      if (on_) ends_.emplace_back(name, absl::ToUnixMicros(absl::Now()));
-    }
-    std::vector<std::pair<const char*, int64_t>>& ends() { return ends_; }
-
-   private:
-    const bool on_;
-    const absl::Time arrived_;  // when the response list reached the worker
-    std::vector<std::pair<const char*, int64_t>> ends_;
-  };
-
   void Loop();
   void SendBatch(const std::vector<v1::TensorRequest>& requests);
   void Process(v1::ResponseList& list, absl::Time arrived);
   void Execute(const v1::Response& response, const std::vector<std::string>& names,
-               Activities& activities);
-  absl::Status ExecuteAllreduce(const v1::Response& r, const std::vector<Op*>& ops,
-                                Activities& activities);
+               ExecutionTrace& trace);
+  // The response as the executor runs it, on this rank's tensors (nullptr: this rank has none).
+  static Collective ToCollective(const v1::Response& r, const std::vector<Op*>& ops);
   // Reports the executed response's activities for the timeline (when the job has one).
   void SendSpan(const v1::Response& r, const std::vector<std::string>& names,
-                Activities& activities);
-  absl::Status ExecuteAllgather(const v1::Response& r, const std::vector<Op*>& ops,
-                                std::vector<v1::LocalCompletion>* out);
-  // What each tensor of an allgather response moves: this rank's shape (empty when joined), every
-  // rank's bytes, and the result's rows and bytes. INVALID_ARGUMENT for a malformed response.
-  struct AllgatherPart {
-    std::vector<int64_t> shape;
-    std::vector<int64_t> bytes;
-    int64_t rows = 0;
-    int64_t total = 0;
-  };
-  absl::StatusOr<std::vector<AllgatherPart>> PlanAllgather(const v1::Response& r,
-                                                           const std::vector<Op*>& ops) const;
-  static void SetAllgatherOutput(const AllgatherPart& part, size_t offset,
-                                 v1::LocalCompletion* completion);
-  absl::Status ExecuteOnDevice(const v1::Response& r, const std::vector<Op*>& ops,
-                               std::vector<v1::LocalCompletion>* completions,
-                               Activities& activities);
+                const ExecutionTrace& trace);
   // Removes the named ops from the table (nullptr for names this rank does not have, e.g. joined).
   std::vector<Op*> Take(const std::vector<std::string>& names) ABSL_LOCKS_EXCLUDED(mu_);
   void Complete(Op* op, const absl::Status& status, v1::LocalCompletion completion = {});
@@ -164,11 +126,9 @@ class Engine {
   const bool record_;
   Labels labels_;
   Series series_;
-  std::vector<std::unique_ptr<Backend>> backends_;  // engine thread only
-  Backend* backend_ = nullptr;                      // backends_[0]
-  absl::Status backend_status_;                     // engine thread only
-  bool device_ready_ = false;                       // engine thread only: options_.device set up
-  std::vector<uint8_t> fusion_buffer_;              // engine thread only
+  Executor* const executor_;      // options_.executor; its Abort is called from any thread
+  absl::Status setup_status_;     // engine thread only: how the executor's Setup went
+  bool executor_ready_ = false;   // engine thread only
   int64_t fusion_threshold_ = 0;  // engine thread only: as the last response list said
   WorkerCache cache_;             // engine thread only
 

@@ -1,7 +1,10 @@
 // The C++ client against a fake daemon on the other end of a socketpair: the handshake, staging
-// into the shared arena and back, zero copy for tensors already in it, errors on exactly the failing
-// operation, a lost connection, and a full arena that waits for staged tensors to come back. The
-// fake speaks the daemon's local protocol frame by frame, so each test says what the daemon sees.
+// into the shared arena and back, zero copy for tensors already in it, errors on exactly the
+// failing operation, a lost connection, and a full arena that waits for staged tensors to come
+// back. The fake speaks the daemon's local protocol frame by frame, so each test says what the
+// daemon sees.
+#include "ringmaster/client.h"
+
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -18,7 +21,6 @@
 #include "common/framing.h"
 #include "common/shared_memory.h"
 #include "gtest/gtest.h"
-#include "ringmaster/client.h"
 #include "ringmaster/v1/local.pb.h"
 
 namespace ringmaster {
@@ -133,9 +135,9 @@ TEST(ClientTest, StagedTensorIsCopiedInAndTheResultCopiedBack) {
   FakeDaemon daemon;
   std::unique_ptr<Client> client = daemon.Connect();
   std::vector<float> grad = {1, 2, 3, 4};
-  absl::StatusOr<Handle> h = client->AllreduceAsync("layer1.grad", grad.data(),
-                                                    DataType::kFloat32, {2, 2}, ReduceOp::kSum,
-                                                    /*prescale=*/0.5, /*postscale=*/2.0);
+  absl::StatusOr<Handle> h =
+      client->AllreduceAsync("layer1.grad", grad.data(), DataType::kFloat32, {2, 2}, ReduceOp::kSum,
+                             /*prescale=*/0.5, /*postscale=*/2.0);
   ASSERT_TRUE(h.ok()) << h.status();
   v1::LocalEnqueue e = daemon.NextEnqueue();
   EXPECT_EQ(e.handle(), *h);
@@ -231,8 +233,8 @@ TEST(ClientTest, AFullArenaWaitsForStagedTensorsToComeBack) {
   v1::LocalEnqueue e1 = daemon.NextEnqueue();
   std::optional<absl::StatusOr<Handle>> h2;
   std::thread submitter([&] {
-    h2 = client->AllreduceAsync("second", second.data(), DataType::kFloat32, {64},
-                                ReduceOp::kSum, 1.0, 1.0);
+    h2 = client->AllreduceAsync("second", second.data(), DataType::kFloat32, {64}, ReduceOp::kSum,
+                                1.0, 1.0);
   });
   // The second waits for arena memory: nothing reaches the daemon until the first completes.
   EXPECT_FALSE(daemon.Receive(absl::Milliseconds(200)).has_value());
@@ -318,10 +320,10 @@ TEST(ClientTest, BarrierAndJoinWaitForTheirCompletion) {
 }
 
 TEST(ClientTest, HandshakeRefusalsSayWhetherToRetry) {
-  for (auto [status, retry] : {std::pair{absl::FailedPreconditionError(
-                                             "rank 1 of job-000007 is held by process 4242"),
-                                         false},
-                               std::pair{absl::UnavailableError("no job yet"), true}}) {
+  for (auto [status, retry] :
+       {std::pair{absl::FailedPreconditionError("rank 1 of job-000007 is held by process 4242"),
+                  false},
+        std::pair{absl::UnavailableError("no job yet"), true}}) {
     int fds[2];
     ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
     std::thread daemon([&, status = status] {

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/engine.h"
+#include "worker/gpu_executor.h"
 
 namespace ringmaster {
 namespace {
@@ -84,11 +85,9 @@ class EngineDeviceTest : public ::testing::Test {
     o.rank = rank;
     o.size = size;
     o.host = "host-a";
-    o.arena = arena_.data();
     o.arena_bytes = arena_.size();
-    o.outputs = &outputs_;
     o.cycle_time = absl::Milliseconds(1);
-    o.device = &device_;
+    o.executor = std::make_unique<GpuExecutor>(&device_, &outputs_, rank, size);
     o.send = [this](const v1::WorkerMessage& m) {
       absl::MutexLock lock(&mu_);
       sent_.push_back(m);
@@ -126,10 +125,11 @@ class EngineDeviceTest : public ::testing::Test {
   std::vector<uint8_t> arena_ = std::vector<uint8_t>(1 << 20);
   ArenaAllocator outputs_{1 << 19, 1 << 20};
   FakeDevice device_;
-  std::unique_ptr<Engine> engine_;
   absl::Mutex mu_;
   std::vector<v1::WorkerMessage> sent_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, v1::LocalCompletion> completions_ ABSL_GUARDED_BY(mu_);
+  // Last: stopping it completes what is pending, into the members above.
+  std::unique_ptr<Engine> engine_;
 };
 
 v1::Response Allreduce(std::vector<std::string> names, std::vector<int64_t> sizes) {

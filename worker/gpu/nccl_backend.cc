@@ -107,7 +107,7 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
       return NcclStatus(r, "communicator setup", where, LastError());
     }
     watchdog_ = std::make_unique<Watchdog>(this, where, options_.timeout, options_.on_fail);
-    const absl::Time deadline = absl::Now() + options_.timeout;
+    const absl::Time deadline = options_.clock->Now() + options_.timeout;
     int spins = 0;
     while (true) {
       ncclResult_t state = ncclInProgress;
@@ -124,7 +124,7 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
         watchdog_->PeerLost(std::string(s.message()));
         return s;
       }
-      if (absl::Now() > deadline) {
+      if (options_.clock->Now() > deadline) {
         absl::Status s = absl::DeadlineExceededError(
             absl::StrCat("NCCL communicator setup on ", where, " did not complete in ",
                          absl::FormatDuration(options_.timeout), " (are all ", options_.size,
@@ -143,10 +143,10 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
   bool Finalize() {
     ncclResult_t r = ncclInternalError;
     if (!watchdog_->WithCommunicator([&] { r = ncclCommFinalize(comm_); })) return false;
-    const absl::Time deadline = absl::Now() + options_.timeout;
+    const absl::Time deadline = options_.clock->Now() + options_.timeout;
     int spins = 0;
     while (r == ncclInProgress) {
-      if (absl::Now() > deadline) return false;
+      if (options_.clock->Now() > deadline) return false;
       Pause(&spins);
       if (!watchdog_->WithCommunicator([&] { ncclCommGetAsyncError(comm_, &r); })) return false;
     }
@@ -226,7 +226,7 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
   // waits for the stream's event under the watchdog.
   template <typename F>
   absl::Status Run(const char* what, F enqueue) {
-    if (absl::Status s = watchdog_->OpStarted(what, absl::Now()); !s.ok()) return s;
+    if (absl::Status s = watchdog_->OpStarted(what, options_.clock->Now()); !s.ok()) return s;
     absl::Status status = RunLocked(what, enqueue);
     watchdog_->OpFinished();
     return status;
@@ -246,7 +246,7 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
     }
     int spins = 0;
     while (r == ncclInProgress) {
-      if (auto failed = watchdog_->Check(absl::Now())) return *failed;
+      if (auto failed = watchdog_->Check(options_.clock->Now())) return *failed;
       if (!watchdog_->WithCommunicator([&] {
             ncclCommGetAsyncError(comm_, &r);
             if (r != ncclSuccess && r != ncclInProgress) detail = LastError();
@@ -257,7 +257,7 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
     }
     if (r != ncclSuccess) {
       // An asynchronous error: the watchdog aborts and reports it (as if its own poll found it).
-      if (auto failed = watchdog_->Check(absl::Now())) return *failed;
+      if (auto failed = watchdog_->Check(options_.clock->Now())) return *failed;
       if (watchdog_->state() == Watchdog::State::kAborted) return watchdog_->failure();
       return NcclStatus(r, what, options_.where, detail);
     }
@@ -272,11 +272,11 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
       if (e == cudaSuccess) {
         // An abort from another thread also lets the event complete: the data are then partial.
         if (watchdog_->state() == Watchdog::State::kAborted) return watchdog_->failure();
-        if (auto failed = watchdog_->Check(absl::Now())) return *failed;
+        if (auto failed = watchdog_->Check(options_.clock->Now())) return *failed;
         return absl::OkStatus();
       }
       if (e != cudaErrorNotReady) return CudaStatus(e, what, options_.where);
-      if (auto failed = watchdog_->Check(absl::Now())) return *failed;
+      if (auto failed = watchdog_->Check(options_.clock->Now())) return *failed;
       if (watchdog_->state() == Watchdog::State::kAborted) return watchdog_->failure();
       Pause(&spins);
     }

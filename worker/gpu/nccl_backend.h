@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "worker/backend.h"
 #include "worker/key_value_store.h"
 
@@ -41,6 +42,9 @@ struct NcclBackendOptions {
   // asynchronous NCCL error or a collective past its deadline (not an Abort()). The daemon reports
   // it to the coordinator, which fails the job.
   std::function<void(const absl::Status&)> on_fail;
+  // What the setup's and each collective's deadline are measured on (borrowed; tests pass a
+  // FakeClock and move it, instead of waiting for a timeout).
+  Clock* clock = Clock::Real();
 };
 
 class NcclBackend : public Backend {

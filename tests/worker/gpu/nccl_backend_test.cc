@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <random>
 #include <thread>
 #include <vector>
@@ -133,6 +134,35 @@ TEST_F(NcclBackendTest, ASetupWhosePeerNeverComesFailsAtItsDeadline) {
   EXPECT_EQ(b.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(b.status().message(),
             "NCCL communicator setup on rank 0 (h0, cuda:0) did not complete in 2s (are all 2 "
+            "ranks up, and can they reach each other? see NCCL_SOCKET_IFNAME)");
+}
+
+TEST_F(NcclBackendTest, TheSetupDeadlineIsMeasuredOnTheInjectedClock) {
+  // Rank 0 of 2; rank 1 never starts. An hour's timeout passes when the test moves the clock.
+  FakeClock clock;
+  NcclBackendOptions o;
+  o.rank = 0;
+  o.size = 2;
+  o.store = KeyValueStore::InMemory();
+  o.where = "rank 0 (h0, cuda:0)";
+  o.timeout = absl::Hours(1);
+  o.clock = &clock;
+  std::atomic<bool> returned{false};
+  std::thread mover([&] {
+    absl::SleepFor(absl::Milliseconds(200));  // the setup is polling by then
+    clock.Advance(absl::Minutes(59));
+    absl::SleepFor(absl::Milliseconds(200));
+    EXPECT_FALSE(returned.load()) << "gave up before its deadline on the injected clock";
+    clock.Advance(absl::Minutes(2));
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<NcclBackend>> b = CreateNcclBackend(o);
+  returned = true;
+  mover.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(b.status().message(),
+            "NCCL communicator setup on rank 0 (h0, cuda:0) did not complete in 1h (are all 2 "
             "ranks up, and can they reach each other? see NCCL_SOCKET_IFNAME)");
 }
 

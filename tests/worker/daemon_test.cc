@@ -1,0 +1,283 @@
+// The worker daemon's job lifecycle against a fake coordinator (a WorkerService on loopback that
+// records what the daemon sends and lets the test send assignments and stops): registration and
+// the session, a command run as the rank (its topology in the environment, its output forwarded,
+// its exit status reported), a training process that attaches to the socket (welcomed with its
+// rank; its disconnect ends the rank), and a stop that terminates the rank.
+#include "worker/daemon.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "grpcpp/grpcpp.h"
+#include "ringmaster/client.h"
+#include "ringmaster/v1/worker.grpc.pb.h"
+
+namespace ringmaster {
+namespace {
+
+// Registers the daemon as worker-7 and keeps its one session: messages from the daemon are queued
+// for the test (heartbeats left out), messages to it written in order.
+class FakeCoordinator final : public v1::WorkerService::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
+                                           const v1::RegisterWorkerRequest* request,
+                                           v1::RegisterWorkerResponse* response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      registrations_.push_back(*request);
+    }
+    response->set_worker_id("worker-7");
+    response->set_lease_ms(60'000);
+    response->set_heartbeat_interval_ms(1'000);
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* Session(
+      grpc::CallbackServerContext*) override {
+    return new SessionReactor(this);
+  }
+
+  // The next message from the daemon (not a heartbeat) within 20 s.
+  std::optional<v1::WorkerMessage> Next() {
+    absl::MutexLock lock(&mu_);
+    auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !received_.empty(); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&any), absl::Seconds(20))) return std::nullopt;
+    v1::WorkerMessage m = std::move(received_.front());
+    received_.pop_front();
+    return m;
+  }
+  // Skips messages until a rank update; nullopt when none came.
+  std::optional<v1::RankUpdate> NextUpdate(std::string* output = nullptr) {
+    while (std::optional<v1::WorkerMessage> m = Next()) {
+      if (m->has_rank_update()) return m->rank_update();
+      if (m->has_output() && output != nullptr) *output += m->output().data();
+    }
+    return std::nullopt;
+  }
+
+  void Send(v1::CoordinatorMessage m) {
+    absl::MutexLock lock(&mu_);
+    auto open = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return session_ != nullptr; };
+    ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&open), absl::Seconds(20)));
+    outbox_.push_back(std::move(m));
+    if (!writing_) WriteNextLocked();
+  }
+
+  std::vector<v1::RegisterWorkerRequest> registrations() {
+    absl::MutexLock lock(&mu_);
+    return registrations_;
+  }
+
+ private:
+  class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
+   public:
+    explicit SessionReactor(FakeCoordinator* fake) : fake_(fake) {
+      {
+        absl::MutexLock lock(&fake_->mu_);
+        fake_->session_ = this;
+      }
+      StartRead(&in_);
+    }
+    void OnReadDone(bool ok) override {
+      if (!ok) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      if (!in_.has_heartbeat()) {
+        absl::MutexLock lock(&fake_->mu_);
+        fake_->received_.push_back(in_);
+      }
+      StartRead(&in_);
+    }
+    void OnWriteDone(bool /*ok*/) override {
+      absl::MutexLock lock(&fake_->mu_);
+      fake_->outbox_.pop_front();
+      fake_->writing_ = false;
+      fake_->WriteNextLocked();
+    }
+    void OnDone() override {
+      {
+        absl::MutexLock lock(&fake_->mu_);
+        if (fake_->session_ == this) fake_->session_ = nullptr;
+      }
+      delete this;
+    }
+
+   private:
+    FakeCoordinator* const fake_;
+    v1::WorkerMessage in_;
+  };
+
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (outbox_.empty() || session_ == nullptr) return;
+    writing_ = true;
+    session_->StartWrite(&outbox_.front());
+  }
+
+  absl::Mutex mu_;
+  std::vector<v1::RegisterWorkerRequest> registrations_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::WorkerMessage> received_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::CoordinatorMessage> outbox_ ABSL_GUARDED_BY(mu_);  // front: being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  SessionReactor* session_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&coordinator_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    DaemonOptions o;
+    o.coordinator = absl::StrCat("127.0.0.1:", port_);
+    o.host_name = "host-t";
+    o.socket_path = absl::StrCat(::testing::TempDir(), "daemon-test-", getpid(), ".sock");
+    socket_ = o.socket_path;
+    o.arena_bytes = 1 << 20;
+    o.stop_grace = absl::Seconds(2);
+    o.collective_timeout = absl::Seconds(2);
+    daemon_ = std::make_unique<Daemon>(o);
+    ASSERT_TRUE(daemon_->Start().ok());
+    runner_ = std::thread([this] { daemon_->Run(); });
+    std::optional<v1::WorkerMessage> open = coordinator_.Next();
+    ASSERT_TRUE(open.has_value() && open->has_open()) << "no session opened";
+    EXPECT_EQ(open->open().worker_id(), "worker-7");
+  }
+  void TearDown() override {
+    daemon_->Shutdown();
+    if (runner_.joinable()) runner_.join();
+    daemon_.reset();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  }
+
+  // Assigns rank 0 of a one-rank job running `command` (none: a process attaches) to the daemon.
+  void Assign(std::vector<std::string> command, const std::string& id = "job-000042") {
+    v1::CoordinatorMessage m;
+    v1::JobAssignment* a = m.mutable_assignment();
+    a->set_rank(0);
+    a->set_epoch(1);
+    v1::Job* job = a->mutable_job();
+    job->set_id(id);
+    job->set_epoch(1);
+    job->mutable_spec()->set_np(1);
+    for (std::string& c : command) job->mutable_spec()->add_command(std::move(c));
+    v1::RankInfo* r = job->add_ranks();
+    r->set_rank(0);
+    r->set_worker_id("worker-7");
+    r->set_host("host-t");
+    r->set_device("cpu");
+    r->set_local_size(1);
+    r->set_cross_size(1);
+    coordinator_.Send(std::move(m));
+  }
+
+  FakeCoordinator coordinator_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::string socket_;
+  std::unique_ptr<Daemon> daemon_;
+  std::thread runner_;
+};
+
+TEST_F(DaemonTest, RegistersItsHostAndDevice) {
+  std::vector<v1::RegisterWorkerRequest> r = coordinator_.registrations();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].host(), "host-t");
+  EXPECT_EQ(r[0].device(), "cpu");
+}
+
+TEST_F(DaemonTest, ACommandRunsAsTheRankWithItsOutputForwardedAndItsExitReported) {
+  Assign({"/bin/sh", "-c",
+          "echo rank $RINGMASTER_RANK of $RINGMASTER_SIZE on $RINGMASTER_HOSTNAME; exit 3"});
+  std::optional<v1::RankUpdate> started = coordinator_.NextUpdate();
+  ASSERT_TRUE(started.has_value());
+  EXPECT_EQ(started->job_id(), "job-000042");
+  EXPECT_EQ(started->epoch(), 1);
+  EXPECT_EQ(started->rank(), 0);
+  EXPECT_EQ(started->state(), v1::RANK_STATE_STARTED);
+  std::string output;
+  std::optional<v1::RankUpdate> exited = coordinator_.NextUpdate(&output);
+  ASSERT_TRUE(exited.has_value());
+  EXPECT_EQ(exited->state(), v1::RANK_STATE_EXITED);
+  EXPECT_EQ(exited->exit_code(), 3);
+  EXPECT_FALSE(exited->failed());
+  // Forwarded before the exit is reported, so the coordinator has it when the job ends.
+  EXPECT_EQ(output, "rank 0 of 1 on host-t\n");
+}
+
+TEST_F(DaemonTest, AnAttachingProcessIsWelcomedWithItsRankAndItsDisconnectEndsTheRank) {
+  Assign({});
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket_, absl::Seconds(20));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const Topology& t = (*client)->topology();
+  EXPECT_EQ(t.job_id, "job-000042");
+  EXPECT_EQ(t.rank, 0);
+  EXPECT_EQ(t.size, 1);
+  EXPECT_EQ(t.host, "host-t");
+  EXPECT_EQ(t.device, -1);
+  std::optional<v1::RankUpdate> started = coordinator_.NextUpdate();
+  ASSERT_TRUE(started.has_value());
+  EXPECT_EQ(started->state(), v1::RANK_STATE_STARTED);
+  client->reset();  // the training process goes away
+  std::optional<v1::RankUpdate> exited = coordinator_.NextUpdate();
+  ASSERT_TRUE(exited.has_value());
+  EXPECT_EQ(exited->state(), v1::RANK_STATE_EXITED);
+  EXPECT_EQ(exited->exit_code(), 0);
+}
+
+TEST_F(DaemonTest, AStopTerminatesTheRankAndTheDaemonTakesTheNextJob) {
+  const std::string pid_file = absl::StrCat(socket_, ".pid");
+  Assign({"/bin/sh", "-c", absl::StrCat("echo $$ > ", pid_file, "; exec sleep 60")});
+  std::optional<v1::RankUpdate> started = coordinator_.NextUpdate();
+  ASSERT_TRUE(started.has_value());
+  EXPECT_EQ(started->state(), v1::RANK_STATE_STARTED);
+  pid_t pid = 0;
+  for (int i = 0; i < 200 && pid == 0; ++i) {  // the shell writes it at once
+    if (FILE* f = std::fopen(pid_file.c_str(), "r")) {
+      if (std::fscanf(f, "%d", &pid) != 1) pid = 0;
+      std::fclose(f);
+    }
+    if (pid == 0) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_GT(pid, 0);
+  const absl::Time stop_sent = absl::Now();
+  v1::CoordinatorMessage stop;
+  stop.mutable_stop_job()->set_job_id("job-000042");
+  stop.mutable_stop_job()->set_reason("cancelled by the test");
+  coordinator_.Send(stop);
+  // The coordinator ended the job: the rank is terminated (SIGTERM, within the grace period) and
+  // not reported; the daemon is free for the next job only once it is gone.
+  Assign({"/bin/true"}, "job-000043");
+  std::optional<v1::RankUpdate> next = coordinator_.NextUpdate();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->job_id(), "job-000043");
+  EXPECT_EQ(next->state(), v1::RANK_STATE_STARTED);
+  EXPECT_LT(absl::Now() - stop_sent, absl::Seconds(2));
+  EXPECT_NE(kill(pid, 0), 0) << "the stopped rank's process " << pid << " is still there";
+  next = coordinator_.NextUpdate();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->job_id(), "job-000043");
+  EXPECT_EQ(next->state(), v1::RANK_STATE_EXITED);
+  EXPECT_EQ(next->exit_code(), 0);
+  std::remove(pid_file.c_str());
+}
+
+}  // namespace
+}  // namespace ringmaster

@@ -1,0 +1,370 @@
+// The engine over a fake executor: what it sends the coordinator (one batch per cycle, cached ids
+// once assigned, re-sent requests), how it turns responses into collectives (fused order, joined
+// tensors, scale factors), and how completions reach exactly the operations concerned: negotiation
+// errors, a failure the executor calls fatal (everything else fails too) or not (the rest goes on),
+// join, and a communicator that could not be set up.
+#include "worker/engine.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ringmaster {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Records each collective as a line; fails when told to.
+class FakeExecutor : public Executor {
+ public:
+  struct State {
+    absl::Mutex mu;
+    std::vector<std::string> calls ABSL_GUARDED_BY(mu);
+    std::vector<std::string> aborts ABSL_GUARDED_BY(mu);
+    absl::Status setup ABSL_GUARDED_BY(mu);
+    absl::Status fail ABSL_GUARDED_BY(mu);
+    bool fatal ABSL_GUARDED_BY(mu) = true;
+  };
+  explicit FakeExecutor(State* state) : state_(*state) {}
+
+  absl::Status Setup() override {
+    absl::MutexLock lock(&state_.mu);
+    return state_.setup;
+  }
+  absl::StatusOr<Executed> Execute(const Collective& c, ExecutionTrace& trace) override {
+    const char* types[] = {"allreduce", "allgather", "broadcast", "barrier"};
+    std::string call = absl::StrCat(types[static_cast<int>(c.type)],
+                                    " dtype=", static_cast<int>(c.dtype), " op=", static_cast<int>(c.op),
+                                    " pre=", c.prescale, " post=", c.postscale, " root=", c.root,
+                                    " sizes=", absl::StrJoin(c.sizes, "/"));
+    for (const Collective::Tensor& t : c.tensors) {
+      absl::StrAppend(&call, " [", t.offset, " e", t.ready_event, " ", absl::StrJoin(t.shape, "x"),
+                      "]");
+    }
+    trace.End("FAKE");
+    absl::MutexLock lock(&state_.mu);
+    state_.calls.push_back(call);
+    if (!state_.fail.ok()) return state_.fail;
+    Executed e;
+    e.done_event = 5;
+    if (c.type == Collective::Type::kAllgather) {
+      for (size_t i = 0; i < c.tensors.size(); ++i) {
+        e.outputs.push_back({static_cast<int64_t>(1000 + i), {static_cast<int64_t>(i + 2), 3}});
+      }
+    }
+    return e;
+  }
+  bool Fatal(const absl::Status& /*status*/) const override {
+    absl::MutexLock lock(&state_.mu);
+    return state_.fatal;
+  }
+  void Abort(const std::string& why) override {
+    absl::MutexLock lock(&state_.mu);
+    state_.aborts.push_back(why);
+  }
+
+ private:
+  State& state_;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void Start(absl::Duration cycle = absl::Milliseconds(1)) {
+    EngineOptions o;
+    o.job_id = "job-000003";
+    o.epoch = 2;
+    o.rank = 1;
+    o.size = 2;
+    o.host = "host-b";
+    o.arena_bytes = 1 << 16;
+    o.cycle_time = cycle;
+    o.clock = &clock_;
+    o.executor = std::make_unique<FakeExecutor>(&executor_);
+    o.send = [this](const v1::WorkerMessage& m) {
+      absl::MutexLock lock(&mu_);
+      sent_.push_back(m);
+    };
+    engine_ = std::make_unique<Engine>(std::move(o));
+    engine_->Start();
+  }
+
+  void Enqueue(uint64_t handle, const std::string& name, v1::RequestType type,
+               std::vector<int64_t> shape, int64_t offset, int32_t ready_event = 0) {
+    v1::LocalEnqueue e;
+    e.set_handle(handle);
+    e.set_offset(offset);
+    e.set_ready_event(ready_event);
+    v1::TensorRequest* r = e.mutable_request();
+    r->set_name(name);
+    r->set_type(type);
+    r->set_dtype(v1::DATA_TYPE_FLOAT32);
+    for (int64_t d : shape) r->add_shape(d);
+    engine_->Enqueue(e, [this, handle](const v1::LocalCompletion& c) {
+      absl::MutexLock lock(&mu_);
+      completions_[handle] = c;
+    });
+  }
+
+  v1::LocalCompletion WaitFor(uint64_t handle) {
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return completions_.contains(handle); };
+    EXPECT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10)))
+        << "no completion for handle " << handle;
+    return completions_.contains(handle) ? completions_[handle] : v1::LocalCompletion();
+  }
+  bool Completed(uint64_t handle) {
+    absl::MutexLock lock(&mu_);
+    return completions_.contains(handle);
+  }
+
+  // The request batches sent so far, each as "name,name|#id,#id".
+  std::vector<std::string> Batches(size_t at_least) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      size_t n = 0;
+      for (const v1::WorkerMessage& m : sent_) n += m.has_requests();
+      return n >= at_least;
+    };
+    EXPECT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10)));
+    std::vector<std::string> out;
+    for (const v1::WorkerMessage& m : sent_) {
+      if (!m.has_requests()) continue;
+      EXPECT_EQ(m.requests().job_id(), "job-000003");
+      EXPECT_EQ(m.requests().epoch(), 2);
+      EXPECT_EQ(m.requests().rank(), 1);
+      std::vector<std::string> names, ids;
+      for (const v1::TensorRequest& r : m.requests().requests()) names.push_back(r.name());
+      for (uint32_t id : m.requests().cached_ids()) ids.push_back(absl::StrCat("#", id));
+      out.push_back(absl::StrCat(absl::StrJoin(names, ","), "|", absl::StrJoin(ids, ",")));
+    }
+    return out;
+  }
+
+  std::vector<std::string> Calls() {
+    absl::MutexLock lock(&executor_.mu);
+    return executor_.calls;
+  }
+
+  static v1::Response Allreduce(std::vector<std::string> names, std::vector<int64_t> sizes) {
+    v1::Response r;
+    r.set_type(v1::Response::TYPE_ALLREDUCE);
+    r.set_dtype(v1::DATA_TYPE_FLOAT32);
+    r.set_reduce_op(v1::REDUCE_OP_AVERAGE);
+    for (auto& n : names) r.add_names(n);
+    for (int64_t s : sizes) r.add_tensor_sizes(s);
+    return r;
+  }
+  void Respond(v1::Response r) {
+    v1::ResponseList list;
+    *list.add_responses() = std::move(r);
+    engine_->OnResponses(list);
+  }
+
+  FakeExecutor::State executor_;
+  FakeClock clock_;
+  absl::Mutex mu_;
+  std::vector<v1::WorkerMessage> sent_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, v1::LocalCompletion> completions_ ABSL_GUARDED_BY(mu_);
+  // Last: stopping it completes what is pending, into the members above.
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineTest, TensorsEnqueuedWithinACycleTravelInOneBatchWhenItEnds) {
+  Start(/*cycle=*/absl::Hours(1));  // on the fake clock: only Advance ends it
+  Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);  // goes at once: no batch sent yet
+  EXPECT_THAT(Batches(1), ElementsAre("a|"));
+  Enqueue(2, "b", v1::REQUEST_TYPE_ALLREDUCE, {4}, 64);
+  Enqueue(3, "c", v1::REQUEST_TYPE_ALLREDUCE, {4}, 128);
+  // Several polls of the clock later, the cycle has not ended: nothing more was sent.
+  absl::SleepFor(3 * Engine::kClockPoll);
+  EXPECT_THAT(Batches(1), ElementsAre("a|"));
+  clock_.Advance(absl::Minutes(59));
+  absl::SleepFor(3 * Engine::kClockPoll);
+  EXPECT_THAT(Batches(1), ElementsAre("a|"));
+  clock_.Advance(absl::Minutes(1));
+  EXPECT_THAT(Batches(2), ElementsAre("a|", "b,c|"));  // together, once the cycle is over
+}
+
+TEST_F(EngineTest, AFusedResponseBecomesOneCollectiveInItsOrderWithJoinedTensorsEmpty) {
+  Start();
+  Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {2, 2}, 0, /*ready_event=*/3);
+  Enqueue(2, "b", v1::REQUEST_TYPE_ALLREDUCE, {8}, 256, 4);
+  v1::Response r = Allreduce({"b", "gone", "a"}, {8, 6, 4});  // "gone": not on this rank
+  r.set_prescale_factor(0.5);
+  Respond(r);
+  const v1::LocalCompletion a = WaitFor(1), b = WaitFor(2);
+  EXPECT_EQ(a.code(), 0) << a.message();
+  EXPECT_EQ(a.handle(), 1u);
+  EXPECT_EQ(b.handle(), 2u);
+  EXPECT_EQ(a.done_event(), 5);
+  EXPECT_THAT(Calls(), ElementsAre("allreduce dtype=7 op=1 pre=0.5 post=1 root=0 sizes=8/6/4 "
+                                   "[256 e4 8] [-1 e0 ] [0 e3 2x2]"));
+}
+
+TEST_F(EngineTest, CachedTensorsTravelByIdAndResponsesByIdFindThem) {
+  Start(/*cycle=*/absl::Milliseconds(1));
+  Enqueue(1, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  EXPECT_THAT(Batches(1), ElementsAre("w|"));
+  v1::ResponseList list;
+  v1::CacheAssignment* assigned = list.add_cache_assignments();
+  assigned->set_name("w");
+  assigned->set_id(9);
+  *list.add_responses() = Allreduce({"w"}, {4});
+  engine_->OnResponses(list);
+  EXPECT_EQ(WaitFor(1).code(), 0);
+  // The same tensor again: by its id; and the response may name it by id alone.
+  clock_.Advance(absl::Milliseconds(1));  // a cycle later
+  Enqueue(2, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  EXPECT_THAT(Batches(2), ElementsAre("w|", "|#9"));
+  v1::Response by_id = Allreduce({}, {4});
+  by_id.add_cache_ids(9);
+  Respond(by_id);
+  EXPECT_EQ(WaitFor(2).code(), 0);
+  // The coordinator lost it (restart, eviction): asked to re-send, the rank sends the request.
+  clock_.Advance(absl::Milliseconds(1));  // a cycle later
+  Enqueue(3, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  EXPECT_THAT(Batches(3), ElementsAre("w|", "|#9", "|#9"));
+  v1::ResponseList resend;
+  resend.add_resend_ids(9);
+  engine_->OnResponses(resend);
+  EXPECT_THAT(Batches(4), ElementsAre("w|", "|#9", "|#9", "w|"));
+}
+
+TEST_F(EngineTest, ANegotiationErrorFailsExactlyTheTensorsItNames) {
+  Start();
+  Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  Enqueue(2, "b", v1::REQUEST_TYPE_ALLREDUCE, {4}, 64);
+  v1::ResponseList list;
+  v1::Response* error = list.add_rank_errors();
+  error->add_names("a");
+  error->set_error_message("Mismatched shapes for tensor 'a': rank 0 has [4], rank 1 has [5]");
+  engine_->OnResponses(list);
+  const v1::LocalCompletion a = WaitFor(1);
+  EXPECT_EQ(a.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(a.message(), "Mismatched shapes for tensor 'a': rank 0 has [4], rank 1 has [5]");
+  EXPECT_FALSE(Completed(2));
+  Respond(Allreduce({"b"}, {4}));
+  EXPECT_EQ(WaitFor(2).code(), 0);
+}
+
+TEST_F(EngineTest, AFatalFailureFailsEverythingElseAndAbortsTheExecutor) {
+  Start();
+  {
+    absl::MutexLock lock(&executor_.mu);
+    executor_.fail = absl::UnavailableError("gloo allreduce: connection to rank 0 closed");
+  }
+  Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  Enqueue(2, "waiting", v1::REQUEST_TYPE_ALLREDUCE, {4}, 64);
+  Respond(Allreduce({"a"}, {4}));
+  EXPECT_EQ(WaitFor(1).message(), "gloo allreduce: connection to rank 0 closed");
+  const v1::LocalCompletion waiting = WaitFor(2);
+  EXPECT_EQ(waiting.code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(waiting.message(), "gloo allreduce: connection to rank 0 closed");
+  Enqueue(3, "later", v1::REQUEST_TYPE_ALLREDUCE, {4}, 128);
+  EXPECT_EQ(WaitFor(3).message(), "gloo allreduce: connection to rank 0 closed");
+  absl::MutexLock lock(&executor_.mu);
+  EXPECT_THAT(executor_.aborts, ElementsAre("gloo allreduce: connection to rank 0 closed"));
+}
+
+TEST_F(EngineTest, AFailureTheExecutorSurvivesFailsOnlyItsOwnTensors) {
+  Start();
+  {
+    absl::MutexLock lock(&executor_.mu);
+    executor_.fail = absl::InvalidArgumentError("allgather response has 1 sizes for 1 tensors on 2 ranks");
+    executor_.fatal = false;
+  }
+  Enqueue(1, "g", v1::REQUEST_TYPE_ALLGATHER, {4}, 0);
+  Enqueue(2, "b", v1::REQUEST_TYPE_ALLREDUCE, {4}, 64);
+  v1::Response g;
+  g.set_type(v1::Response::TYPE_ALLGATHER);
+  g.set_dtype(v1::DATA_TYPE_FLOAT32);
+  g.add_names("g");
+  g.add_tensor_sizes(4);
+  Respond(g);
+  EXPECT_EQ(WaitFor(1).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  {
+    absl::MutexLock lock(&executor_.mu);
+    executor_.fail = absl::OkStatus();
+  }
+  Respond(Allreduce({"b"}, {4}));
+  EXPECT_EQ(WaitFor(2).code(), 0);
+}
+
+TEST_F(EngineTest, AllgatherOutputsReachTheirCompletions) {
+  Start();
+  Enqueue(1, "g0", v1::REQUEST_TYPE_ALLGATHER, {1, 3}, 0);
+  Enqueue(2, "g1", v1::REQUEST_TYPE_ALLGATHER, {2, 3}, 64);
+  v1::Response g;
+  g.set_type(v1::Response::TYPE_ALLGATHER);
+  g.set_dtype(v1::DATA_TYPE_FLOAT32);
+  g.add_names("g0");
+  g.add_names("g1");
+  for (int64_t s : {1, 1, 1, 2}) g.add_tensor_sizes(s);
+  g.add_row_elements(3);
+  g.add_row_elements(3);
+  Respond(g);
+  const v1::LocalCompletion g0 = WaitFor(1), g1 = WaitFor(2);
+  EXPECT_EQ(g0.output_offset(), 1000);
+  EXPECT_THAT(g0.output_shape(), ElementsAre(2, 3));
+  EXPECT_EQ(g1.output_offset(), 1001);
+  EXPECT_THAT(g1.output_shape(), ElementsAre(3, 3));
+  EXPECT_THAT(Calls(), ElementsAre("allgather dtype=7 op=0 pre=1 post=1 root=0 sizes=1/1/1/2 "
+                                   "[0 e0 1x3] [64 e0 2x3]"));
+}
+
+TEST_F(EngineTest, JoinCompletesWithTheLastJoinedRank) {
+  Start();
+  Enqueue(1, "join.1", v1::REQUEST_TYPE_JOIN, {}, 0);
+  v1::Response join;
+  join.set_type(v1::Response::TYPE_JOIN);
+  join.set_last_joined_rank(1);
+  Respond(join);
+  const v1::LocalCompletion c = WaitFor(1);
+  EXPECT_EQ(c.code(), 0);
+  EXPECT_EQ(c.last_joined_rank(), 1);
+  EXPECT_TRUE(Calls().empty());  // no collective for a join
+}
+
+TEST_F(EngineTest, BadEnqueuesAreRefusedAtOnceNamingTheTensor) {
+  Start();
+  Enqueue(1, "far", v1::REQUEST_TYPE_ALLREDUCE, {16}, (1 << 16) - 32);
+  EXPECT_EQ(WaitFor(1).message(),
+            "tensor 'far': 64 bytes at arena offset 65504 lie outside the 65536-byte arena");
+  Enqueue(2, "twice", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  Enqueue(3, "twice", v1::REQUEST_TYPE_ALLREDUCE, {4}, 64);
+  EXPECT_EQ(WaitFor(3).message(),
+            "Tensor 'twice' is already in flight on rank 1 (host-b): wait for it to complete "
+            "before submitting it again, or use a different name.");
+  EXPECT_FALSE(Completed(2));
+}
+
+TEST_F(EngineTest, ACommunicatorThatCannotBeSetUpFailsEveryOperation) {
+  {
+    absl::MutexLock lock(&executor_.mu);
+    executor_.setup = absl::DeadlineExceededError("gloo rendezvous timed out after 30s");
+  }
+  Start();
+  Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  const v1::LocalCompletion c = WaitFor(1);
+  EXPECT_EQ(c.code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(c.message(),
+            "communicator setup failed on rank 1 (host-b): gloo rendezvous timed out after 30s");
+}
+
+TEST_F(EngineTest, StopFailsWhatIsPendingAsCancelled) {
+  Start();
+  Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  engine_->Stop();
+  const v1::LocalCompletion c = WaitFor(1);
+  EXPECT_EQ(c.code(), static_cast<int>(absl::StatusCode::kCancelled));
+  EXPECT_EQ(c.message(), "job job-000003 stopped on rank 1 (host-b)");
+}
+
+}  // namespace
+}  // namespace ringmaster

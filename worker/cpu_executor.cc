@@ -1,0 +1,282 @@
+#include "worker/cpu_executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/half.h"
+
+namespace ringmaster {
+namespace {
+
+template <typename T>
+void ScaleInts(T* p, int64_t n, double factor, int divisor) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (divisor > 1 && factor == 1.0) {
+      p[i] = static_cast<T>(p[i] / divisor);
+    } else {
+      p[i] = static_cast<T>(std::llround(static_cast<double>(p[i]) * factor / divisor));
+    }
+  }
+}
+
+template <typename T>
+void ScaleFloats(T* p, int64_t n, double factor) {
+  const T f = static_cast<T>(factor);  // in the tensor's own type, so the loop vectorises
+  for (int64_t i = 0; i < n; ++i) p[i] *= f;
+}
+
+// Multiplies `n` elements by factor / divisor. Integers are divided exactly (truncating toward
+// zero, as C++ and PyTorch's integer division of a sum do) when only averaging, rounded otherwise.
+void Scale(void* data, int64_t n, DataType dtype, double factor, int divisor) {
+  if (factor == 1.0 && divisor == 1) return;
+  switch (dtype) {
+    case DataType::kUint8:
+      ScaleInts(static_cast<uint8_t*>(data), n, factor, divisor);
+      break;
+    case DataType::kInt8:
+      ScaleInts(static_cast<int8_t*>(data), n, factor, divisor);
+      break;
+    case DataType::kInt32:
+      ScaleInts(static_cast<int32_t*>(data), n, factor, divisor);
+      break;
+    case DataType::kInt64:
+      ScaleInts(static_cast<int64_t*>(data), n, factor, divisor);
+      break;
+    case DataType::kFloat32:
+      ScaleFloats(static_cast<float*>(data), n, factor / divisor);
+      break;
+    case DataType::kFloat64:
+      ScaleFloats(static_cast<double*>(data), n, factor / divisor);
+      break;
+    case DataType::kFloat16: {
+      auto* p = static_cast<uint16_t*>(data);
+      const float f = static_cast<float>(factor / divisor);
+      for (int64_t i = 0; i < n; ++i) p[i] = FloatToHalf(HalfToFloat(p[i]) * f);
+      break;
+    }
+    case DataType::kBfloat16: {
+      auto* p = static_cast<uint16_t*>(data);
+      const float f = static_cast<float>(factor / divisor);
+      for (int64_t i = 0; i < n; ++i) p[i] = FloatToBfloat16(Bfloat16ToFloat(p[i]) * f);
+      break;
+    }
+    case DataType::kUnspecified:
+      break;
+  }
+}
+
+}  // namespace
+
+PartPool::PartPool(int helpers) {
+  for (int i = 1; i <= helpers; ++i) threads_.emplace_back([this, i] { Loop(i); });
+}
+
+PartPool::~PartPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void PartPool::Run(int parts, absl::FunctionRef<void(int)> part) {
+  {
+    absl::MutexLock lock(&mu_);
+    part_ = &part;
+    parts_ = std::min<int>(parts, static_cast<int>(threads_.size()) + 1);
+    pending_ = parts_ - 1;
+    ++generation_;
+  }
+  part(0);
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
+  mu_.Await(absl::Condition(&done));  // each part is a collective with its own timeout
+  part_ = nullptr;
+}
+
+void PartPool::Loop(int index) {
+  int64_t seen = 0;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    auto woken = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || generation_ != seen;
+    };
+    mu_.Await(absl::Condition(&woken));
+    if (stopping_) return;
+    seen = generation_;
+    if (index >= parts_) continue;
+    const absl::FunctionRef<void(int)>* part = part_;
+    mu_.Unlock();
+    (*part)(index);
+    mu_.Lock();
+    --pending_;
+  }
+}
+
+CpuExecutor::CpuExecutor(CpuExecutorOptions options) : options_(std::move(options)) {}
+
+absl::Status CpuExecutor::Setup() {
+  if (!options_.make_backend) return absl::FailedPreconditionError("no communicators to create");
+  for (int i = 0; i < std::max(1, options_.communicators); ++i) {
+    absl::StatusOr<std::unique_ptr<Backend>> backend = options_.make_backend(i);
+    if (!backend.ok()) {
+      backends_.clear();
+      return backend.status();
+    }
+    backends_.push_back(*std::move(backend));
+  }
+  if (backends_.size() > 1) pool_ = std::make_unique<PartPool>(backends_.size() - 1);
+  return absl::OkStatus();
+}
+
+uint8_t* CpuExecutor::Scratch(size_t bytes) {
+  fusion_buffer_.resize(std::max(fusion_buffer_.size(), bytes));
+  return fusion_buffer_.data();
+}
+
+absl::StatusOr<Executed> CpuExecutor::Execute(const Collective& c, ExecutionTrace& trace) {
+  if (backends_.empty()) return absl::FailedPreconditionError("no communicator");
+  Backend& backend = *backends_.front();
+  switch (c.type) {
+    case Collective::Type::kAllreduce: {
+      absl::Status s = Allreduce(c, trace);
+      if (!s.ok()) return s;
+      return Executed();
+    }
+    case Collective::Type::kAllgather: {
+      absl::StatusOr<Executed> executed = Allgather(c);
+      trace.End("GLOO_ALLGATHER");
+      return executed;
+    }
+    case Collective::Type::kBroadcast: {
+      const int64_t bytes = c.sizes.empty() ? 0 : c.sizes[0] * DataTypeSize(c.dtype);
+      const bool mine = !c.tensors.empty() && c.tensors[0].offset >= 0;
+      // A joined rank takes part with scratch memory.
+      uint8_t* data = mine ? options_.arena + c.tensors[0].offset : Scratch(bytes);
+      absl::Status s = backend.Broadcast(data, bytes, c.root);
+      trace.End("GLOO_BCAST");
+      if (!s.ok()) return s;
+      return Executed();
+    }
+    case Collective::Type::kBarrier: {
+      absl::Status s = backend.Barrier();
+      trace.End("GLOO_BARRIER");
+      if (!s.ok()) return s;
+      return Executed();
+    }
+  }
+  return absl::InternalError(absl::StrCat("unknown collective ", static_cast<int>(c.type)));
+}
+
+absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) {
+  const DataType dtype = c.dtype;
+  const int64_t elem = DataTypeSize(dtype);
+  const size_t n = c.tensors.size();
+  std::vector<int64_t> counts(n);
+  int64_t total = 0;
+  bool contiguous = true;
+  for (size_t i = 0; i < n; ++i) {
+    counts[i] = i < c.sizes.size() ? c.sizes[i] : 0;
+    total += counts[i];
+    if (c.tensors[i].offset < 0) {
+      contiguous = false;
+    } else if (i > 0 && c.tensors[i - 1].offset >= 0 &&
+               c.tensors[i - 1].offset + counts[i - 1] * elem != c.tensors[i].offset) {
+      contiguous = false;
+    }
+  }
+  uint8_t* buffer;
+  const bool packed = !(contiguous && n > 0);
+  if (!packed) {
+    buffer = options_.arena + c.tensors[0].offset;  // already one buffer: no pack, no unpack
+  } else {
+    buffer = Scratch(total * elem);
+    int64_t at = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t bytes = counts[i] * elem;
+      if (c.tensors[i].offset >= 0) {
+        std::memcpy(buffer + at, options_.arena + c.tensors[i].offset, bytes);
+      } else {
+        std::memset(buffer + at, 0, bytes);  // a joined rank contributes zeros
+      }
+      at += bytes;
+    }
+    trace.End("MEMCPY_IN_FUSION_BUFFER");
+  }
+  const bool average = c.average();
+  const ReduceOp backend_op = average ? ReduceOp::kSum : c.op;
+  const int divisor = average ? options_.size : 1;
+  // One chunk per communicator (the same split on every rank), run concurrently; each chunk is
+  // scaled by the thread that reduces it.
+  const int parts = total * elem >= options_.split_bytes ? static_cast<int>(backends_.size()) : 1;
+  std::vector<absl::Status> statuses(parts);
+  auto run = [&](int part) {
+    const int64_t begin = total * part / parts, end = total * (part + 1) / parts;
+    uint8_t* data = buffer + begin * elem;
+    Scale(data, end - begin, dtype, c.prescale, 1);
+    statuses[part] = backends_[part]->Allreduce(data, end - begin, dtype, backend_op);
+    if (statuses[part].ok()) Scale(data, end - begin, dtype, c.postscale, divisor);
+  };
+  if (parts > 1) {
+    pool_->Run(parts, run);
+  } else {
+    run(0);
+  }
+  trace.End("GLOO_ALLREDUCE");  // failed or not: the timeline shows where the time went
+  for (const absl::Status& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  if (packed) {
+    int64_t at = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t bytes = counts[i] * elem;
+      if (c.tensors[i].offset >= 0) {
+        std::memcpy(options_.arena + c.tensors[i].offset, buffer + at, bytes);
+      }
+      at += bytes;
+    }
+    trace.End("MEMCPY_OUT_FUSION_BUFFER");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Executed> CpuExecutor::Allgather(const Collective& c) {
+  absl::StatusOr<std::vector<AllgatherPart>> parts = PlanAllgather(c, options_.size);
+  if (!parts.ok()) return parts.status();
+  Executed executed;
+  executed.outputs.resize(c.tensors.size());
+  // On failure, outputs already allocated for earlier tensors go back to the arena.
+  auto fail = [&](const absl::Status& status) {
+    for (const Executed::Output& out : executed.outputs) {
+      if (out.offset >= 0) options_.outputs->Free(out.offset).IgnoreError();
+    }
+    return status;
+  };
+  for (size_t t = 0; t < c.tensors.size(); ++t) {
+    const AllgatherPart& part = (*parts)[t];
+    const bool mine = c.tensors[t].offset >= 0;
+    uint8_t* output;
+    int64_t offset = -1;
+    if (mine) {
+      absl::StatusOr<size_t> allocated = options_.outputs->Allocate(part.total);
+      if (!allocated.ok()) return fail(allocated.status());
+      offset = static_cast<int64_t>(*allocated);
+      output = options_.arena + offset;
+    } else {
+      output = Scratch(part.total);
+    }
+    const uint8_t* input = mine ? options_.arena + c.tensors[t].offset : output;
+    absl::Status status = backends_.front()->Allgatherv(input, output, part.bytes);
+    if (!status.ok()) {
+      if (offset >= 0) options_.outputs->Free(offset).IgnoreError();
+      return fail(status);
+    }
+    if (mine) executed.outputs[t] = GatheredOutput(part, offset);
+  }
+  return executed;
+}
+
+}  // namespace ringmaster

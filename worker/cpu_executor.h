@@ -1,0 +1,83 @@
+// A CPU rank's executor: collectives on the host arena with Gloo communicators. Fused tensors that
+// are not contiguous in the arena are packed into a fusion buffer and unpacked after; averages and
+// pre/postscale factors are applied on the host; a large allreduce is split across the
+// communicators and its parts run concurrently on a small persistent pool (the same split on every
+// rank), so the reduction arithmetic uses several cores, as NCCL's channels and PyTorch's Gloo
+// threads do.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/synchronization/mutex.h"
+#include "common/shared_memory.h"
+#include "worker/backend.h"
+#include "worker/executor.h"
+
+namespace ringmaster {
+
+// Runs parts 1 .. n-1 of a job on persistent threads and part 0 on the caller; returns once every
+// part is done. One job at a time (the engine thread's).
+class PartPool {
+ public:
+  explicit PartPool(int helpers);
+  ~PartPool();
+  PartPool(const PartPool&) = delete;
+  PartPool& operator=(const PartPool&) = delete;
+
+  // `parts` at most helpers + 1.
+  void Run(int parts, absl::FunctionRef<void(int)> part);
+
+ private:
+  void Loop(int index);
+
+  absl::Mutex mu_;
+  const absl::FunctionRef<void(int)>* part_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int parts_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+struct CpuExecutorOptions {
+  int rank = 0;
+  int size = 1;
+  uint8_t* arena = nullptr;           // borrowed; outlives the executor
+  ArenaAllocator* outputs = nullptr;  // borrowed: where allgather outputs are allocated
+  // Creates communicator `index` (rendezvous included), for 0 .. communicators-1, in Setup.
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>(int index)> make_backend;
+  int communicators = 2;
+  // Allreduces smaller than this use communicator 0 alone.
+  int64_t split_bytes = int64_t{4} << 20;
+};
+
+class CpuExecutor final : public Executor {
+ public:
+  explicit CpuExecutor(CpuExecutorOptions options);
+
+  absl::Status Setup() override;
+  absl::StatusOr<Executed> Execute(const Collective& c, ExecutionTrace& trace) override;
+  bool Fatal(const absl::Status& status) const override {
+    return status.code() != absl::StatusCode::kInvalidArgument;  // a malformed response is not
+  }
+  void Abort(const std::string& /*why*/) override {}  // every Gloo operation has its timeout
+
+ private:
+  absl::Status Allreduce(const Collective& c, ExecutionTrace& trace);
+  absl::StatusOr<Executed> Allgather(const Collective& c);
+  // Scratch memory of at least `bytes` (packing; a joined rank's part).
+  uint8_t* Scratch(size_t bytes);
+
+  const CpuExecutorOptions options_;
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::unique_ptr<PartPool> pool_;
+  std::vector<uint8_t> fusion_buffer_;
+};
+
+}  // namespace ringmaster
