@@ -4,6 +4,12 @@
 // dependency order, and implements the operations the services expose. Transport-free: services
 // translate messages and call it; it talks to workers through WorkerChannel.
 //
+// Where each part is implemented: jobs, registration and scheduling in coordinator.cc; workers'
+// sessions (heartbeats, request batches, rank updates) in coordinator_sessions.cc; logs and
+// artifacts in coordinator_outputs.cc; the rendezvous store in coordinator_rendezvous.cc; the
+// ticker and housekeeping (leases, settled failures, start timeouts) in coordinator_liveness.cc.
+// A job's negotiation state is its JobRuntime's.
+//
 // Thread-safe. mu_ guards the job runtimes, the pending failures and the worker channels. Channels
 // are called with mu_ held: their methods only queue a message (they never block or call back), and
 // holding mu_ keeps a closing session's channel alive. Watchers, log followers and runtimes are

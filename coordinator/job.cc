@@ -103,4 +103,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+std::string Placement(const RankInfo& r) {
+  return absl::StrCat("rank ", r.rank, " on host ", r.host, " (", r.worker_id, ")");
+}
+
 }  // namespace ringmaster

@@ -45,6 +45,9 @@ struct RankInfo {
   int32_t exit_code = 0;
 };
 
+// "rank 1 on host h1 (worker-000002)": where a rank runs, in error messages.
+std::string Placement(const RankInfo& r);
+
 struct JobEvent {
   absl::Time time;
   JobState state = JobState::kPending;

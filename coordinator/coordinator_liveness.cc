@@ -1,0 +1,161 @@
+// Coordinator, part 5 of 5: time. The ticker wakes for the next deadline and does housekeeping:
+// lost workers, settled failures (a disconnect and the exits it causes become one reason), jobs
+// that did not start in time, stalled and idle runtimes, logs past their linger.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/coordinator.h"
+#include "spdlog/spdlog.h"
+
+namespace ringmaster {
+
+std::string Coordinator::DisconnectedWorkerOf(const Job& job, const std::string& except) {
+  for (const RankInfo& other : job.ranks) {
+    if (other.worker_id == except) continue;
+    absl::StatusOr<Worker> w = workers_.Get(other.worker_id);
+    if (!w.ok() || !w->connected) {
+      return absl::StrCat("worker ", other.worker_id, " serving rank ", other.rank, " on host ",
+                          other.host, " disconnected (its session broke)");
+    }
+  }
+  return "";
+}
+
+void Coordinator::SettleFailures(absl::Time now, const std::string& disconnected_job) {
+  std::vector<std::pair<std::string, PendingFailure>> due;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = pending_failures_.begin(); it != pending_failures_.end();) {
+      if (now < it->second.deadline && it->first != disconnected_job) {
+        ++it;
+        continue;
+      }
+      due.emplace_back(it->first, std::move(it->second));  // taken: settled once
+      pending_failures_.erase(it++);
+    }
+  }
+  for (auto& [job_id, failure] : due) {
+    std::string reason = std::move(failure.reason);
+    if (absl::StatusOr<Job> job = jobs_.Get(job_id); job.ok()) {
+      if (std::string cause = DisconnectedWorkerOf(*job, failure.worker_id); !cause.empty()) {
+        reason = absl::StrCat(cause, "; then ", reason);
+      }
+    }
+    FinishLater(job_id, JobState::kFailed, std::move(reason), failure.worker_id);
+  }
+}
+
+void Coordinator::Tick() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::shared_ptr<JobRuntime>> runtimes;
+  bool housekeeping = false;
+  {
+    absl::MutexLock lock(&mu_);
+    runtimes.reserve(runtimes_.size());
+    for (auto& [id, runtime] : runtimes_) runtimes.push_back(runtime);
+    if (now - last_housekeeping_ >= housekeeping_interval_) {
+      last_housekeeping_ = now;
+      housekeeping = true;
+    }
+  }
+  for (const auto& runtime : runtimes) Flush(*runtime, now);
+  SettleFailures(now, "");
+  if (housekeeping) Housekeeping(now);
+}
+
+void Coordinator::WaitForTick(absl::Time deadline) {
+  absl::MutexLock lock(&tick_mu_);
+  tick_wake_ = std::min(tick_wake_, deadline);  // keeps a wake-up asked for while ticking
+  while (absl::Now() < tick_wake_) {
+    tick_cv_.WaitWithDeadline(&tick_mu_, tick_wake_);
+  }
+  tick_wake_ = absl::InfiniteFuture();
+}
+
+void Coordinator::WakeTicker(absl::Time when) {
+  absl::MutexLock lock(&tick_mu_);
+  if (when < tick_wake_) {
+    tick_wake_ = when;
+    tick_cv_.Signal();
+  }
+}
+
+absl::Time Coordinator::NextDeadline() const {
+  absl::Time next = absl::InfiniteFuture();
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, runtime] : runtimes_) {
+    next = std::min(next, runtime->NextDeadline());
+  }
+  return next;
+}
+
+void Coordinator::Housekeeping(absl::Time now) {
+  for (const Worker& w : workers_.ExpireLeases()) {
+    const std::string& lost = w.lost_reason;
+    spdlog::warn("worker {} on {} lost: {}", w.id, w.host, lost);
+    {
+      absl::MutexLock lock(&mu_);
+      if (WorkerChannel* channel = ChannelOf(w.id)) {
+        channel->Close(absl::FailedPreconditionError(
+            absl::StrCat("worker ", w.id, " lost its lease (", lost, "); register again")));
+        channels_.erase(w.id);
+      }
+    }
+    if (w.job_id.empty()) Schedule();  // pending jobs' reasons count registered workers
+    if (!w.job_id.empty()) {
+      FinishLater(w.job_id, JobState::kFailed,
+                  absl::StrCat("worker ", w.id, " serving rank ", w.rank, " on host ", w.host,
+                               " was lost: ", lost));  // the job may have ended meanwhile
+    }
+  }
+  std::vector<std::shared_ptr<JobRuntime>> runtimes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, runtime] : runtimes_) runtimes.push_back(runtime);
+  }
+  for (const auto& runtime : runtimes) {
+    StallReport report = runtime->Housekeeping(now);
+    if (report.message.empty()) continue;
+    spdlog::warn("{}", report.message);
+    if (report.shutdown) {
+      FinishLater(runtime->job_id(), JobState::kFailed, report.message);
+    } else {
+      jobs_.AddEvent(runtime->job_id(), report.message).IgnoreError();
+    }
+  }
+  FailJobsThatDidNotStart(now);
+  rendezvous_.ExpireWaiters(now);
+  logs_.EndDue();
+}
+
+void Coordinator::FailJobsThatDidNotStart(absl::Time now) {
+  std::vector<std::string> late;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = starting_since_.begin(); it != starting_since_.end();) {
+      if (now - it->second < start_timeout_) {
+        ++it;
+        continue;
+      }
+      late.push_back(it->first);
+      starting_since_.erase(it++);  // failed once
+    }
+  }
+  for (const std::string& job_id : late) {
+    absl::StatusOr<Job> job = jobs_.Get(job_id);
+    if (!job.ok() || job->state != JobState::kStarting) continue;
+    std::vector<std::string> missing;
+    for (const RankInfo& r : job->ranks) {
+      if (r.state == RankState::kAssigned) missing.push_back(Placement(r));
+    }
+    FinishLater(
+        job_id, JobState::kFailed,
+        absl::StrCat(missing.size() == 1 ? "1 rank" : absl::StrCat(missing.size(), " ranks"),
+                     " did not start within ", absl::FormatDuration(start_timeout_), ": ",
+                     absl::StrJoin(missing, ", ")));
+  }
+}
+
+}  // namespace ringmaster

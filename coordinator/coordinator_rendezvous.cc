@@ -1,0 +1,55 @@
+// Coordinator, part 4 of 5: the rendezvous key-value store the ranks of a job epoch meet through
+// (Gloo's store, NCCL's unique ids), scoped to a running job's current epoch.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/coordinator.h"
+#include "spdlog/spdlog.h"
+
+namespace ringmaster {
+
+absl::Status Coordinator::CheckScope(const std::string& job_id, int64_t epoch) const {
+  absl::StatusOr<Job> job = jobs_.Get(job_id);
+  if (!job.ok()) return job.status();
+  if (job->state != JobState::kStarting && job->state != JobState::kRunning) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is ", JobStateName(job->state), "; its rendezvous is closed"));
+  }
+  if (epoch != job->epoch) {
+    return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id,
+                                           " is stale; the job is at epoch ", job->epoch));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::RendezvousSet(const std::string& job_id, int64_t epoch,
+                                        const std::string& key, std::string value) {
+  if (absl::Status s = CheckScope(job_id, epoch); !s.ok()) return s;
+  return rendezvous_.Set(RendezvousStore::Scope(job_id, epoch), key, std::move(value));
+}
+
+absl::StatusOr<std::string> Coordinator::RendezvousGet(const std::string& job_id, int64_t epoch,
+                                                       const std::string& key) {
+  if (absl::Status s = CheckScope(job_id, epoch); !s.ok()) return s;
+  return rendezvous_.Get(RendezvousStore::Scope(job_id, epoch), key);
+}
+
+void Coordinator::RendezvousWait(const std::string& job_id, int64_t epoch,
+                                 std::vector<std::string> keys, absl::Duration timeout,
+                                 RendezvousStore::WaitCallback done) {
+  if (absl::Status s = CheckScope(job_id, epoch); !s.ok()) {
+    done(s);
+    return;
+  }
+  if (timeout <= absl::ZeroDuration() || timeout > absl::Minutes(10)) {
+    done(absl::InvalidArgumentError(absl::StrCat(
+        "timeout_ms = ", absl::ToInt64Milliseconds(timeout), " is out of bounds [1, 600000]")));
+    return;
+  }
+  rendezvous_.Wait(RendezvousStore::Scope(job_id, epoch), std::move(keys), clock_->Now() + timeout,
+                   std::move(done));
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,206 @@
+// Coordinator, part 2 of 5: the workers' sessions. A session opens and closes, carries
+// heartbeats, request batches (to the job's runtime, which negotiates), timeline spans and rank
+// updates (a rank started or exited: the job runs, succeeds or fails). The table of contents is
+// coordinator.h; jobs and scheduling are coordinator.cc.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/coordinator.h"
+#include "spdlog/spdlog.h"
+
+namespace ringmaster {
+
+absl::Status Coordinator::OpenSession(const std::string& worker_id, WorkerChannel* channel) {
+  absl::StatusOr<Worker> worker = workers_.Get(worker_id);
+  if (!worker.ok()) return worker.status();
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = workers_.SetConnected(worker_id, true); !s.ok()) return s;
+    if (WorkerChannel* old = ChannelOf(worker_id); old != nullptr && old != channel) {
+      old->Close(absl::AbortedError("superseded by a newer session of the same worker"));
+    }
+    channels_[worker_id] = channel;
+    // A worker that reconnects while serving a job gets its assignment again.
+    if (!worker->job_id.empty()) {
+      if (auto it = runtimes_.find(worker->job_id); it != runtimes_.end()) {
+        if (absl::StatusOr<Job> job = jobs_.Get(worker->job_id); job.ok()) {
+          channel->SendAssignment(*job, worker->rank);
+        }
+      }
+    }
+  }
+  spdlog::info("worker {} ({}) connected", worker_id, worker->host);
+  Schedule();
+  return absl::OkStatus();
+}
+
+void Coordinator::CloseSession(const std::string& worker_id, WorkerChannel* channel) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = channels_.find(worker_id);
+    if (it == channels_.end() || it->second != channel) return;
+    channels_.erase(it);
+    // Under mu_, so a quick reconnect's OpenSession (which marks it connected under mu_ too)
+    // cannot be overtaken. It may reconnect: an idle worker until its lease runs out, a busy one
+    // within the reconnect grace.
+    workers_.SetConnected(worker_id, false).IgnoreError();
+  }
+  absl::StatusOr<Worker> w = workers_.Get(worker_id);
+  if (w.ok()) {
+    spdlog::info("worker {} on host {} ({}) disconnected; {}", worker_id, w->host, w->device,
+                 w->job_id.empty()
+                     ? absl::StrCat("it is lost unless it reconnects within its lease")
+                     : absl::StrCat("it served rank ", w->rank, " of job ", w->job_id));
+  }
+  Schedule();  // a pending job's reason to wait counts idle workers
+  if (w.ok() && !w->job_id.empty()) {
+    jobs_
+        .AddEvent(w->job_id, absl::StrCat("worker ", worker_id, " serving rank ", w->rank,
+                                          " on host ", w->host, " disconnected"))
+        .IgnoreError();
+    // A rank's failure waiting to settle was this worker's doing: name it now (on the executor:
+    // ending a job closes its files).
+    slow_.Post([this, job_id = w->job_id] { SettleFailures(clock_->Now(), job_id); });
+  }
+}
+
+absl::Status Coordinator::Heartbeat(const std::string& worker_id) {
+  return workers_.Heartbeat(worker_id);
+}
+
+absl::StatusOr<std::shared_ptr<JobRuntime>> Coordinator::RuntimeFor(const std::string& worker_id,
+                                                                    const std::string& job_id,
+                                                                    int64_t epoch, int32_t rank) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = runtimes_.find(job_id);
+    if (it != runtimes_.end()) {
+      const std::shared_ptr<JobRuntime>& runtime = it->second;
+      if (epoch != runtime->epoch()) {
+        return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id,
+                                               " is stale; the job is at epoch ",
+                                               runtime->epoch()));
+      }
+      if (rank < 0 || rank >= static_cast<int32_t>(runtime->ranks().size()) ||
+          runtime->ranks()[rank].worker_id != worker_id) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("worker ", worker_id, " is not assigned rank ", rank, " of job ", job_id));
+      }
+      return runtime;
+    }
+  }
+  absl::StatusOr<Job> job = jobs_.Get(job_id);
+  if (!job.ok()) return job.status();
+  return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not assigned rank ",
+                                                    rank, " of job ", job_id, ", which is ",
+                                                    JobStateName(job->state)));
+}
+
+absl::Status Coordinator::SubmitRequests(const std::string& worker_id, RequestBatch batch) {
+  auto runtime = RuntimeFor(worker_id, batch.job_id, batch.epoch, batch.rank);
+  if (!runtime.ok()) return runtime.status();
+  const absl::Time now = clock_->Now();
+  (*runtime)->Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now);
+  Flush(**runtime, now);
+  // A cycle that is not due yet (some ranks have not submitted) must be flushed at its deadline.
+  if (const absl::Time next = (*runtime)->NextDeadline(); next != absl::InfiniteFuture()) {
+    WakeTicker(next);
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::Flush(JobRuntime& runtime, absl::Time now) {
+  runtime.Flush(now, [this, &runtime](const std::shared_ptr<CycleBroadcast>& cycle) {
+    absl::MutexLock lock(&mu_);
+    for (const RankInfo& r : runtime.ranks()) {
+      if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendResponses(cycle, r.rank);
+    }
+  });
+}
+
+absl::Status Coordinator::RecordTimeline(const std::string& worker_id, const std::string& job_id,
+                                         int64_t epoch, int32_t rank,
+                                         std::vector<ExecutionSpan> spans) {
+  auto runtime = RuntimeFor(worker_id, job_id, epoch, rank);
+  if (!runtime.ok()) return runtime.status();
+  (*runtime)->RecordExecution(rank, std::move(spans));
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpdate& update) {
+  auto runtime = RuntimeFor(worker_id, update.job_id, update.epoch, update.rank);
+  if (!runtime.ok()) return runtime.status();
+  if (update.message.size() > 4096) {
+    return absl::InvalidArgumentError("rank_update.message is longer than 4096 bytes");
+  }
+  // A rank exits once: its first report stands (a rank whose data plane failed may see its
+  // process exit, even with 0, afterwards).
+  if (update.state == RankState::kExited) {
+    if (absl::StatusOr<Job> known = jobs_.Get(update.job_id);
+        known.ok() && update.rank >= 0 && update.rank < static_cast<int>(known->ranks.size()) &&
+        known->ranks[update.rank].state == RankState::kExited) {
+      return absl::OkStatus();
+    }
+  }
+  absl::StatusOr<Job> job =
+      jobs_.UpdateRank(update.job_id, update.rank, update.state, update.exit_code);
+  if (!job.ok()) return job.status();
+  const RankInfo& rank = job->ranks[update.rank];
+  if (update.state == RankState::kStarted) {
+    const bool all = std::all_of(job->ranks.begin(), job->ranks.end(),
+                                 [](const RankInfo& r) { return r.state != RankState::kAssigned; });
+    if (all && job->state == JobState::kStarting) {
+      {
+        absl::MutexLock lock(&mu_);
+        starting_since_.erase(update.job_id);
+      }
+      return jobs_
+          .Transition(update.job_id, JobState::kRunning,
+                      absl::StrCat("all ", job->ranks.size(), " ranks started"))
+          .status();
+    }
+    return absl::OkStatus();
+  }
+  if (update.state != RankState::kExited) {
+    return absl::InvalidArgumentError("rank_update.state must be STARTED or EXITED");
+  }
+  if (update.exit_code != 0) {
+    std::string reason =
+        update.failed ? absl::StrCat(Placement(rank), " failed: ", update.message)
+                      : absl::StrCat(Placement(rank), " exited with status ", update.exit_code);
+    if (!update.failed && !update.message.empty()) absl::StrAppend(&reason, ": ", update.message);
+    // A rank that fails because a peer's daemon died (its collective lost the peer) is a symptom,
+    // and its report can beat the news of the dead peer's broken session by a few milliseconds: the
+    // failure settles for failure_settle first, and names the disconnected worker if one shows up.
+    // The reporting worker's process is gone, so it needs no stop; unless only its data plane
+    // failed (`failed`): then its process runs on and is stopped with the others.
+    // The rank's output is all here: a worker forwards it before reporting the exit.
+    absl::StrAppend(&reason, OutputTail(update.job_id, update.rank));
+    const std::string stopped_already = update.failed ? "" : worker_id;
+    if (std::string cause = DisconnectedWorkerOf(*job, worker_id); !cause.empty()) {
+      FinishLater(update.job_id, JobState::kFailed, absl::StrCat(cause, "; then ", reason),
+                  stopped_already);
+      return absl::OkStatus();
+    }
+    absl::MutexLock lock(&mu_);
+    if (runtimes_.contains(update.job_id)) {
+      // The first failure stands.
+      pending_failures_.try_emplace(
+          update.job_id,
+          PendingFailure{std::move(reason), stopped_already, clock_->Now() + failure_settle_});
+    }
+    return absl::OkStatus();
+  }
+  const bool all_done = std::all_of(job->ranks.begin(), job->ranks.end(), [](const RankInfo& r) {
+    return r.state == RankState::kExited && r.exit_code == 0;
+  });
+  if (all_done) {
+    FinishLater(update.job_id, JobState::kSucceeded,
+                absl::StrCat("all ", job->ranks.size(), " ranks exited 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ringmaster
