@@ -20,11 +20,12 @@ constexpr absl::Duration kMaxTickPeriod = absl::Milliseconds(10);
 
 CoordinatorServer::CoordinatorServer(CoordinatorOptions options)
     : executor_(std::make_unique<SerialExecutor>()),
+      reads_(std::make_unique<SerialExecutor>()),
       coordinator_(std::make_unique<Coordinator>([&] {
         if (options.executor == nullptr) options.executor = executor_.get();
         return std::move(options);
       }())),
-      job_service_(std::make_unique<JobService>(*coordinator_)),
+      job_service_(std::make_unique<JobService>(*coordinator_, reads_.get())),
       worker_service_(std::make_unique<WorkerService>(*coordinator_)),
       rendezvous_service_(std::make_unique<RendezvousService>(*coordinator_)),
       cluster_service_(std::make_unique<ClusterService>(*coordinator_)) {}
@@ -84,7 +85,9 @@ void CoordinatorServer::Stop(absl::Duration grace) {
                       std::chrono::milliseconds(absl::ToInt64Milliseconds(grace)));
     server_->Wait();
   }
-  // What the calls and the ticker handed over (ending jobs, closing their files) is done now.
+  // What the calls and the ticker handed over (ending jobs, closing their files, artifact reads) is
+  // done now.
+  reads_->Shutdown();
   executor_->Shutdown();
 }
 

@@ -49,6 +49,9 @@ class CoordinatorServer {
   // Declared first: it runs the coordinator's slow work, so it must stop (Stop() drains it) before
   // the coordinator goes.
   std::unique_ptr<SerialExecutor> executor_;
+  // Artifact listings and reads (file I/O) for JobService: its own thread, so a large download
+  // never delays ending a job. Before the coordinator too: its tasks read the coordinator's store.
+  std::unique_ptr<SerialExecutor> reads_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<JobService> job_service_;
   std::unique_ptr<WorkerService> worker_service_;

@@ -242,11 +242,30 @@ class LogsReactor : public grpc::ServerWriteReactor<v1::GetLogsResponse> {
 };
 
 // Streams an artifact in chunks of at most 1 MiB, reading the next chunk as the previous one is
-// written: the snapshot's first `size` bytes from the store, then its tail.
+// written: the snapshot's first `size` bytes from the store, then its tail. The snapshot and every
+// read are file I/O: they run on the service's I/O executor, never on a gRPC callback thread. At
+// most one task of a reactor is pending at a time, and none once it has finished (so none after
+// OnDone).
 class ArtifactReactor : public grpc::ServerWriteReactor<v1::GetArtifactResponse> {
  public:
-  ArtifactReactor(Coordinator& coordinator, const v1::GetArtifactRequest& request)
-      : coordinator_(coordinator), job_id_(request.job_id()), name_(request.name()) {
+  ArtifactReactor(Coordinator& coordinator, Executor& io, const v1::GetArtifactRequest& request)
+      : coordinator_(coordinator), io_(io), job_id_(request.job_id()), name_(request.name()) {
+    io_.Post([this] { Begin(); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::CANCELLED);
+      return;
+    }
+    io_.Post([this] { Next(); });
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  static constexpr int64_t kChunk = int64_t{1} << 20;
+
+  void Begin() {
     absl::StatusOr<Coordinator::ArtifactSnapshot> snapshot =
         coordinator_.SnapshotArtifact(job_id_, name_);
     if (!snapshot.ok()) {
@@ -256,18 +275,6 @@ class ArtifactReactor : public grpc::ServerWriteReactor<v1::GetArtifactResponse>
     snapshot_ = *std::move(snapshot);
     Next();
   }
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status::CANCELLED);
-      return;
-    }
-    Next();
-  }
-  void OnDone() override { delete this; }
-
- private:
-  static constexpr int64_t kChunk = int64_t{1} << 20;
 
   void Next() {
     if (offset_ >= snapshot_.size && tail_sent_) {
@@ -300,6 +307,7 @@ class ArtifactReactor : public grpc::ServerWriteReactor<v1::GetArtifactResponse>
   }
 
   Coordinator& coordinator_;
+  Executor& io_;
   const std::string job_id_;
   const std::string name_;
   Coordinator::ArtifactSnapshot snapshot_;
@@ -364,20 +372,25 @@ grpc::ServerWriteReactor<v1::WatchJobResponse>* JobService::WatchJob(
 grpc::ServerUnaryReactor* JobService::ListArtifacts(grpc::CallbackServerContext* context,
                                                     const v1::ListArtifactsRequest* request,
                                                     v1::ListArtifactsResponse* response) {
-  absl::StatusOr<std::vector<ArtifactInfo>> list = coordinator_.ListArtifacts(request->job_id());
-  if (list.ok()) {
-    for (const ArtifactInfo& a : *list) {
-      v1::Artifact* out = response->add_artifacts();
-      out->set_name(a.name);
-      out->set_size_bytes(a.size_bytes);
+  // Listing reads the job's directory: on the I/O executor, not this callback thread.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  io_.Post([this, reactor, job_id = request->job_id(), response] {
+    absl::StatusOr<std::vector<ArtifactInfo>> list = coordinator_.ListArtifacts(job_id);
+    if (list.ok()) {
+      for (const ArtifactInfo& a : *list) {
+        v1::Artifact* out = response->add_artifacts();
+        out->set_name(a.name);
+        out->set_size_bytes(a.size_bytes);
+      }
     }
-  }
-  return Done(context, list.status());
+    reactor->Finish(ToGrpcStatus(list.status()));
+  });
+  return reactor;
 }
 
 grpc::ServerWriteReactor<v1::GetArtifactResponse>* JobService::GetArtifact(
     grpc::CallbackServerContext* context, const v1::GetArtifactRequest* request) {
-  return new ArtifactReactor(coordinator_, *request);
+  return new ArtifactReactor(coordinator_, io_, *request);
 }
 
 grpc::ServerWriteReactor<v1::GetLogsResponse>* JobService::GetLogs(

@@ -2,6 +2,7 @@
 // else.
 #pragma once
 
+#include "common/executor.h"
 #include "coordinator/coordinator.h"
 #include "ringmaster/v1/job.grpc.pb.h"
 
@@ -9,8 +10,10 @@ namespace ringmaster {
 
 class JobService final : public v1::JobService::CallbackService {
  public:
-  // `coordinator` is borrowed and must outlive the service.
-  explicit JobService(Coordinator& coordinator) : coordinator_(coordinator) {}
+  // `coordinator` is borrowed and must outlive the service. `io` runs the artifact calls' file I/O
+  // (borrowed; it must run every task posted before the service goes); null: Executor::Inline().
+  explicit JobService(Coordinator& coordinator, Executor* io = nullptr)
+      : coordinator_(coordinator), io_(io != nullptr ? *io : Executor::Inline()) {}
 
   grpc::ServerUnaryReactor* RegisterJob(grpc::CallbackServerContext* context,
                                         const v1::RegisterJobRequest* request,
@@ -36,6 +39,7 @@ class JobService final : public v1::JobService::CallbackService {
 
  private:
   Coordinator& coordinator_;
+  Executor& io_;
 };
 
 }  // namespace ringmaster
