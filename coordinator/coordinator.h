@@ -87,6 +87,15 @@ struct RequestBatch {
   int32_t rank = 0;
   std::vector<TensorRequest> requests;
   std::vector<uint32_t> cached_ids;
+  uint64_t seq = 0;            // the rank's batch number (0: unnumbered)
+  uint64_t ack_responses = 0;  // the last response list the rank received in order
+};
+
+struct RankResume {
+  std::string job_id;
+  int64_t epoch = 0;
+  int32_t rank = 0;
+  uint64_t last_response_seq = 0;
 };
 
 struct RankUpdate {
@@ -139,6 +148,12 @@ class Coordinator {
   // Attaches the worker's session. `channel` is borrowed until CloseSession(). NOT_FOUND for an
   // unknown worker, FAILED_PRECONDITION for one whose lease expired.
   absl::Status OpenSession(const std::string& worker_id, WorkerChannel* channel);
+  // After OpenSession, a reconnected worker's `resume` (what it received of the ranks it serves):
+  // the response lists each rank missed are re-sent on `channel`, then SendResumed says which
+  // request batch the runtime has last, so the worker re-sends the later ones. A rank too far
+  // behind (lists no longer kept) fails its job.
+  void ResumeRanks(const std::string& worker_id, WorkerChannel* channel,
+                   const std::vector<RankResume>& resume);
   void CloseSession(const std::string& worker_id, WorkerChannel* channel);
   absl::Status Heartbeat(const std::string& worker_id);
   // FAILED_PRECONDITION when the worker does not serve that rank of that job; ABORTED for a stale
@@ -238,6 +253,8 @@ class Coordinator {
   std::optional<Job> PlaceOne();
   // Opens a placed job's runtime (file I/O) and sends its ranks their assignments; on the executor.
   void StartPlaced(const Job& placed);
+  // One rank of a reconnected worker: re-sends the lists it missed and says what the runtime has.
+  void Resume(const std::string& worker_id, WorkerChannel* channel, const RankResume& r);
   // Finish() on the executor.
   void FinishLater(const std::string& job_id, JobState state, std::string reason,
                    const std::string& except_worker = "");

@@ -36,6 +36,42 @@ absl::Status Coordinator::OpenSession(const std::string& worker_id, WorkerChanne
   return absl::OkStatus();
 }
 
+void Coordinator::ResumeRanks(const std::string& worker_id, WorkerChannel* channel,
+                              const std::vector<RankResume>& resume) {
+  for (const RankResume& r : resume) Resume(worker_id, channel, r);
+}
+
+void Coordinator::Resume(const std::string& worker_id, WorkerChannel* channel,
+                         const RankResume& r) {
+  absl::StatusOr<std::shared_ptr<JobRuntime>> runtime =
+      RuntimeFor(worker_id, r.job_id, r.epoch, r.rank);
+  if (!runtime.ok()) {
+    // Not (or no longer) this worker's: it re-sends what it has, which is refused (and the rank
+    // stopped) like any batch of a job it does not serve.
+    channel->SendResumed(r.job_id, r.epoch, r.rank, 0);
+    return;
+  }
+  // Under the runtime's lock, like a flush: every list goes out in cycle order. A flush may still
+  // slip a newer list in before the re-sent ones on this channel; the worker holds it until the
+  // gap is filled.
+  absl::Status resent = (*runtime)->Resend(r.rank, r.last_response_seq,
+                                           [&](const std::shared_ptr<CycleBroadcast>& cycle) {
+                                             absl::MutexLock lock(&mu_);
+                                             if (ChannelOf(worker_id) == channel)
+                                               channel->SendResponses(cycle, r.rank);
+                                           });
+  if (!resent.ok()) {
+    FinishLater(r.job_id, JobState::kFailed, std::string(resent.message()));
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  if (ChannelOf(worker_id) == channel) {
+    channel->SendResumed(r.job_id, r.epoch, r.rank, (*runtime)->LastRequestSeq(r.rank));
+  }
+  spdlog::info("worker {} resumed rank {} of job {} from response list {}", worker_id, r.rank,
+               r.job_id, r.last_response_seq);
+}
+
 void Coordinator::CloseSession(const std::string& worker_id, WorkerChannel* channel) {
   {
     absl::MutexLock lock(&mu_);
@@ -102,7 +138,11 @@ absl::Status Coordinator::SubmitRequests(const std::string& worker_id, RequestBa
   auto runtime = RuntimeFor(worker_id, batch.job_id, batch.epoch, batch.rank);
   if (!runtime.ok()) return runtime.status();
   const absl::Time now = clock_->Now();
-  (*runtime)->Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now);
+  // A batch re-sent after a reconnect that the runtime has already is dropped; nothing to flush.
+  if (!(*runtime)->Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now, batch.seq,
+                          batch.ack_responses)) {
+    return absl::OkStatus();
+  }
   Flush(**runtime, now);
   // A cycle that is not due yet (some ranks have not submitted) must be flushed at its deadline.
   if (const absl::Time next = (*runtime)->NextDeadline(); next != absl::InfiniteFuture()) {
@@ -136,11 +176,13 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     return absl::InvalidArgumentError("rank_update.message is longer than 4096 bytes");
   }
   // A rank exits once: its first report stands (a rank whose data plane failed may see its
-  // process exit, even with 0, afterwards).
-  if (update.state == RankState::kExited) {
-    if (absl::StatusOr<Job> known = jobs_.Get(update.job_id);
-        known.ok() && update.rank >= 0 && update.rank < static_cast<int>(known->ranks.size()) &&
-        known->ranks[update.rank].state == RankState::kExited) {
+  // process exit, even with 0, afterwards). A report repeated after a reconnect (the worker
+  // re-sends its last ones) changes nothing either.
+  if (absl::StatusOr<Job> known = jobs_.Get(update.job_id);
+      known.ok() && update.rank >= 0 && update.rank < static_cast<int>(known->ranks.size())) {
+    const RankState now = known->ranks[update.rank].state;
+    if (now == RankState::kExited ||
+        (update.state == RankState::kStarted && now == RankState::kStarted)) {
       return absl::OkStatus();
     }
   }

@@ -60,7 +60,11 @@ JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics, Executor& io)
           "ringmaster_stalled_tensors",
           "Tensors submitted by some ranks and waiting for the others longer than the stall-check "
           "time.",
-          {{"job", job.id}})) {}
+          {{"job", job.id}})) {
+  absl::MutexLock lock(&mu_);
+  acked_cycles_.assign(ranks_.size(), 0);
+  last_request_.assign(ranks_.size(), 0);
+}
 
 JobRuntime::~JobRuntime() { Close(); }
 
@@ -117,9 +121,62 @@ std::shared_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore
   return runtime;
 }
 
-void JobRuntime::Submit(int32_t rank, std::vector<TensorRequest> requests,
-                        const std::vector<uint32_t>& cached_ids, absl::Time now) {
+bool JobRuntime::Submit(int32_t rank, std::vector<TensorRequest> requests,
+                        const std::vector<uint32_t>& cached_ids, absl::Time now, uint64_t seq,
+                        uint64_t ack_responses) {
+  absl::MutexLock submit_lock(&submit_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    const size_t r = static_cast<size_t>(rank);
+    if (r >= last_request_.size()) return false;
+    if (ack_responses > acked_cycles_[r]) {
+      acked_cycles_[r] = std::min(ack_responses, last_cycle_);
+      ForgetAcknowledged();
+    }
+    if (seq != 0) {
+      if (seq <= last_request_[r]) return false;  // a re-sent batch we have
+      if (seq != last_request_[r] + 1) {
+        spdlog::warn("job {} rank {}: request batch {} follows batch {}: batches between were lost",
+                     job_id_, rank, seq, last_request_[r]);
+      }
+      last_request_[r] = seq;
+    }
+  }
   negotiator_->Submit(rank, std::move(requests), cached_ids, now);
+  return true;
+}
+
+uint64_t JobRuntime::LastRequestSeq(int32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  const size_t r = static_cast<size_t>(rank);
+  return r < last_request_.size() ? last_request_[r] : 0;
+}
+
+void JobRuntime::ForgetAcknowledged() {
+  const uint64_t everyone = *std::min_element(acked_cycles_.begin(), acked_cycles_.end());
+  while (!kept_.empty() && kept_.front()->seq <= everyone) kept_.pop_front();
+}
+
+absl::Status JobRuntime::Resend(
+    int32_t rank, uint64_t after,
+    absl::FunctionRef<void(const std::shared_ptr<CycleBroadcast>&)> deliver) {
+  absl::MutexLock lock(&mu_);
+  const size_t r = static_cast<size_t>(rank);
+  if (r >= acked_cycles_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not a rank of ", job_id_));
+  }
+  if (after < dropped_through_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " of job ", job_id_, " reconnected having received response list ", after,
+        " of ", last_cycle_, ", but lists up to ", dropped_through_, " are no longer kept (",
+        kKeptCycles, " are)"));
+  }
+  acked_cycles_[r] = std::max(acked_cycles_[r], std::min(after, last_cycle_));
+  for (const std::shared_ptr<CycleBroadcast>& cycle : kept_) {
+    if (cycle->seq > after) deliver(cycle);
+  }
+  ForgetAcknowledged();
+  return absl::OkStatus();
 }
 
 void JobRuntime::Flush(absl::Time now,
@@ -150,6 +207,15 @@ void JobRuntime::Flush(absl::Time now,
     cycle->output = *std::move(output);
     cycle->fusion_threshold_bytes = negotiator_->fusion_threshold_bytes();
     cycle->cycle_time_ms = absl::ToDoubleMilliseconds(negotiator_->cycle_time());
+    cycle->seq = ++last_cycle_;
+    if (cycle->seq % kAckEvery == 0) cycle->request_acks = last_request_;
+    kept_.push_back(cycle);
+    if (kept_.size() > kKeptCycles) {
+      // A rank this far behind is gone (its worker is lost within the reconnect grace): should it
+      // come back, Resend says what it missed.
+      dropped_through_ = kept_.front()->seq;
+      kept_.pop_front();
+    }
     deliver(cycle);
     if (log_lines.empty()) return;
     // Posted under mu_, so the lines of successive cycles are written in order; the file I/O then

@@ -53,9 +53,24 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   int64_t epoch() const { return epoch_; }
   const std::vector<RankInfo>& ranks() const { return ranks_; }
 
-  // One rank's request batch (see Negotiator::Submit).
-  void Submit(int32_t rank, std::vector<TensorRequest> requests,
-              const std::vector<uint32_t>& cached_ids, absl::Time now);
+  // One rank's request batch (see Negotiator::Submit). The reliable session: a numbered batch
+  // (`seq` > 0) the runtime already has is dropped (false), one re-sent after a reconnect;
+  // `ack_responses` (the last response list the rank received in order) lets the runtime forget
+  // the lists every rank has.
+  bool Submit(int32_t rank, std::vector<TensorRequest> requests,
+              const std::vector<uint32_t>& cached_ids, absl::Time now, uint64_t seq = 0,
+              uint64_t ack_responses = 0);
+  // The last request batch the runtime has of `rank` (0: none numbered).
+  uint64_t LastRequestSeq(int32_t rank) const;
+  // A reconnected rank that received the lists up to `after` in order: hands every later list
+  // kept to `deliver` (in order, under mu_, as Flush does). FAILED_PRECONDITION, naming the rank,
+  // when some of them are no longer kept (more than kKeptCycles behind).
+  absl::Status Resend(int32_t rank, uint64_t after,
+                      absl::FunctionRef<void(const std::shared_ptr<CycleBroadcast>&)> deliver);
+  // Cycles kept for ranks that have not acknowledged them.
+  static constexpr size_t kKeptCycles = 4096;
+  // Every this many cycles, a response list carries the request acknowledgements.
+  static constexpr uint64_t kAckEvery = 16;
 
   // Polls the negotiator; when a cycle is due, counts it (metrics, throughput, timeline), feeds the
   // autotuner (applying what it decides and appending to the autotune log) and hands the cycle to
@@ -136,6 +151,17 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   std::deque<Totals> window_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Autotuner> autotuner_ ABSL_GUARDED_BY(mu_);  // null unless the job autotunes
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  // The reliable session. The cycles sent and not yet acknowledged by every rank, oldest first;
+  // the number of the last cycle, and of the last one dropped unacknowledged (the bound).
+  std::deque<std::shared_ptr<CycleBroadcast>> kept_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_cycle_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t dropped_through_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> acked_cycles_ ABSL_GUARDED_BY(mu_);  // by rank
+  void ForgetAcknowledged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Held while a batch is checked and submitted, so a rank's batches (an old session's and the
+  // new one's may overlap for a moment) are deduplicated and negotiated in order.
+  absl::Mutex submit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::vector<uint64_t> last_request_ ABSL_GUARDED_BY(mu_);  // by rank
 
   absl::Mutex log_mu_;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> autotune_log_ ABSL_GUARDED_BY(log_mu_){

@@ -20,6 +20,9 @@ struct CycleBroadcast {
   CycleOutput output;
   int64_t fusion_threshold_bytes = 0;
   double cycle_time_ms = 0;
+  uint64_t seq = 0;  // the job epoch's cycle number, from 1
+  // Every few cycles: the last request batch the coordinator has of each rank (by rank).
+  std::vector<uint64_t> request_acks;
 
   absl::Mutex mu;
   std::shared_ptr<const void> encoded ABSL_GUARDED_BY(mu);
@@ -32,6 +35,10 @@ class WorkerChannel {
   // `cycle->output.notices[rank]` is this worker's own part.
   virtual void SendResponses(const std::shared_ptr<CycleBroadcast>& cycle, int rank) = 0;
   virtual void SendStopJob(const std::string& job_id, const std::string& reason) = 0;
+  // The reliable session's answer to a reconnected rank (after the lists re-sent to it): the last
+  // request batch the coordinator has of it.
+  virtual void SendResumed(const std::string& job_id, int64_t epoch, int rank,
+                           uint64_t last_request_seq) = 0;
   virtual void SendShutdown(const std::string& reason) = 0;
   // Ends the session with `status` (e.g. FAILED_PRECONDITION when the lease expired).
   virtual void Close(const absl::Status& status) = 0;

@@ -1,7 +1,9 @@
 #include "worker/coordinator_session.h"
 
 #include <chrono>
+#include <cstdlib>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -38,7 +40,19 @@ CoordinatorSession::CoordinatorSession(std::shared_ptr<grpc::Channel> channel,
     : stub_(v1::WorkerService::NewStub(std::move(channel))),
       registration_(std::move(registration)),
       listener_(listener),
-      write_timeout_(write_timeout) {}
+      write_timeout_(write_timeout),
+      drop_every_([] {
+        const char* every = std::getenv("RINGMASTER_FAULT_DROP_SESSION");
+        int64_t n = 0;
+        if (every != nullptr && absl::SimpleAtoi(every, &n) && n > 0) {
+          spdlog::warn(
+              "fault injection: every {}th message to the coordinator is dropped and "
+              "the session cut (RINGMASTER_FAULT_DROP_SESSION)",
+              n);
+          return n;
+        }
+        return int64_t{0};
+      }()) {}
 
 CoordinatorSession::~CoordinatorSession() { Stop(); }
 
@@ -97,6 +111,13 @@ bool CoordinatorSession::connected() const {
 
 absl::Status CoordinatorSession::Send(const v1::WorkerMessage& message) {
   absl::MutexLock write_lock(&write_mu_);
+  if (message.has_rank_update()) {
+    if (!rank_updates_.empty() &&
+        rank_updates_.front().rank_update().job_id() != message.rank_update().job_id()) {
+      rank_updates_.clear();
+    }
+    if (rank_updates_.size() < 8) rank_updates_.push_back(message);
+  }
   grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream;
   {
     // Not held while writing: Stop() and the watchdog take it to cancel a stuck write.
@@ -104,6 +125,13 @@ absl::Status CoordinatorSession::Send(const v1::WorkerMessage& message) {
     stream = stream_;
   }
   if (stream == nullptr) return absl::UnavailableError("not connected to the coordinator");
+  if (drop_every_ > 0 && ++sent_ % drop_every_ == 0) {
+    spdlog::warn("fault injection: message {} to the coordinator dropped; cutting the session",
+                 sent_);
+    absl::MutexLock lock(&mu_);
+    if (context_ != nullptr) context_->TryCancel();
+    return absl::OkStatus();  // as a message lost in flight: the sender cannot tell
+  }
   write_started_ns_.store(MonotonicNanos());
   const bool written = stream->Write(message);
   write_started_ns_.store(0);
@@ -111,7 +139,8 @@ absl::Status CoordinatorSession::Send(const v1::WorkerMessage& message) {
   return absl::OkStatus();
 }
 
-grpc::Status CoordinatorSession::RunSession() {
+grpc::Status CoordinatorSession::RunSession(bool* accepted) {
+  *accepted = false;
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream;
   bool opened = false;
@@ -129,14 +158,20 @@ grpc::Status CoordinatorSession::RunSession() {
     absl::MutexLock write_lock(&write_mu_);
     v1::WorkerMessage open;
     open.mutable_open()->set_worker_id(worker_id);
+    listener_->OnSessionOpen(open.mutable_open());
     write_started_ns_.store(MonotonicNanos());
     opened = stream->Write(open);
+    // Before anything else is sent on this session: the rank updates that may have been lost.
+    for (size_t i = 0; opened && i < rank_updates_.size(); ++i) {
+      opened = stream->Write(rank_updates_[i]);
+    }
     write_started_ns_.store(0);
     absl::MutexLock lock(&mu_);
     if (opened) stream_ = stream.get();
   }
   v1::CoordinatorMessage m;
   while (opened && stream->Read(&m)) {
+    *accepted = true;
     if (m.kind_case() == v1::CoordinatorMessage::kAccepted &&
         m.accepted().heartbeat_interval_ms() > 0) {
       absl::MutexLock lock(&mu_);
@@ -186,8 +221,8 @@ void CoordinatorSession::Run() {
       heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
       spdlog::info("registered as {}", worker_id_);
     }
-    const absl::Time started = absl::Now();
-    grpc::Status status = RunSession();
+    bool accepted = false;
+    grpc::Status status = RunSession(&accepted);
     if (stopping_) return;
     const bool reregister = status.error_code() == grpc::StatusCode::NOT_FOUND ||
                             status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
@@ -198,7 +233,10 @@ void CoordinatorSession::Run() {
     spdlog::warn("session with the coordinator ended: {} {}", static_cast<int>(status.error_code()),
                  status.error_message());
     listener_->OnSessionLost(FromGrpc(status), reregister);
-    if (absl::Now() - started > absl::Seconds(10)) backoff = absl::Milliseconds(100);
+    // A session the coordinator took that then broke (a connection reset) is retried soon, however
+    // often it happens: a busy worker must be back within the coordinator's reconnect grace. The
+    // backoff grows only while the coordinator cannot be reached.
+    if (accepted) backoff = absl::Milliseconds(100);
     SleepUnless(stopping_, backoff);
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -31,6 +32,8 @@ class CoordinatorSession {
     virtual void OnMessage(const v1::CoordinatorMessage& message) = 0;
     // The session ended; `reregistered` when the worker id changed (the old one is gone for good).
     virtual void OnSessionLost(const absl::Status& status, bool reregistered) = 0;
+    // A session is about to open: what the worker has of the ranks it serves goes in `open`.
+    virtual void OnSessionOpen(v1::SessionOpen* /*open*/) {}
   };
 
   // `listener` is borrowed and must outlive Stop().
@@ -44,14 +47,19 @@ class CoordinatorSession {
 
   // UNAVAILABLE while not connected, or when the write timed out (the session is then cancelled).
   // Messages are written one at a time, in the order of the calls.
+  //
+  // Fault injection, for tests: with RINGMASTER_FAULT_DROP_SESSION=N in the environment, every
+  // N-th message is dropped as if lost in flight (Send still says OK) and the session is cut, so
+  // it reconnects and resumes.
   absl::Status Send(const v1::WorkerMessage& message);
   std::string worker_id() const;
   bool connected() const;
 
  private:
   void Run();
-  // One session: open, read until it ends. Returns the final status.
-  grpc::Status RunSession();
+  // One session: open, read until it ends. Returns the final status; `accepted` says whether the
+  // coordinator took it (answered the open).
+  grpc::Status RunSession(bool* accepted);
 
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   const v1::RegisterWorkerRequest registration_;
@@ -63,6 +71,13 @@ class CoordinatorSession {
   std::atomic<bool> stopping_{false};
   // When the write in progress started (steady clock, ns), 0 when none: the watchdog's input.
   std::atomic<int64_t> write_started_ns_{0};
+  // RINGMASTER_FAULT_DROP_SESSION (0: off) and the messages sent so far (under write_mu_).
+  const int64_t drop_every_;
+  int64_t sent_ ABSL_GUARDED_BY(write_mu_) = 0;
+  // The rank updates (STARTED, EXITED) of the latest job reported, written again after every
+  // reconnect: one lost with a broken session would leave its job STARTING or RUNNING for ever.
+  // The coordinator takes a repeated one as a no-op.
+  std::vector<v1::WorkerMessage> rank_updates_ ABSL_GUARDED_BY(write_mu_);
 
   // Held for a whole write (writes go one at a time); the stream is not destroyed while it is held.
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -88,6 +88,12 @@ absl::Status Daemon::Start() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // Keepalive: a connection whose peer went silent (a host gone, a NAT that forgot it) is found
+  // dead within about 15 s even while nothing is sent, and the session reconnects.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   channel_ =
       grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
   v1::RegisterWorkerRequest registration;
@@ -132,7 +138,29 @@ void Daemon::OnMessage(const v1::CoordinatorMessage& m) {
     case v1::CoordinatorMessage::kResponses: {
       std::shared_ptr<Job> job = ServingJob();
       if (job != nullptr && job->assignment.job().id() == m.responses().job_id()) {
-        job->engine->OnResponses(m.responses());
+        // In cycle order, once each (the reliable session).
+        for (v1::ResponseList& list : job->ledger->Accept(m.responses())) {
+          job->engine->OnResponses(std::move(list));
+        }
+      }
+      break;
+    }
+    case v1::CoordinatorMessage::kResumed: {
+      std::shared_ptr<Job> job = ServingJob();
+      const v1::SessionResumed& r = m.resumed();
+      if (job == nullptr || job->assignment.job().id() != r.job_id() ||
+          job->assignment.epoch() != r.epoch()) {
+        break;
+      }
+      absl::MutexLock send_lock(&job->send_mu);
+      std::vector<v1::WorkerMessage> again = job->ledger->Resumed(r.last_request_seq());
+      spdlog::info("job {} rank {}: session resumed; re-sending {} request batches", r.job_id(),
+                   r.rank(), again.size());
+      for (const v1::WorkerMessage& batch : again) {
+        if (!session_->Send(batch).ok()) {
+          job->ledger->Lost();  // the next session resumes again
+          break;
+        }
       }
       break;
     }
@@ -150,7 +178,18 @@ void Daemon::OnMessage(const v1::CoordinatorMessage& m) {
   }
 }
 
+void Daemon::OnSessionOpen(v1::SessionOpen* open) {
+  std::shared_ptr<Job> job = ServingJob();
+  if (job == nullptr || job->stopped) return;
+  v1::RankResume* resume = open->add_resume();
+  resume->set_job_id(job->assignment.job().id());
+  resume->set_epoch(job->assignment.epoch());
+  job->ledger->FillResume(resume);
+}
+
 void Daemon::OnSessionLost(const absl::Status& status, bool reregistered) {
+  // What the engine sends from now on waits for the next session's resume.
+  if (std::shared_ptr<Job> job = ServingJob()) job->ledger->Lost();
   if (status.code() == absl::StatusCode::kInvalidArgument && reregistered) {
     // Registration itself was refused (a bad --host-name or --device): retrying cannot help.
     spdlog::error("the coordinator refused this worker: {}", status.ToString());
@@ -232,9 +271,23 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     return CreateGlooBackend(std::move(g));
   };
   CoordinatorSession* session = session_.get();
-  e.send = [session](const v1::WorkerMessage& m) {
-    if (absl::Status s = session->Send(m); !s.ok()) {
-      spdlog::warn("request batch not sent: {}", s.ToString());
+  job->ledger = std::make_unique<SessionLedger>(rank);
+  SessionLedger* ledger = job->ledger.get();
+  absl::Mutex* send_mu = &job->send_mu;
+  e.send = [session, ledger, send_mu](const v1::WorkerMessage& m) {
+    if (!m.has_requests()) {  // timeline spans: best effort
+      session->Send(m).IgnoreError();
+      return;
+    }
+    // Request batches are numbered and kept until acknowledged: one that cannot go now goes when
+    // the next session resumes.
+    v1::WorkerMessage numbered = m;
+    absl::MutexLock send_lock(send_mu);
+    if (!ledger->Prepare(numbered)) return;
+    if (absl::Status s = session->Send(numbered); !s.ok()) {
+      spdlog::info("request batch {} kept for the next session: {}", numbered.requests().seq(),
+                   s.ToString());
+      ledger->Lost();
     }
   };
   e.metrics = options_.record_metrics ? &metrics_ : nullptr;

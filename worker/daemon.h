@@ -27,6 +27,7 @@
 #include "worker/device_executor.h"
 #include "worker/engine.h"
 #include "worker/local_server.h"
+#include "worker/session_ledger.h"
 
 namespace ringmaster {
 
@@ -59,6 +60,7 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   // CoordinatorSession::Listener
   void OnMessage(const v1::CoordinatorMessage& message) override;
   void OnSessionLost(const absl::Status& status, bool reregistered) override;
+  void OnSessionOpen(v1::SessionOpen* open) override;
 
   // LocalServer::Handler
   absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello) override;
@@ -79,6 +81,11 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     std::vector<std::string> done_event_handles;
     std::unique_ptr<SharedMemory> arena;
     std::unique_ptr<ArenaAllocator> outputs;
+    // The reliable session's record of this rank (before the engine, which sends through it).
+    std::unique_ptr<SessionLedger> ledger;
+    // Held while a batch is numbered and sent, and while a resume re-sends: batches reach the
+    // coordinator in their order (it drops one numbered below what it has).
+    absl::Mutex send_mu;
     std::unique_ptr<Engine> engine;
     std::unique_ptr<ChildProcess> child;
     std::thread waiter;

@@ -8,8 +8,8 @@ absl::StatusOr<std::vector<AllgatherPart>> PlanAllgather(const Collective& c, in
   const int64_t elem = DataTypeSize(c.dtype);
   if (c.sizes.size() < c.tensors.size() * size) {
     return absl::InvalidArgumentError(absl::StrCat("allgather response has ", c.sizes.size(),
-                                                   " sizes for ", c.tensors.size(),
-                                                   " tensors on ", size, " ranks"));
+                                                   " sizes for ", c.tensors.size(), " tensors on ",
+                                                   size, " ranks"));
   }
   std::vector<AllgatherPart> parts(c.tensors.size());
   for (size_t t = 0; t < c.tensors.size(); ++t) {

@@ -28,8 +28,8 @@ struct Collective {
   int root = 0;  // broadcast
 
   struct Tensor {
-    int64_t offset = -1;  // in the arena; -1: this rank has none (it joined): zeros, or scratch
-    int32_t ready_event = 0;     // GPU: the training process's ready event (1-based; 0: none)
+    int64_t offset = -1;      // in the arena; -1: this rank has none (it joined): zeros, or scratch
+    int32_t ready_event = 0;  // GPU: the training process's ready event (1-based; 0: none)
     std::vector<int64_t> shape;  // this rank's (empty when it has none)
   };
   std::vector<Tensor> tensors;  // in the response's (fused) order
@@ -78,8 +78,7 @@ class Executor {
   // Creates the communicators (rendezvous included). Called once, first, on the engine thread.
   virtual absl::Status Setup() = 0;
   // Executes one collective (engine thread). On failure nothing is left allocated for it.
-  virtual absl::StatusOr<Executed> Execute(const Collective& collective,
-                                           ExecutionTrace& trace) = 0;
+  virtual absl::StatusOr<Executed> Execute(const Collective& collective, ExecutionTrace& trace) = 0;
   // Whether a collective that failed with `status` leaves the rank unable to go on (the engine then
   // fails everything else): a failed Gloo collective leaves its communicator unusable; on a GPU
   // any failure does (NCCL matches calls by order).

@@ -53,6 +53,17 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
     Enqueue(std::move(own));
   }
 
+  void SendResumed(const std::string& job_id, int64_t epoch, int rank,
+                   uint64_t last_request_seq) override {
+    auto message = std::make_shared<v1::CoordinatorMessage>();
+    v1::SessionResumed* r = message->mutable_resumed();
+    r->set_job_id(job_id);
+    r->set_epoch(epoch);
+    r->set_rank(rank);
+    r->set_last_request_seq(last_request_seq);
+    Enqueue(std::move(message));
+  }
+
   void SendStopJob(const std::string& job_id, const std::string& reason) override {
     auto message = std::make_shared<v1::CoordinatorMessage>();
     message->mutable_stop_job()->set_job_id(job_id);
@@ -117,6 +128,12 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
       a->set_lease_ms(absl::ToInt64Milliseconds(coordinator_.lease()));
       a->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(coordinator_.heartbeat_interval()));
       Enqueue(std::move(accepted));
+      std::vector<RankResume> resume;
+      for (const v1::RankResume& r : m.open().resume()) {
+        resume.push_back({r.job_id(), r.epoch(), r.rank(), r.last_response_seq()});
+      }
+      // After `accepted`: the lists re-sent, then `resumed`.
+      coordinator_.ResumeRanks(worker_id_, this, resume);
       return absl::OkStatus();
     }
     // Every message proves the worker alive; a lost worker's session ends here.

@@ -57,12 +57,17 @@ class RecordingChannel : public WorkerChannel {
   }
   void SendShutdown(const std::string& reason) override { shutdowns.push_back(reason); }
   void Close(const absl::Status& status) override { closes.push_back(status); }
+  void SendResumed(const std::string& job_id, int64_t epoch, int rank,
+                   uint64_t last_request_seq) override {
+    resumed.push_back(absl::StrCat(job_id, "@", epoch, " rank ", rank, " has ", last_request_seq));
+  }
 
   std::vector<Assignment> assignments;
   std::vector<Delivery> deliveries;
   std::vector<Stop> stops;
   std::vector<std::string> shutdowns;
   std::vector<absl::Status> closes;
+  std::vector<std::string> resumed;
 };
 
 std::ostream& operator<<(std::ostream& os, const RecordingChannel::Stop& s) {

@@ -102,6 +102,66 @@ TEST_F(JobRuntimeTest, ACycleIsDeliveredOnceEveryRankSubmittedAndCounted) {
       << metrics_.Exposition();
 }
 
+TEST_F(JobRuntimeTest, ABatchReSentAfterAReconnectIsDroppedAndCyclesAreNumbered) {
+  auto runtime = Open(PlacedJob(2));
+  EXPECT_TRUE(runtime->Submit(0, {Allreduce("w", 4)}, {}, start_, /*seq=*/1));
+  EXPECT_FALSE(runtime->Submit(0, {Allreduce("w", 4)}, {}, start_, /*seq=*/1));  // again
+  EXPECT_EQ(runtime->LastRequestSeq(0), 1u);
+  EXPECT_TRUE(runtime->Submit(1, {Allreduce("w", 4)}, {}, start_, /*seq=*/1));
+  auto first = Flush(*runtime, start_ + absl::Milliseconds(1));
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0]->seq, 1u);
+  // Had the duplicate been negotiated, "w" would be in flight twice on rank 0: the second cycle
+  // has exactly one response for the next step.
+  EXPECT_TRUE(runtime->Submit(0, {Allreduce("w", 4)}, {}, start_, 2));
+  EXPECT_TRUE(runtime->Submit(1, {Allreduce("w", 4)}, {}, start_, 2));
+  auto second = Flush(*runtime, start_ + absl::Milliseconds(2));
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0]->seq, 2u);
+  EXPECT_EQ(second[0]->output.responses.size(), 1u);
+  EXPECT_THAT(Flush(*runtime, start_ + absl::Milliseconds(3)), IsEmpty());
+}
+
+TEST_F(JobRuntimeTest, AReconnectedRankGetsTheListsItMissedUntilEveryRankHasThem) {
+  auto runtime = Open(PlacedJob(2));
+  for (uint64_t step = 1; step <= 3; ++step) {
+    runtime->Submit(0, {Allreduce("w", 4)}, {}, start_, step, /*ack_responses=*/step - 1);
+    runtime->Submit(1, {Allreduce("w", 4)}, {}, start_, step, /*ack_responses=*/0);
+    ASSERT_EQ(Flush(*runtime, start_ + absl::Milliseconds(step)).size(), 1u);
+  }
+  // Rank 1 received list 1 only before its session broke: 2 and 3 again, in order.
+  std::vector<uint64_t> resent;
+  ASSERT_TRUE(
+      runtime
+          ->Resend(1, 1,
+                   [&](const std::shared_ptr<CycleBroadcast>& c) { resent.push_back(c->seq); })
+          .ok());
+  EXPECT_THAT(resent, ElementsAre(2, 3));
+  EXPECT_EQ(runtime->LastRequestSeq(1), 3u);
+  // Rank 0 acknowledged up to 2, rank 1 (by resuming) up to 1: list 1 is forgotten, 2 and 3 kept.
+  resent.clear();
+  ASSERT_TRUE(
+      runtime
+          ->Resend(0, 0,
+                   [&](const std::shared_ptr<CycleBroadcast>& c) { resent.push_back(c->seq); })
+          .ok());
+  EXPECT_THAT(resent, ElementsAre(2, 3));
+}
+
+TEST_F(JobRuntimeTest, EveryFewCyclesAListCarriesTheRequestAcknowledgements) {
+  auto runtime = Open(PlacedJob(2));
+  std::vector<std::shared_ptr<CycleBroadcast>> lists;
+  for (uint64_t step = 1; step <= JobRuntime::kAckEvery; ++step) {
+    runtime->Submit(0, {Allreduce("w", 4)}, {}, start_, step);
+    runtime->Submit(1, {Allreduce("w", 4)}, {}, start_, 100 + step);  // numbering is per rank
+    for (auto& c : Flush(*runtime, start_ + absl::Milliseconds(step))) lists.push_back(c);
+  }
+  ASSERT_EQ(lists.size(), JobRuntime::kAckEvery);
+  EXPECT_THAT(lists[0]->request_acks, IsEmpty());
+  EXPECT_THAT(lists.back()->request_acks,
+              ElementsAre(JobRuntime::kAckEvery, 100 + JobRuntime::kAckEvery));
+}
+
 TEST_F(JobRuntimeTest, AClosedRuntimeDeliversNothingAndItsTimelineIsWholeJson) {
   Job job = PlacedJob(1);
   job.spec.knobs.timeline = "timeline.json";

@@ -150,7 +150,8 @@ TEST_F(CpuExecutorTest, ContiguousTensorsAreReducedInPlaceWithoutPacking) {
   for (int i = 0; i < 6; ++i) Floats(0)[i] = static_cast<float>(i);
   absl::StatusOr<Executed> e = executor->Execute(Allreduce({0, 16}, {4, 2}), trace_);
   ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_EQ(std::vector<float>(Floats(0), Floats(0) + 6), (std::vector<float>{0, 4, 8, 12, 16, 20}));
+  EXPECT_EQ(std::vector<float>(Floats(0), Floats(0) + 6),
+            (std::vector<float>{0, 4, 8, 12, 16, 20}));
   EXPECT_THAT(Lines(), ElementsAre("c0 allreduce 6 op=2"));
   EXPECT_THAT(Activities(trace_), ElementsAre(std::string("GLOO_ALLREDUCE")));
 }
@@ -194,9 +195,9 @@ TEST_F(CpuExecutorTest, ALargeAllreduceIsSplitAcrossTheCommunicatorsAndRunsConcu
   for (int64_t i = 0; i < n; ++i) Floats(0)[i] = 1;
   ASSERT_TRUE(executor->Execute(Allreduce({0}, {n}), trace_).ok());
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(Floats(0)[i], 4) << i;
-  EXPECT_THAT(Lines(), ::testing::UnorderedElementsAre("c0 allreduce 100 op=2",
-                                                       "c1 allreduce 100 op=2",
-                                                       "c2 allreduce 100 op=2"));
+  EXPECT_THAT(Lines(),
+              ::testing::UnorderedElementsAre("c0 allreduce 100 op=2", "c1 allreduce 100 op=2",
+                                              "c2 allreduce 100 op=2"));
   EXPECT_EQ(calls_.most_concurrent.load(), 3);
   {
     absl::MutexLock lock(&calls_.mu);

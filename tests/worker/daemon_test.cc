@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-
 #include <deque>
 #include <memory>
 #include <optional>
@@ -20,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
 #include "ringmaster/client.h"
 #include "ringmaster/v1/worker.grpc.pb.h"
 

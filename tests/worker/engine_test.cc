@@ -39,10 +39,10 @@ class FakeExecutor : public Executor {
   }
   absl::StatusOr<Executed> Execute(const Collective& c, ExecutionTrace& trace) override {
     const char* types[] = {"allreduce", "allgather", "broadcast", "barrier"};
-    std::string call = absl::StrCat(types[static_cast<int>(c.type)],
-                                    " dtype=", static_cast<int>(c.dtype), " op=", static_cast<int>(c.op),
-                                    " pre=", c.prescale, " post=", c.postscale, " root=", c.root,
-                                    " sizes=", absl::StrJoin(c.sizes, "/"));
+    std::string call =
+        absl::StrCat(types[static_cast<int>(c.type)], " dtype=", static_cast<int>(c.dtype),
+                     " op=", static_cast<int>(c.op), " pre=", c.prescale, " post=", c.postscale,
+                     " root=", c.root, " sizes=", absl::StrJoin(c.sizes, "/"));
     for (const Collective::Tensor& t : c.tensors) {
       absl::StrAppend(&call, " [", t.offset, " e", t.ready_event, " ", absl::StrJoin(t.shape, "x"),
                       "]");
@@ -176,7 +176,7 @@ class EngineTest : public ::testing::Test {
 };
 
 TEST_F(EngineTest, TensorsEnqueuedWithinACycleTravelInOneBatchWhenItEnds) {
-  Start(/*cycle=*/absl::Hours(1));  // on the fake clock: only Advance ends it
+  Start(/*cycle=*/absl::Hours(1));                      // on the fake clock: only Advance ends it
   Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);  // goes at once: no batch sent yet
   EXPECT_THAT(Batches(1), ElementsAre("a|"));
   Enqueue(2, "b", v1::REQUEST_TYPE_ALLREDUCE, {4}, 64);
@@ -276,7 +276,8 @@ TEST_F(EngineTest, AFailureTheExecutorSurvivesFailsOnlyItsOwnTensors) {
   Start();
   {
     absl::MutexLock lock(&executor_.mu);
-    executor_.fail = absl::InvalidArgumentError("allgather response has 1 sizes for 1 tensors on 2 ranks");
+    executor_.fail =
+        absl::InvalidArgumentError("allgather response has 1 sizes for 1 tensors on 2 ranks");
     executor_.fatal = false;
   }
   Enqueue(1, "g", v1::REQUEST_TYPE_ALLGATHER, {4}, 0);

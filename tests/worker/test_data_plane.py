@@ -125,6 +125,32 @@ def test_every_collective_and_dtype_matches_the_exact_reference(cluster, np_, fu
     assert "FAIL" not in logs
 
 
+@pytest.mark.parametrize("every", [5, 11])
+def test_session_resets_lose_nothing_and_the_job_finishes_with_exact_results(tmp_path, every):
+    """Every `every`-th message a worker sends the coordinator is dropped as if lost in flight and
+    its session cut (RINGMASTER_FAULT_DROP_SESSION): request batches, response lists and rank
+    updates go again over the next session, so the job succeeds with every check exact."""
+    env = {**os.environ, "RINGMASTER_FAULT_DROP_SESSION": str(every)}
+    cluster = Cluster(tmp_path, workers=4, per_host=2, env=env)
+    try:
+        # Twice in a row (two processes per rank, one after the other): drops fall mid-job.
+        check = f"{BIN}/collectives_check"
+        job = cluster.submit(4, "sh", "-c", f"{check} && {check}",
+                             extra=["--processes-per-host", "2"])
+        done = cluster.wait_state(job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
+        logs = cluster.logs(job)
+        # Every rank exits 0 only if every check of both runs was exact.
+        assert done["state"] == "JOB_STATE_SUCCEEDED", logs + done.get("reason", "")
+        worker_logs = "".join((tmp_path / f"worker{i}.log").read_text() for i in range(4))
+        drops = len(re.findall(r"fault injection: message \d+ to the coordinator dropped",
+                               worker_logs))
+        resumes = len(re.findall(r"session resumed; re-sending \d+ request batches", worker_logs))
+        assert drops >= 2, worker_logs[-3000:]
+        assert resumes >= 1, worker_logs[-3000:]
+    finally:
+        cluster.close()
+
+
 def kill_a_training_process(cluster, rank, host):
     """Runs 4 ranks of train_loop, kills rank `rank`'s process (on `host`) once training runs, and
     checks the job fails within 10 s naming it, with every other rank stopped."""
