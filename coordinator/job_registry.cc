@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
 
 namespace ringmaster {
 namespace {
@@ -29,7 +32,25 @@ bool Allowed(JobState from, JobState to) {
 }  // namespace
 
 JobRegistry::JobRegistry(std::unique_ptr<JobStore> store, Clock* clock)
-    : clock_(clock), store_(std::move(store)) {}
+    : clock_(clock), store_(std::move(store)) {
+  // A durable store may hold jobs of an earlier run: ids go on after the highest one, and a job
+  // that was starting or running has no ranks any more (a restarted coordinator does not take
+  // running jobs over yet): it fails, saying so. Pending jobs wait to be placed as before.
+  absl::MutexLock lock(&mu_);
+  for (Job& job : store_->List()) {
+    int64_t number = 0;
+    if (absl::StartsWith(job.id, "job-") && absl::SimpleAtoi(job.id.substr(4), &number)) {
+      next_job_ = std::max(next_job_, number + 1);
+    }
+    if (job.state == JobState::kStarting || job.state == JobState::kRunning) {
+      const std::string was(JobStateName(job.state));
+      job.state = JobState::kFailed;
+      job.reason = absl::StrCat("the coordinator restarted while the job was ", was,
+                                " (a restarted coordinator does not resume running jobs yet)");
+      CommitLocked(job, job.reason);
+    }
+  }
+}
 
 absl::StatusOr<Job> JobRegistry::Register(JobSpec spec) {
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
@@ -42,6 +63,8 @@ absl::StatusOr<Job> JobRegistry::Register(JobSpec spec) {
     job.state = JobState::kPending;
     job.create_time = clock_->Now();
     none = CommitLocked(job, absl::StrCat("registered: ", job.spec.np, " ranks"));
+    // Acknowledged only once stored (its id is not used again either way).
+    if (!last_put_.ok()) return last_put_;
   }
   return job;
 }
@@ -77,8 +100,10 @@ std::vector<std::shared_ptr<JobRegistry::Watcher>> JobRegistry::CommitLocked(Job
                                                                              std::string message) {
   job.update_time = clock_->Now();
   job.events.push_back(JobEvent{job.update_time, job.state, std::move(message)});
-  // The in-memory store cannot fail; a durable one would surface its error through the caller.
-  store_->Put(job).IgnoreError();
+  // The in-memory store cannot fail; a durable one's error is logged here and refuses a
+  // registration (Register checks last_put_).
+  last_put_ = store_->Put(job);
+  if (!last_put_.ok()) spdlog::error("job {}: {}", job.id, last_put_.ToString());
   std::vector<std::shared_ptr<Watcher>> out;
   if (auto it = watchers_.find(job.id); it != watchers_.end()) {
     for (auto& [watch_id, w] : it->second) out.push_back(w);
@@ -157,7 +182,7 @@ absl::StatusOr<Job> JobRegistry::UpdateRank(const std::string& id, int rank, Ran
   job.ranks[rank].state = state;
   job.ranks[rank].exit_code = exit_code;
   job.update_time = clock_->Now();
-  store_->Put(job).IgnoreError();
+  if (absl::Status s = store_->Put(job); !s.ok()) spdlog::error("job {}: {}", id, s.ToString());
   return job;
 }
 

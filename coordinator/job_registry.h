@@ -74,6 +74,7 @@ class JobRegistry {
   absl::Mutex notify_mu_ ABSL_ACQUIRED_AFTER(mu_);
   const std::unique_ptr<JobStore> store_ ABSL_PT_GUARDED_BY(mu_);
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Status last_put_ ABSL_GUARDED_BY(mu_);  // how the last CommitLocked's write went
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<std::string, absl::flat_hash_map<int64_t, std::shared_ptr<Watcher>>> watchers_
       ABSL_GUARDED_BY(mu_);

@@ -7,12 +7,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "coordinator/artifact_store.h"
 #include "coordinator/server.h"
+#include "coordinator/sqlite_job_store.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "address to serve gRPC on (host:port)");
@@ -32,6 +34,11 @@ ABSL_FLAG(
     "$TMPDIR/ringmaster-artifacts-UID/HOST-PORT of --listen, or .../pid-PID for port 0; TMPDIR "
     "defaulting to /tmp)");
 
+ABSL_FLAG(std::string, state_dir, "",
+          "keep jobs (specs, states, reasons, events, assignments) in a SQLite database in this "
+          "directory, so they survive a restart (artifacts default to DIR/artifacts); empty: in "
+          "memory");
+
 namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
@@ -42,7 +49,7 @@ void OnSignal(int) { g_stop = 1; }
 int main(int argc, char** argv) {
   constexpr char kUsage[] =
       "ringmaster-coordinator [--listen ADDR:PORT] [--metrics-listen ADDR:PORT] "
-      "[--log-level LEVEL] [--artifacts-dir DIR]";
+      "[--log-level LEVEL] [--state-dir DIR] [--artifacts-dir DIR]";
   ringmaster::HandleHelp(argc, argv, kUsage, "coordinator/main.cc");
   absl::SetProgramUsageMessage(kUsage);
   // Debian's Abseil is built with mutex deadlock detection on; it costs every lock a graph update.
@@ -73,8 +80,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ringmaster-coordinator: --start-timeout must be positive\n");
     return 2;
   }
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (!state_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<ringmaster::JobStore>> store =
+        ringmaster::OpenSqliteJobStore(state_dir);
+    if (!store.ok()) {
+      std::fprintf(stderr, "ringmaster-coordinator: %s\n",
+                   std::string(store.status().message()).c_str());
+      return 1;
+    }
+    options.store = *std::move(store);
+  }
   if (std::string dir = absl::GetFlag(FLAGS_artifacts_dir); !dir.empty()) {
     options.artifacts_dir = std::move(dir);
+  } else if (!state_dir.empty()) {
+    options.artifacts_dir = state_dir + "/artifacts";  // with the jobs they belong to
   } else {
     // Per coordinator: two coordinators on one machine must not share (and wipe) each other's.
     options.artifacts_dir = ringmaster::DefaultArtifactsDir(
@@ -101,7 +121,10 @@ int main(int argc, char** argv) {
     std::printf("ringmaster-coordinator metrics on port %d\n", *metrics_port);
   }
   std::fflush(stdout);
-  spdlog::info("listening on {} (port {}); artifacts in {}", absl::GetFlag(FLAGS_listen), *port,
+  spdlog::info("listening on {} (port {}); jobs {}; artifacts in {}", absl::GetFlag(FLAGS_listen),
+               *port,
+               state_dir.empty() ? std::string("in memory (no --state-dir)")
+                                 : absl::StrCat("in ", state_dir, "/jobs.db"),
                server.coordinator().artifacts_dir());
   while (!g_stop) absl::SleepFor(absl::Milliseconds(50));
   spdlog::info("shutting down");

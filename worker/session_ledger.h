@@ -52,7 +52,7 @@ class SessionLedger {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<v1::WorkerMessage> kept_ ABSL_GUARDED_BY(mu_);  // unacknowledged, in order
   bool resuming_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;                    // last list applied in order
+  uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;                       // last list applied in order
   std::map<uint64_t, v1::ResponseList> held_ ABSL_GUARDED_BY(mu_);  // arrived early
 };
 

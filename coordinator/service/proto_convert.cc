@@ -87,6 +87,40 @@ absl::Status FromProto(v1::JobState in, JobState* out) {
   return absl::OkStatus();
 }
 
+absl::Status FromProto(const v1::Job& in, Job* out) {
+  out->id = in.id();
+  if (absl::Status s = FromProto(in.spec(), &out->spec); !s.ok()) return s;
+  if (absl::Status s = FromProto(in.state(), &out->state); !s.ok()) return s;
+  out->reason = in.reason();
+  out->epoch = in.epoch();
+  out->create_time = absl::FromUnixMillis(in.create_time_unix_ms());
+  out->update_time = absl::FromUnixMillis(in.update_time_unix_ms());
+  out->ranks.clear();
+  for (const v1::RankInfo& r : in.ranks()) {
+    RankInfo o;
+    o.rank = r.rank();
+    o.worker_id = r.worker_id();
+    o.host = r.host();
+    o.device = r.device();
+    o.local_rank = r.local_rank();
+    o.local_size = r.local_size();
+    o.cross_rank = r.cross_rank();
+    o.cross_size = r.cross_size();
+    o.state = static_cast<RankState>(r.state());
+    o.exit_code = r.exit_code();
+    out->ranks.push_back(std::move(o));
+  }
+  out->events.clear();
+  for (const v1::JobEvent& e : in.events()) {
+    JobEvent o;
+    o.time = absl::FromUnixMillis(e.time_unix_ms());
+    if (absl::Status s = FromProto(e.state(), &o.state); !s.ok()) return s;
+    o.message = e.message();
+    out->events.push_back(std::move(o));
+  }
+  return absl::OkStatus();
+}
+
 void ToProto(const JobEvent& in, v1::JobEvent* out) {
   out->set_time_unix_ms(UnixMs(in.time));
   out->set_state(ToProto(in.state));
@@ -235,6 +269,8 @@ void FromProto(const v1::RequestBatch& in, RequestBatch* out) {
   out->requests.resize(in.requests_size());
   for (int i = 0; i < in.requests_size(); ++i) FromProto(in.requests(i), &out->requests[i]);
   out->cached_ids.assign(in.cached_ids().begin(), in.cached_ids().end());
+  out->seq = in.seq();
+  out->ack_responses = in.ack_responses();
 }
 
 absl::Status FromProto(const v1::RankUpdate& in, RankUpdate* out) {
@@ -324,6 +360,8 @@ void ToProto(const CycleBroadcast& in, v1::ResponseList* out) {
   for (const Response& r : in.output.responses) ToProto(r, out->add_responses());
   out->set_fusion_threshold_bytes(in.fusion_threshold_bytes);
   out->set_cycle_time_ms(in.cycle_time_ms);
+  out->set_seq(in.seq);
+  for (uint64_t ack : in.request_acks) out->add_request_acks(ack);
 }
 
 void ToProto(const RankNotice& in, v1::ResponseList* out) {

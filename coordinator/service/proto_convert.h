@@ -28,6 +28,8 @@ absl::Status FromProto(v1::JobState in, JobState* out);
 void FromProto(const v1::TensorRequest& in, TensorRequest* out);
 void ToProto(const TensorRequest& in, v1::TensorRequest* out);
 void FromProto(const v1::RequestBatch& in, RequestBatch* out);
+// A job as stored (the durable store keeps jobs as serialized v1::Job); live figures are not kept.
+absl::Status FromProto(const v1::Job& in, Job* out);
 // INVALID_ARGUMENT for a state other than STARTED or EXITED.
 absl::Status FromProto(const v1::RankUpdate& in, RankUpdate* out);
 // INVALID_ARGUMENT for a stream other than STDOUT or STDERR.

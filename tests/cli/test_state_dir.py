@@ -1,0 +1,64 @@
+"""The durable job store (ringmaster-coordinator --state-dir), with real processes on loopback: jobs,
+their states, reasons and events survive a kill -9 of the coordinator; job ids are never reused; a
+job that was pending is placed after the restart; one that was running fails saying why.
+
+Run by ctest (label `cli`) with /usr/bin/python3 -m pytest; helpers from test_first_hour.py."""
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_first_hour import Cluster, free_port, submit, wait_for  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+def test_jobs_survive_a_coordinator_kill_and_ids_are_never_reused(cluster, tmp_path):
+    state = tmp_path / "state"
+    port = free_port()
+    c = cluster.coordinator("--state-dir", str(state), port=port)
+    cluster.worker(c, host="h0")
+    wait_for(lambda: len(cluster.idle_workers(c)) == 1, 20, "the worker")
+    done = submit(cluster, c, "--np", "1", "--name", "first", "--", "true")
+    assert cluster.wait_state(c, done, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 30)["state"] == "JOB_STATE_SUCCEEDED"
+    running = submit(cluster, c, "--np", "1", "--", "sleep", "60")
+    cluster.wait_state(c, running, {"JOB_STATE_RUNNING"}, 30)
+    pending = submit(cluster, c, "--np", "2", "--", "true")  # one worker: it waits
+    assert cluster.job(c, pending)["state"] == "JOB_STATE_PENDING"
+    assert (done, running, pending) == ("job-000001", "job-000002", "job-000003")
+
+    c.stop(signal.SIGKILL)
+    c2 = cluster.coordinator("--state-dir", str(state), port=port)
+    first = cluster.job(c2, done)
+    assert first["state"] == "JOB_STATE_SUCCEEDED"
+    assert first["spec"]["name"] == "first"
+    assert first["reason"] == "all 1 ranks exited 0"
+    was_running = cluster.job(c2, running)
+    assert was_running["state"] == "JOB_STATE_FAILED"
+    assert was_running["reason"] == ("the coordinator restarted while the job was RUNNING (a "
+                                     "restarted coordinator does not resume running jobs yet)")
+    assert cluster.job(c2, pending)["state"] == "JOB_STATE_PENDING"
+    # The counter goes on: no id is used twice (a reused id would wipe the old job's artifacts).
+    after = submit(cluster, c2, "--np", "1", "--", "true")
+    assert after == "job-000004"
+    # The pending job is placed once two workers are there (the old one registers again).
+    cluster.worker(c2, host="h1")
+    assert cluster.wait_state(c2, pending, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 60)["state"] == "JOB_STATE_SUCCEEDED"
+    assert cluster.wait_state(c2, after, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 60)["state"] == "JOB_STATE_SUCCEEDED"
+
+
+def test_a_state_dir_that_cannot_be_created_is_refused_at_start(cluster, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    c = cluster.coordinator("--state-dir", str(blocker / "state"), expect_port=False)
+    assert wait_for(lambda: not c.alive(), 20, "the coordinator to exit")
+    assert c.p.returncode == 1
+    assert c.stderr().strip() == (f"ringmaster-coordinator: --state-dir {blocker}/state: cannot "
+                                  "create it: Not a directory")
