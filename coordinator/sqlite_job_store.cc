@@ -29,8 +29,9 @@ class SqliteJobStore final : public JobStore {
     absl::MutexLock lock(&mu_);
     sqlite3_stmt* put = nullptr;
     int rc = sqlite3_prepare_v2(
-        db_, "INSERT INTO jobs(id, record) VALUES(?1, ?2) ON CONFLICT(id) DO UPDATE SET record = ?2",
-        -1, &put, nullptr);
+        db_,
+        "INSERT INTO jobs(id, record) VALUES(?1, ?2) ON CONFLICT(id) DO UPDATE SET record = ?2", -1,
+        &put, nullptr);
     if (rc == SQLITE_OK) {
       sqlite3_bind_text(put, 1, job.id.data(), static_cast<int>(job.id.size()), SQLITE_STATIC);
       sqlite3_bind_blob(put, 2, bytes.data(), static_cast<int>(bytes.size()), SQLITE_STATIC);
@@ -102,9 +103,9 @@ absl::StatusOr<std::unique_ptr<JobStore>> OpenSqliteJobStore(const std::string& 
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
       SQLITE_OK) {
-    absl::Status s = absl::UnavailableError(
-        absl::StrCat("--state-dir ", dir, ": cannot open ", path, ": ",
-                     db != nullptr ? sqlite3_errmsg(db) : "out of memory"));
+    absl::Status s =
+        absl::UnavailableError(absl::StrCat("--state-dir ", dir, ": cannot open ", path, ": ",
+                                            db != nullptr ? sqlite3_errmsg(db) : "out of memory"));
     sqlite3_close(db);
     return s;
   }

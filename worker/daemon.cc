@@ -107,9 +107,12 @@ absl::Status Daemon::Start() {
 }
 
 void Daemon::Run() {
-  {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&shutdown_));
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&shutdown_), absl::Milliseconds(250))) break;
+    }
+    CheckCoordinatorGrace();
   }
   if (std::shared_ptr<Job> job = CurrentJob()) {
     StopJob(job->assignment.job().id(), absl::UnavailableError("the worker is shutting down"));
@@ -118,6 +121,24 @@ void Daemon::Run() {
   absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return job_ == nullptr; };
   mu_.AwaitWithTimeout(absl::Condition(&idle), options_.stop_grace + absl::Seconds(2));
+}
+
+void Daemon::CheckCoordinatorGrace() {
+  if (session_->connected()) {
+    unreachable_since_ = absl::InfiniteFuture();
+    return;
+  }
+  const absl::Time now = absl::Now();
+  if (unreachable_since_ == absl::InfiniteFuture()) unreachable_since_ = now;
+  if (now - unreachable_since_ < options_.coordinator_grace) return;
+  std::shared_ptr<Job> job = CurrentJob();
+  if (job == nullptr || job->stopped) return;
+  const std::string why = absl::StrCat(
+      "lost the coordinator at ", options_.coordinator, " for ",
+      absl::FormatDuration(options_.coordinator_grace), " (--coordinator-grace): stopping rank ",
+      job->assignment.rank(), " of job ", job->assignment.job().id());
+  spdlog::error("{}", why);
+  StopJob(job->assignment.job().id(), absl::UnavailableError(why));
 }
 
 void Daemon::Shutdown() {

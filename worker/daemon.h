@@ -40,6 +40,10 @@ struct DaemonOptions {
   size_t arena_bytes = size_t{1} << 30;
   absl::Duration stop_grace = absl::Seconds(5);
   absl::Duration collective_timeout = absl::Seconds(30);
+  // A rank whose coordinator stays unreachable this long is stopped (its process terminated): its
+  // job cannot end well without it. Until then the rank's process and communicators keep going,
+  // and the session keeps retrying.
+  absl::Duration coordinator_grace = absl::Minutes(5);
   std::string metrics_listen;  // "host:port" to serve /metrics on; empty: off
   bool record_metrics = true;  // false: the engine records nothing (to measure what metrics cost)
 };
@@ -134,6 +138,9 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   std::optional<v1::JobAssignment> queued_ ABSL_GUARDED_BY(mu_);
   ThreadList finishers_;  // one per finished job
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // Stops the current job's rank once the coordinator has been unreachable for the grace.
+  void CheckCoordinatorGrace();
+  absl::Time unreachable_since_ = absl::InfiniteFuture();  // Run()'s thread only
 };
 
 }  // namespace ringmaster

@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://ADDR:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(int64_t, arena_mb, 1024, "shared-memory arena per job, MiB");
 ABSL_FLAG(double, collective_timeout_seconds, 30, "bound on the rendezvous and every collective");
+ABSL_FLAG(absl::Duration, coordinator_grace, absl::Minutes(5),
+          "stop the rank being served once the coordinator has been unreachable this long (e.g. "
+          "30s, 5m); until then the rank keeps running and the worker keeps reconnecting");
 ABSL_FLAG(std::string, log_level, "warning", "trace, debug, info, warning, error, fatal, off");
 
 namespace {
@@ -83,6 +86,11 @@ int main(int argc, char** argv) {
   options.record_metrics = Env("RINGMASTER_WORKER_METRICS") != "off";
   options.collective_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_seconds) * 1000);
+  options.coordinator_grace = absl::GetFlag(FLAGS_coordinator_grace);
+  if (options.coordinator_grace <= absl::ZeroDuration()) {
+    std::fprintf(stderr, "ringmaster-worker: --coordinator-grace must be positive\n");
+    return 2;
+  }
 
   ringmaster::Daemon daemon(std::move(options));
   if (absl::Status s = daemon.Start(); !s.ok()) {

@@ -157,7 +157,8 @@ def submit(cluster, coordinator, *args, **kw):
                                 "--lease-seconds", "--heartbeat-interval-seconds",
                                 "--start-timeout", "--state-dir"]),
     ("ringmaster-worker", ["--coordinator", "--device", "--host-name", "--socket", "--iface",
-                           "--metrics-listen", "--arena-mb", "--collective-timeout-seconds", "--log-level"]),
+                           "--metrics-listen", "--arena-mb", "--collective-timeout-seconds", "--log-level",
+                           "--coordinator-grace"]),
 ])
 def test_daemons_help_lists_their_own_flags_with_dashes(binary, flags):
     r = subprocess.run([str(BIN / binary), "--help"], capture_output=True, text=True, timeout=10)

@@ -152,6 +152,7 @@ class DaemonTest : public ::testing::Test {
     o.arena_bytes = 1 << 20;
     o.stop_grace = absl::Seconds(2);
     o.collective_timeout = absl::Seconds(2);
+    o.coordinator_grace = absl::Seconds(1);
     daemon_ = std::make_unique<Daemon>(o);
     ASSERT_TRUE(daemon_->Start().ok());
     runner_ = std::thread([this] { daemon_->Run(); });
@@ -163,7 +164,20 @@ class DaemonTest : public ::testing::Test {
     daemon_->Shutdown();
     if (runner_.joinable()) runner_.join();
     daemon_.reset();
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  }
+
+  // The rank's process id, which the command writes to `file` first.
+  static pid_t ReadPid(const std::string& file) {
+    pid_t pid = 0;
+    for (int i = 0; i < 200 && pid == 0; ++i) {
+      if (FILE* f = std::fopen(file.c_str(), "r")) {
+        if (std::fscanf(f, "%d", &pid) != 1) pid = 0;
+        std::fclose(f);
+      }
+      if (pid == 0) absl::SleepFor(absl::Milliseconds(10));
+    }
+    return pid;
   }
 
   // Assigns rank 0 of a one-rank job running `command` (none: a process attaches) to the daemon.
@@ -247,14 +261,7 @@ TEST_F(DaemonTest, AStopTerminatesTheRankAndTheDaemonTakesTheNextJob) {
   std::optional<v1::RankUpdate> started = coordinator_.NextUpdate();
   ASSERT_TRUE(started.has_value());
   EXPECT_EQ(started->state(), v1::RANK_STATE_STARTED);
-  pid_t pid = 0;
-  for (int i = 0; i < 200 && pid == 0; ++i) {  // the shell writes it at once
-    if (FILE* f = std::fopen(pid_file.c_str(), "r")) {
-      if (std::fscanf(f, "%d", &pid) != 1) pid = 0;
-      std::fclose(f);
-    }
-    if (pid == 0) absl::SleepFor(absl::Milliseconds(10));
-  }
+  const pid_t pid = ReadPid(pid_file);
   ASSERT_GT(pid, 0);
   const absl::Time stop_sent = absl::Now();
   v1::CoordinatorMessage stop;
@@ -275,6 +282,28 @@ TEST_F(DaemonTest, AStopTerminatesTheRankAndTheDaemonTakesTheNextJob) {
   EXPECT_EQ(next->job_id(), "job-000043");
   EXPECT_EQ(next->state(), v1::RANK_STATE_EXITED);
   EXPECT_EQ(next->exit_code(), 0);
+  std::remove(pid_file.c_str());
+}
+
+TEST_F(DaemonTest, ARankWhoseCoordinatorStaysAwayPastTheGraceIsStopped) {
+  const std::string pid_file = absl::StrCat(socket_, ".grace.pid");
+  Assign({"/bin/sh", "-c", absl::StrCat("echo $$ > ", pid_file, "; exec sleep 60")});
+  std::optional<v1::RankUpdate> started = coordinator_.NextUpdate();
+  ASSERT_TRUE(started.has_value());
+  const pid_t pid = ReadPid(pid_file);
+  ASSERT_GT(pid, 0);
+  // The coordinator goes away for good: within the grace (1 s here) the rank keeps running...
+  server_->Shutdown(absl::ToChronoTime(absl::Now()));
+  server_.reset();
+  const absl::Time gone = absl::Now();
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_EQ(kill(pid, 0), 0) << "stopped before the grace was over";
+  // ...and after it, it is stopped.
+  while (kill(pid, 0) == 0 && absl::Now() - gone < absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_NE(kill(pid, 0), 0) << "the rank's process " << pid << " outlived the grace";
+  EXPECT_LT(absl::Now() - gone, absl::Seconds(5));
   std::remove(pid_file.c_str());
 }
 
