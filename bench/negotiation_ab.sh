@@ -4,7 +4,9 @@
 # loopback, with the same simulated-rank client (the new build's), so machine noise hits both alike.
 # Prints each run's line and the medians of the step p50s.
 #   bench/negotiation_ab.sh --base OTHER_BUILD/bin [--new build/bin] [--ranks 128] [--steps 50]
-#                           [--runs 3] [--profile bench/profiles/resnet50.json]
+#                           [--runs 3] [--profile bench/profiles/resnet50.json] [--new-state-dir]
+# --new-state-dir runs the new side's coordinator with a fresh --state-dir (the durable job store):
+# with --base and --new the same build, it measures what the store costs negotiation.
 # To build a base: git worktree add /tmp/base COMMIT && cmake -S /tmp/base -B /tmp/base/build
 #   -DRINGMASTER_WITH_CUDA=OFF -DRINGMASTER_BUILD_TESTS=OFF && cmake --build /tmp/base/build -j2
 #   --target ringmaster-coordinator
@@ -16,6 +18,7 @@ ranks=128
 steps=50
 runs=3
 profile="$root/bench/profiles/resnet50.json"
+new_state=0
 while (($#)); do
   case $1 in
     --base) base=$2; shift 2 ;;
@@ -24,19 +27,23 @@ while (($#)); do
     --steps) steps=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --profile) profile=$2; shift 2 ;;
+    --new-state-dir) new_state=1; shift ;;
     *) echo "negotiation_ab.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 [[ -n $base ]] || { echo "negotiation_ab.sh: --base OTHER_BUILD/bin is required" >&2; exit 2; }
 log=$(mktemp)
 results=$(mktemp)
+states=$(mktemp -d)
 pid=""
-trap '[[ -n $pid ]] && kill $pid 2>/dev/null; rm -f "$log" "$results"' EXIT
+trap '[[ -n $pid ]] && kill $pid 2>/dev/null; rm -rf "$log" "$results" "$states"' EXIT
 for ((run = 1; run <= runs; run++)); do
   for side in base new; do
     dir=$base
     [[ $side == new ]] && dir=$new
-    "$dir/ringmaster-coordinator" --listen 127.0.0.1:0 --log-level warning >"$log" 2>&1 &
+    extra=()
+    [[ $side == new && $new_state == 1 ]] && extra=(--state-dir "$states/run$run")
+    "$dir/ringmaster-coordinator" --listen 127.0.0.1:0 --log-level warning "${extra[@]}" >"$log" 2>&1 &
     pid=$!
     port=""
     for _ in $(seq 100); do
