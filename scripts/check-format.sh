@@ -11,7 +11,8 @@ if ! command -v "$clang_format" > /dev/null; then
   exit 1
 fi
 if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
-  mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
+  # Tracked files and new ones not yet added (but not ignored ones: build output).
+  mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.cc' '*.h' '*.cu' '*.cuh')
 else
   mapfile -t files < <(find . -path ./build -prune -o \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -print)
 fi
