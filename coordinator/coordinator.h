@@ -164,8 +164,9 @@ class Coordinator {
   // ABORTED); INVALID_ARGUMENT for more than kMaxOutputMessageBytes. After the job ended, output
   // from the worker that served the rank is accepted for CoordinatorOptions::log_linger, then
   // refused (FAILED_PRECONDITION): a worker forwards a rank's output before reporting it EXITED.
+  // `seq`: the rank's chunk number (0: none); a re-sent chunk already stored is dropped.
   absl::Status AppendOutput(const std::string& worker_id, const std::string& job_id, int64_t epoch,
-                            int32_t rank, OutputStream stream, std::string data);
+                            int32_t rank, OutputStream stream, std::string data, uint64_t seq = 0);
 
   // Logs: the jobs' output, kept after they end. A reader checks its query once (NOT_FOUND for an
   // unknown job, INVALID_ARGUMENT for a rank outside [0, np); LogStore::kAllRanks: every rank),

@@ -49,7 +49,7 @@ absl::StatusOr<Coordinator::ArtifactSnapshot> Coordinator::SnapshotArtifact(
 
 absl::Status Coordinator::AppendOutput(const std::string& worker_id, const std::string& job_id,
                                        int64_t epoch, int32_t rank, OutputStream stream,
-                                       std::string data) {
+                                       std::string data, uint64_t seq) {
   if (auto runtime = RuntimeFor(worker_id, job_id, epoch, rank); !runtime.ok()) {
     // After the job's end, the worker that served the rank may still send the rank's last words;
     // the log store takes them until the job's log ends.
@@ -66,7 +66,7 @@ absl::Status Coordinator::AppendOutput(const std::string& worker_id, const std::
   }
   // The job's log may end between the check above and here; the store then refuses the chunk, so a
   // follower that saw the end has seen every chunk stored.
-  return logs_.Append(job_id, rank, stream, std::move(data));
+  return logs_.Append(job_id, rank, stream, std::move(data), seq);
 }
 
 absl::Status Coordinator::CheckLogQuery(const std::string& job_id, int32_t rank) const {

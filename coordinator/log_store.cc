@@ -25,7 +25,7 @@ std::vector<std::shared_ptr<LogStore::Subscriber>> LogStore::SubscribersOf(const
 }
 
 absl::Status LogStore::Append(const std::string& job_id, int32_t rank, OutputStream stream,
-                              std::string data) {
+                              std::string data, uint64_t seq) {
   if (data.empty()) return absl::OkStatus();
   std::vector<std::shared_ptr<Subscriber>> notify;
   {
@@ -39,6 +39,10 @@ absl::Status LogStore::Append(const std::string& job_id, int32_t rank, OutputStr
     const int64_t room = max_bytes_per_rank_ - kChunkOverheadBytes;
     if (static_cast<int64_t>(data.size()) > room) data.erase(0, data.size() - room);
     RankLog& r = log.ranks[rank];
+    if (seq != 0) {
+      if (seq <= r.last_seq) return absl::OkStatus();  // re-sent after a reconnect: stored
+      r.last_seq = seq;
+    }
     const int64_t cost = static_cast<int64_t>(data.size()) + kChunkOverheadBytes;
     r.chunks.push_back(LogChunk{++log.head, rank, stream, std::move(data), clock_->Now()});
     r.bytes += cost;

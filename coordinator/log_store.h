@@ -69,8 +69,10 @@ class LogStore {
 
   // Stores a chunk (a chunk longer than the rank's bound keeps only its tail). FAILED_PRECONDITION
   // once the job's log has ended. Empty data is accepted and stores nothing.
+  // `seq` > 0 numbers the rank's chunks (the reliable session): one at or below the last stored is
+  // a re-sent duplicate, dropped (OK).
   absl::Status Append(const std::string& job_id, int32_t rank, OutputStream stream,
-                      std::string data);
+                      std::string data, uint64_t seq = 0);
 
   // Ends the job's log after `linger` (at once when zero): no more appends after that; followers
   // finish once they have read everything. Until then output is still accepted, because a rank's
@@ -104,6 +106,7 @@ class LogStore {
   struct RankLog {
     std::deque<LogChunk> chunks;
     int64_t bytes = 0;
+    uint64_t last_seq = 0;  // the last numbered chunk stored
   };
   struct JobLog {
     absl::flat_hash_map<int32_t, RankLog> ranks;

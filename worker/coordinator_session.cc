@@ -118,6 +118,18 @@ absl::Status CoordinatorSession::Send(const v1::WorkerMessage& message) {
     }
     if (rank_updates_.size() < 8) rank_updates_.push_back(message);
   }
+  if (message.has_output() && message.output().seq() != 0) {
+    if (!outputs_.empty() && outputs_.front().output().job_id() != message.output().job_id()) {
+      outputs_.clear();
+      output_bytes_ = 0;
+    }
+    outputs_.push_back(message);
+    output_bytes_ += message.output().data().size();
+    while (output_bytes_ > kKeptOutputBytes && outputs_.size() > 1) {
+      output_bytes_ -= outputs_.front().output().data().size();
+      outputs_.pop_front();
+    }
+  }
   grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream;
   {
     // Not held while writing: Stop() and the watchdog take it to cancel a stuck write.
@@ -161,7 +173,9 @@ grpc::Status CoordinatorSession::RunSession(bool* accepted) {
     listener_->OnSessionOpen(open.mutable_open());
     write_started_ns_.store(MonotonicNanos());
     opened = stream->Write(open);
-    // Before anything else is sent on this session: the rank updates that may have been lost.
+    // Before anything else is sent on this session: the output and the rank updates that may have
+    // been lost (the output first: the coordinator stores a rank's output before its exit).
+    for (size_t i = 0; opened && i < outputs_.size(); ++i) opened = stream->Write(outputs_[i]);
     for (size_t i = 0; opened && i < rank_updates_.size(); ++i) {
       opened = stream->Write(rank_updates_[i]);
     }

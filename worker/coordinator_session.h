@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -78,6 +79,11 @@ class CoordinatorSession {
   // reconnect: one lost with a broken session would leave its job STARTING or RUNNING for ever.
   // The coordinator takes a repeated one as a no-op.
   std::vector<v1::WorkerMessage> rank_updates_ ABSL_GUARDED_BY(write_mu_);
+  // The latest job's last output messages (at most kKeptOutputBytes), written again after a
+  // reconnect before the rank updates; the coordinator drops those it stored (by RankOutput.seq).
+  static constexpr size_t kKeptOutputBytes = size_t{1} << 20;
+  std::deque<v1::WorkerMessage> outputs_ ABSL_GUARDED_BY(write_mu_);
+  size_t output_bytes_ ABSL_GUARDED_BY(write_mu_) = 0;
 
   // Held for a whole write (writes go one at a time); the stream is not destroyed while it is held.
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);

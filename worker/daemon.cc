@@ -381,7 +381,11 @@ absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
   std::vector<std::string> argv(spec.spec().command().begin(), spec.spec().command().end());
   CoordinatorSession* session = session_.get();
   const v1::JobAssignment assignment = job->assignment;
-  auto output = [session, assignment](int stream, std::string data) {
+  // Numbered (the reliable session: re-sent after a reconnect, deduplicated by the coordinator);
+  // stdout's and stderr's readers number and send under one lock, so the numbers go out in order.
+  auto numbering = std::make_shared<std::pair<absl::Mutex, uint64_t>>();
+  auto output = [session, assignment, numbering](int stream, std::string data) {
+    absl::MutexLock lock(&numbering->first);
     for (size_t at = 0; at < data.size(); at += kMaxOutputChunk) {
       v1::WorkerMessage m;
       v1::RankOutput* o = m.mutable_output();
@@ -390,6 +394,7 @@ absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
       o->set_rank(assignment.rank());
       o->set_stream(stream == 1 ? v1::RankOutput::STREAM_STDOUT : v1::RankOutput::STREAM_STDERR);
       o->set_data(data.substr(at, kMaxOutputChunk));
+      o->set_seq(++numbering->second);
       session->Send(m).IgnoreError();
     }
   };

@@ -167,7 +167,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
         absl::Status s = FromProto(o.stream(), &stream);
         if (s.ok()) {
           s = coordinator_.AppendOutput(worker_id_, o.job_id(), o.epoch(), o.rank(), stream,
-                                        o.data());
+                                        o.data(), o.seq());
         }
         if (!s.ok()) {
           spdlog::debug("output of rank {} of job {} from {} dropped: {}", o.rank(), o.job_id(),

@@ -238,5 +238,21 @@ TEST_F(LogStoreTest, ASubscriberMayReadFromItsCallback) {
   EXPECT_TRUE(ended);
 }
 
+TEST(LogStoreReliableTest, AChunkReSentAfterAReconnectIsStoredOnce) {
+  FakeClock clock;
+  LogStore store(LogStoreOptions{.clock = &clock});
+  ASSERT_TRUE(store.Append("job-000001", 0, OutputStream::kStdout, "one\n", 1).ok());
+  ASSERT_TRUE(store.Append("job-000001", 0, OutputStream::kStdout, "two\n", 2).ok());
+  // The worker's session broke: it sends its last output again, then goes on.
+  ASSERT_TRUE(store.Append("job-000001", 0, OutputStream::kStdout, "one\n", 1).ok());
+  ASSERT_TRUE(store.Append("job-000001", 0, OutputStream::kStdout, "two\n", 2).ok());
+  ASSERT_TRUE(store.Append("job-000001", 0, OutputStream::kStdout, "three\n", 3).ok());
+  // Another rank numbers its own chunks.
+  ASSERT_TRUE(store.Append("job-000001", 1, OutputStream::kStderr, "r1\n", 1).ok());
+  std::string text;
+  for (const LogChunk& c : store.Read("job-000001", kAll, 0, kBig).chunks) text += c.data;
+  EXPECT_EQ(text, "one\ntwo\nthree\nr1\n");
+}
+
 }  // namespace
 }  // namespace ringmaster

@@ -141,6 +141,11 @@ def test_session_resets_lose_nothing_and_the_job_finishes_with_exact_results(tmp
         logs = cluster.logs(job)
         # Every rank exits 0 only if every check of both runs was exact.
         assert done["state"] == "JOB_STATE_SUCCEEDED", logs + done.get("reason", "")
+        # The output too arrives once each: re-sent after a reconnect, stored once.
+        for rank in range(4):
+            lines = re.findall(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, "
+                               r"0 failed$", logs, re.M)
+            assert len(lines) == 2, logs
         worker_logs = "".join((tmp_path / f"worker{i}.log").read_text() for i in range(4))
         drops = len(re.findall(r"fault injection: message \d+ to the coordinator dropped",
                                worker_logs))
