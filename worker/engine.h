@@ -8,7 +8,6 @@
 // executor and executes collectives with mu_ released.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -24,7 +23,6 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics.h"
-#include "common/shared_memory.h"
 #include "ringmaster/v1/local.pb.h"
 #include "ringmaster/v1/worker.pb.h"
 #include "worker/executor.h"

@@ -11,6 +11,9 @@
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
+
+// What a reconnecting worker may say it has (SessionOpen.resume).
+constexpr int kMaxResumeEntries = 4;
 namespace {
 
 using Outbound = std::shared_ptr<const v1::CoordinatorMessage>;
@@ -119,6 +122,11 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
     if (worker_id_.empty()) {
       if (m.kind_case() != v1::WorkerMessage::kOpen) {
         return absl::InvalidArgumentError("the first message of a session must be 'open'");
+      }
+      // A worker serves one rank at a time; a few entries allow for a job ending as it resumes.
+      if (m.open().resume_size() > kMaxResumeEntries) {
+        return absl::InvalidArgumentError(absl::StrCat("open.resume has ", m.open().resume_size(),
+                                                       " entries; at most ", kMaxResumeEntries));
       }
       if (absl::Status s = coordinator_.OpenSession(m.open().worker_id(), this); !s.ok()) return s;
       worker_id_ = m.open().worker_id();

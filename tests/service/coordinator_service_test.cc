@@ -227,6 +227,22 @@ TEST_F(ServiceTest, BadWorkerInputIsRejectedWithTheFieldNamed) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(s.error_message(), "host must be 1..253 bytes; got 0");
 
+  // A reconnect that claims more ranks than a worker can serve is refused, naming the field.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = workers_->Session(&context);
+    v1::WorkerMessage open;
+    open.mutable_open()->set_worker_id("worker-424242");
+    for (int i = 0; i < 5; ++i) open.mutable_open()->add_resume()->set_rank(i);
+    ASSERT_TRUE(stream->Write(open));
+    v1::CoordinatorMessage m;
+    EXPECT_FALSE(stream->Read(&m));
+    s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message(), "open.resume has 5 entries; at most 4");
+  }
+
   // A session for an unknown worker ends with NOT_FOUND.
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
