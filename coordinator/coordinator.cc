@@ -24,6 +24,9 @@ Coordinator::Coordinator(CoordinatorOptions options)
       housekeeping_interval_(options.housekeeping_interval),
       failure_settle_(options.failure_settle),
       start_timeout_(options.start_timeout),
+      resume_timeout_(options.resume_timeout),
+      started_(options.clock->Now()),
+      generation_(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now())) | 1),
       log_linger_(options.log_linger),
       jobs_(std::move(options.store), options.clock),
       workers_(options.clock, options.lease, options.reconnect_grace),
@@ -32,6 +35,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
                             .max_total_bytes = options.log_bytes_total}),
       artifacts_(std::move(options.artifacts_dir)) {
   RegisterCollectors();
+  RestoreJobs();
 }
 
 void Coordinator::RegisterCollectors() {

@@ -7,7 +7,9 @@
 // Where each part is implemented: jobs, registration and scheduling in coordinator.cc; workers'
 // sessions (heartbeats, request batches, rank updates) in coordinator_sessions.cc; logs and
 // artifacts in coordinator_outputs.cc; the rendezvous store in coordinator_rendezvous.cc; the
-// ticker and housekeeping (leases, settled failures, start timeouts) in coordinator_liveness.cc.
+// ticker and housekeeping (leases, settled failures, start timeouts) in coordinator_liveness.cc;
+// resuming the jobs a durable store says were running when the coordinator restarted in
+// coordinator_restore.cc.
 // A job's negotiation state is its JobRuntime's.
 //
 // Thread-safe. mu_ guards the job runtimes, the pending failures and the worker channels. Channels
@@ -63,6 +65,9 @@ struct CoordinatorOptions {
   // A job still STARTING this long after it was placed (some rank never reported STARTED) fails,
   // naming those ranks.
   absl::Duration start_timeout = absl::Minutes(5);
+  // After a restart, how long a job that was running waits for its ranks' daemons to reattach;
+  // a rank not back by then fails the job, named.
+  absl::Duration resume_timeout = absl::Minutes(1);
   // How often Tick() expires leases, checks stalls and expires rendezvous waiters.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);
   // Output kept per rank (oldest dropped first), and by all jobs together (ended jobs' logs
@@ -89,6 +94,7 @@ struct RequestBatch {
   std::vector<uint32_t> cached_ids;
   uint64_t seq = 0;            // the rank's batch number (0: unnumbered)
   uint64_t ack_responses = 0;  // the last response list the rank received in order
+  uint64_t cache_generation = 0;
 };
 
 struct RankResume {
@@ -96,6 +102,10 @@ struct RankResume {
   int64_t epoch = 0;
   int32_t rank = 0;
   uint64_t last_response_seq = 0;
+  // For a restarted coordinator: the last batch the rank numbered, and the lists it applied that
+  // not every rank was known to have.
+  uint64_t last_request_seq = 0;
+  std::vector<std::shared_ptr<CycleBroadcast>> retained;
 };
 
 struct RankUpdate {
@@ -121,6 +131,8 @@ class Coordinator {
   MetricsRegistry& metrics() { return metrics_; }
 
   absl::Duration lease() const { return workers_.lease(); }
+  // The number of ranks of a job with a runtime (placed and not ended), else 0.
+  int RanksOf(const std::string& job_id) const;
   const std::string& artifacts_dir() const { return artifacts_.root(); }
   absl::Duration heartbeat_interval() const { return heartbeat_interval_; }
 
@@ -274,6 +286,17 @@ class Coordinator {
   void Housekeeping(absl::Time now);
   // Fails the jobs STARTING for longer than the start timeout, naming the ranks that never started.
   void FailJobsThatDidNotStart(absl::Time now);
+  // At construction: the jobs the store says were starting or running get their workers back (as
+  // not yet connected) and a runtime that restores (JobRuntime::BeginRestore).
+  void RestoreJobs();
+  // Ends the job's restore once every rank that has not exited reattached.
+  void TryEndRestore(const std::string& job_id);
+  // A reattaching worker's rank of a restoring job: what it holds (`r`), or nothing (null: the
+  // worker did not resume it).
+  void GatherRank(const std::string& worker_id, JobRuntime& runtime, int32_t rank,
+                  const RankResume* r);
+  // Fails the restoring jobs whose ranks did not all reattach within the resume timeout.
+  void FailJobsThatDidNotResume(absl::Time now);
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
@@ -283,6 +306,11 @@ class Coordinator {
   const absl::Duration housekeeping_interval_;
   const absl::Duration failure_settle_;
   const absl::Duration start_timeout_;
+  const absl::Duration resume_timeout_;
+  // When this coordinator started, and the cache generation of the jobs it restores (its start
+  // time in microseconds: new at every restart).
+  const absl::Time started_;
+  const uint64_t generation_;
   const absl::Duration log_linger_;
   JobRegistry jobs_;
   WorkerRegistry workers_;
@@ -310,6 +338,8 @@ class Coordinator {
   absl::flat_hash_map<std::string, PendingFailure> pending_failures_ ABSL_GUARDED_BY(mu_);
   // When each STARTING job was placed (until it runs or ends).
   absl::flat_hash_map<std::string, absl::Time> starting_since_ ABSL_GUARDED_BY(mu_);
+  // When each restoring job stops waiting for its ranks (until its restore ends).
+  absl::flat_hash_map<std::string, absl::Time> resume_deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, WorkerChannel*> channels_ ABSL_GUARDED_BY(mu_);
   absl::Time last_housekeeping_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

@@ -28,7 +28,10 @@ void Coordinator::SettleFailures(absl::Time now, const std::string& disconnected
   {
     absl::MutexLock lock(&mu_);
     for (auto it = pending_failures_.begin(); it != pending_failures_.end();) {
-      if (now < it->second.deadline && it->first != disconnected_job) {
+      // A restoring job's workers are not all back: the failure waits for the restore, whose end
+      // names the ranks that did not come back (the likely cause).
+      if ((now < it->second.deadline && it->first != disconnected_job) ||
+          resume_deadlines_.contains(it->first)) {
         ++it;
         continue;
       }
@@ -92,6 +95,9 @@ absl::Time Coordinator::NextDeadline() const {
 }
 
 void Coordinator::Housekeeping(absl::Time now) {
+  // Before leases: a restored worker that did not come back is lost at the same deadline, and the
+  // job's reason should name every rank missing.
+  FailJobsThatDidNotResume(now);
   for (const Worker& w : workers_.ExpireLeases()) {
     const std::string& lost = w.lost_reason;
     spdlog::warn("worker {} on {} lost: {}", w.id, w.host, lost);

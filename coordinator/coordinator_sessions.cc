@@ -22,10 +22,14 @@ absl::Status Coordinator::OpenSession(const std::string& worker_id, WorkerChanne
       old->Close(absl::AbortedError("superseded by a newer session of the same worker"));
     }
     channels_[worker_id] = channel;
-    // A worker that reconnects while serving a job gets its assignment again.
+    // A worker that reconnects while serving a job whose rank has not started gets its assignment
+    // again (it may have been lost with the session). One whose rank started has it; one whose
+    // rank exited must not start it again.
     if (!worker->job_id.empty()) {
       if (auto it = runtimes_.find(worker->job_id); it != runtimes_.end()) {
-        if (absl::StatusOr<Job> job = jobs_.Get(worker->job_id); job.ok()) {
+        if (absl::StatusOr<Job> job = jobs_.Get(worker->job_id);
+            job.ok() && worker->rank >= 0 && worker->rank < static_cast<int>(job->ranks.size()) &&
+            job->ranks[worker->rank].state == RankState::kAssigned) {
           channel->SendAssignment(*job, worker->rank);
         }
       }
@@ -39,6 +43,15 @@ absl::Status Coordinator::OpenSession(const std::string& worker_id, WorkerChanne
 void Coordinator::ResumeRanks(const std::string& worker_id, WorkerChannel* channel,
                               const std::vector<RankResume>& resume) {
   for (const RankResume& r : resume) Resume(worker_id, channel, r);
+  // A worker that reattaches to a restoring job without resuming its rank holds nothing of it.
+  absl::StatusOr<Worker> w = workers_.Get(worker_id);
+  if (!w.ok() || w->job_id.empty()) return;
+  const bool resumed = std::any_of(resume.begin(), resume.end(),
+                                   [&](const RankResume& r) { return r.job_id == w->job_id; });
+  std::shared_ptr<JobRuntime> runtime = RuntimeOf(w->job_id);
+  if (!resumed && runtime != nullptr && runtime->restoring()) {
+    GatherRank(worker_id, *runtime, w->rank, nullptr);
+  }
 }
 
 void Coordinator::Resume(const std::string& worker_id, WorkerChannel* channel,
@@ -49,6 +62,10 @@ void Coordinator::Resume(const std::string& worker_id, WorkerChannel* channel,
     // Not (or no longer) this worker's: it re-sends what it has, which is refused (and the rank
     // stopped) like any batch of a job it does not serve.
     channel->SendResumed(r.job_id, r.epoch, r.rank, 0);
+    return;
+  }
+  if ((*runtime)->restoring()) {  // the coordinator restarted: what the rank holds restores it
+    GatherRank(worker_id, **runtime, r.rank, &r);
     return;
   }
   // Under the runtime's lock, like a flush: every list goes out in cycle order. A flush may still
@@ -140,7 +157,7 @@ absl::Status Coordinator::SubmitRequests(const std::string& worker_id, RequestBa
   const absl::Time now = clock_->Now();
   // A batch re-sent after a reconnect that the runtime has already is dropped; nothing to flush.
   if (!(*runtime)->Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now, batch.seq,
-                          batch.ack_responses)) {
+                          batch.ack_responses, batch.cache_generation)) {
     return absl::OkStatus();
   }
   Flush(**runtime, now);
@@ -190,6 +207,8 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
       jobs_.UpdateRank(update.job_id, update.rank, update.state, update.exit_code);
   if (!job.ok()) return job.status();
   const RankInfo& rank = job->ranks[update.rank];
+  // A restoring job does not wait for a rank that exited.
+  if (update.state == RankState::kExited) TryEndRestore(update.job_id);
   if (update.state == RankState::kStarted) {
     const bool all = std::all_of(job->ranks.begin(), job->ranks.end(),
                                  [](const RankInfo& r) { return r.state != RankState::kAssigned; });
@@ -221,7 +240,13 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     // The rank's output is all here: a worker forwards it before reporting the exit.
     absl::StrAppend(&reason, OutputTail(update.job_id, update.rank));
     const std::string stopped_already = update.failed ? "" : worker_id;
-    if (std::string cause = DisconnectedWorkerOf(*job, worker_id); !cause.empty()) {
+    bool restoring;
+    {
+      absl::MutexLock lock(&mu_);
+      restoring = resume_deadlines_.contains(update.job_id);
+    }
+    if (std::string cause = restoring ? "" : DisconnectedWorkerOf(*job, worker_id);
+        !cause.empty()) {
       FinishLater(update.job_id, JobState::kFailed, absl::StrCat(cause, "; then ", reason),
                   stopped_already);
       return absl::OkStatus();

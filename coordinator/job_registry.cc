@@ -33,21 +33,13 @@ bool Allowed(JobState from, JobState to) {
 
 JobRegistry::JobRegistry(std::unique_ptr<JobStore> store, Clock* clock)
     : clock_(clock), store_(std::move(store)) {
-  // A durable store may hold jobs of an earlier run: ids go on after the highest one, and a job
-  // that was starting or running has no ranks any more (a restarted coordinator does not take
-  // running jobs over yet): it fails, saying so. Pending jobs wait to be placed as before.
+  // A durable store may hold jobs of an earlier run: ids go on after the highest one. Pending jobs
+  // wait to be placed as before; the coordinator resumes those that were starting or running.
   absl::MutexLock lock(&mu_);
-  for (Job& job : store_->List()) {
+  for (const Job& job : store_->List()) {
     int64_t number = 0;
     if (absl::StartsWith(job.id, "job-") && absl::SimpleAtoi(job.id.substr(4), &number)) {
       next_job_ = std::max(next_job_, number + 1);
-    }
-    if (job.state == JobState::kStarting || job.state == JobState::kRunning) {
-      const std::string was(JobStateName(job.state));
-      job.state = JobState::kFailed;
-      job.reason = absl::StrCat("the coordinator restarted while the job was ", was,
-                                " (a restarted coordinator does not resume running jobs yet)");
-      CommitLocked(job, job.reason);
     }
   }
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -70,7 +72,7 @@ JobRuntime::~JobRuntime() { Close(); }
 
 std::shared_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore& artifacts,
                                              MetricsRegistry& metrics, Executor& io, absl::Time now,
-                                             std::vector<std::string>* problems) {
+                                             std::vector<std::string>* problems, bool restored) {
   auto runtime = std::shared_ptr<JobRuntime>(new JobRuntime(job, metrics, io));
   const Knobs& k = job.spec.knobs;
   NegotiatorOptions options = NegotiatorOptionsFor(job);
@@ -78,9 +80,15 @@ std::shared_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore
   if (tune_cache && options.cache_capacity == 0) options.cache_capacity = kDefaultCacheCapacity;
   runtime->negotiator_ = std::make_unique<Negotiator>(std::move(options));
   if (k.cache_capacity == 0) runtime->negotiator_->SetCacheEnabled(false);
-  // Always: a job id reused by a later coordinator run must not show the earlier job's files.
-  if (absl::Status s = artifacts.Reset(job.id); !s.ok()) problems->emplace_back(s.message());
-  if (!k.timeline.empty()) {
+  // Always: a job id reused by a later coordinator run must not show the earlier job's files. A
+  // restored job keeps its own.
+  if (!restored) {
+    if (absl::Status s = artifacts.Reset(job.id); !s.ok()) problems->emplace_back(s.message());
+  }
+  if (!k.timeline.empty() && restored) {
+    problems->push_back(absl::StrCat("the timeline ", k.timeline,
+                                     " ends where the coordinator restarted (it is not resumed)"));
+  } else if (!k.timeline.empty()) {
     absl::StatusOr<std::unique_ptr<ringmaster::Timeline>> timeline =
         ringmaster::Timeline::Create(artifacts.PathOf(job.id, k.timeline),
                                      absl::StrCat("job ", job.id), k.timeline_mark_cycles, now);
@@ -112,7 +120,7 @@ std::shared_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore
   if (k.autotune_log.empty()) return runtime;
   const std::string path = artifacts.PathOf(job.id, k.autotune_log);
   absl::MutexLock lock(&runtime->log_mu_);
-  runtime->autotune_log_.reset(std::fopen(path.c_str(), "we"));
+  runtime->autotune_log_.reset(std::fopen(path.c_str(), restored ? "ae" : "we"));
   if (runtime->autotune_log_ == nullptr) {
     problems->push_back(
         absl::StrCat("cannot create autotune log ", path, ": ", std::strerror(errno)));
@@ -123,7 +131,7 @@ std::shared_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore
 
 bool JobRuntime::Submit(int32_t rank, std::vector<TensorRequest> requests,
                         const std::vector<uint32_t>& cached_ids, absl::Time now, uint64_t seq,
-                        uint64_t ack_responses) {
+                        uint64_t ack_responses, uint64_t cache_generation) {
   absl::MutexLock submit_lock(&submit_mu_);
   {
     absl::MutexLock lock(&mu_);
@@ -132,6 +140,12 @@ bool JobRuntime::Submit(int32_t rank, std::vector<TensorRequest> requests,
     if (ack_responses > acked_cycles_[r]) {
       acked_cycles_[r] = std::min(ack_responses, last_cycle_);
       ForgetAcknowledged();
+    }
+    if (restoring_ || cache_generation != generation_) {
+      // Encoded for a cache the coordinator no longer has (or not yet negotiable): the worker
+      // sends its requests again in the new generation.
+      last_request_[r] = std::max(last_request_[r], seq);
+      return false;
     }
     if (seq != 0) {
       if (seq <= last_request_[r]) return false;  // a re-sent batch we have
@@ -179,6 +193,116 @@ absl::Status JobRuntime::Resend(
   return absl::OkStatus();
 }
 
+void JobRuntime::BeginRestore(uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  restoring_ = true;
+  generation_ = generation;
+  gathered_.assign(ranks_.size(), std::nullopt);
+}
+
+bool JobRuntime::restoring() const {
+  absl::MutexLock lock(&mu_);
+  return restoring_;
+}
+
+uint64_t JobRuntime::cache_generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+void JobRuntime::Gather(int32_t rank, uint64_t last_response_seq, uint64_t last_request_seq,
+                        std::vector<std::shared_ptr<CycleBroadcast>> retained) {
+  absl::MutexLock lock(&mu_);
+  const size_t r = static_cast<size_t>(rank);
+  if (!restoring_ || r >= gathered_.size()) return;
+  gathered_[r] = Gathered{last_response_seq, last_request_seq, std::move(retained)};
+}
+
+void JobRuntime::Absent(int32_t rank) {
+  absl::MutexLock lock(&mu_);
+  const size_t r = static_cast<size_t>(rank);
+  if (!restoring_ || r >= gathered_.size()) return;
+  gathered_[r] = Gathered{.absent = true};
+}
+
+std::vector<int32_t> JobRuntime::Ungathered() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int32_t> out;
+  if (!restoring_) return out;
+  for (size_t r = 0; r < gathered_.size(); ++r) {
+    if (!gathered_[r].has_value()) out.push_back(static_cast<int32_t>(r));
+  }
+  return out;
+}
+
+absl::StatusOr<bool> JobRuntime::EndRestore(
+    absl::FunctionRef<void(int32_t, const std::shared_ptr<CycleBroadcast>&)> deliver,
+    absl::FunctionRef<void(int32_t, uint64_t)> resumed) {
+  absl::MutexLock submit_lock(&submit_mu_);
+  absl::MutexLock lock(&mu_);
+  if (!restoring_) return false;
+  // The last list any rank applied, the earliest one some rank lacks, and every list retained.
+  uint64_t top = 0;
+  uint64_t bottom = std::numeric_limits<uint64_t>::max();
+  std::map<uint64_t, std::shared_ptr<CycleBroadcast>> lists;
+  auto holds = [this](size_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return gathered_[r].has_value() && !gathered_[r]->absent;
+  };
+  for (const std::optional<Gathered>& g : gathered_) {
+    if (!g.has_value() || g->absent) continue;
+    top = std::max(top, g->last_response_seq);
+    bottom = std::min(bottom, g->last_response_seq);
+    for (const std::shared_ptr<CycleBroadcast>& cycle : g->retained) {
+      lists.try_emplace(cycle->seq, cycle);
+    }
+  }
+  if (bottom > top) bottom = top;  // no rank gathered
+  for (size_t r = 0; r < gathered_.size(); ++r) {
+    if (!holds(r)) continue;
+    for (uint64_t seq = gathered_[r]->last_response_seq + 1; seq <= top; ++seq) {
+      if (!lists.contains(seq)) {
+        restoring_ = false;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", r, " had received response list ", gathered_[r]->last_response_seq,
+            " when the coordinator restarted, other ranks list ", top, ", and no rank kept list ",
+            seq, ": the job cannot resume"));
+      }
+    }
+  }
+  kept_.clear();
+  for (auto& [seq, cycle] : lists) {
+    if (seq > bottom && seq <= top) kept_.push_back(cycle);
+  }
+  // The first list of the new generation: every rank forgets its cache and asks again.
+  auto first = std::make_shared<CycleBroadcast>();
+  first->job_id = job_id_;
+  first->output.notices.resize(ranks_.size());
+  first->fusion_threshold_bytes = negotiator_->fusion_threshold_bytes();
+  first->cycle_time_ms = absl::ToDoubleMilliseconds(negotiator_->cycle_time());
+  first->seq = top + 1;
+  first->cache_generation = generation_;
+  kept_.push_back(first);
+  last_cycle_ = first->seq;
+  dropped_through_ = bottom;
+  for (size_t r = 0; r < gathered_.size(); ++r) {
+    // A rank not heard from (it exited) needs nothing.
+    acked_cycles_[r] = holds(r) ? gathered_[r]->last_response_seq : last_cycle_;
+    if (holds(r)) {
+      last_request_[r] = std::max(last_request_[r], gathered_[r]->last_request_seq);
+    }
+  }
+  restoring_ = false;
+  for (size_t r = 0; r < gathered_.size(); ++r) {
+    if (!holds(r)) continue;
+    for (const std::shared_ptr<CycleBroadcast>& cycle : kept_) {
+      if (cycle->seq > gathered_[r]->last_response_seq) deliver(static_cast<int32_t>(r), cycle);
+    }
+    resumed(static_cast<int32_t>(r), last_request_[r]);
+  }
+  gathered_.clear();
+  return true;
+}
+
 void JobRuntime::Flush(absl::Time now,
                        absl::FunctionRef<void(const std::shared_ptr<CycleBroadcast>&)> deliver) {
   std::vector<std::string> log_lines;
@@ -208,7 +332,11 @@ void JobRuntime::Flush(absl::Time now,
     cycle->fusion_threshold_bytes = negotiator_->fusion_threshold_bytes();
     cycle->cycle_time_ms = absl::ToDoubleMilliseconds(negotiator_->cycle_time());
     cycle->seq = ++last_cycle_;
-    if (cycle->seq % kAckEvery == 0) cycle->request_acks = last_request_;
+    cycle->cache_generation = generation_;
+    if (cycle->seq % kAckEvery == 0) {
+      cycle->request_acks = last_request_;
+      cycle->all_have = *std::min_element(acked_cycles_.begin(), acked_cycles_.end());
+    }
     kept_.push_back(cycle);
     if (kept_.size() > kKeptCycles) {
       // A rank this far behind is gone (its worker is lost within the reconnect grace): should it

@@ -41,9 +41,14 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   // first). Does file I/O: call with no lock held. A file that cannot be created is reported in
   // `problems` (the job runs without it).
   // `io` (borrowed; must outlive the runtime's tasks) writes the autotune log as the job runs.
+  //
+  // `restored`: the job was running when the coordinator restarted: its artifacts are kept (a
+  // timeline is not resumed; the autotune log is appended to), and the runtime restores (see
+  // BeginRestore) before it negotiates.
   static std::shared_ptr<JobRuntime> Open(const Job& job, const ArtifactStore& artifacts,
                                           MetricsRegistry& metrics, Executor& io, absl::Time now,
-                                          std::vector<std::string>* problems);
+                                          std::vector<std::string>* problems,
+                                          bool restored = false);
   ~JobRuntime();
 
   JobRuntime(const JobRuntime&) = delete;
@@ -57,9 +62,11 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   // (`seq` > 0) the runtime already has is dropped (false), one re-sent after a reconnect;
   // `ack_responses` (the last response list the rank received in order) lets the runtime forget
   // the lists every rank has.
+  // A batch of another cache generation than the runtime's (encoded before a coordinator restart),
+  // or any batch while the runtime restores, is dropped too.
   bool Submit(int32_t rank, std::vector<TensorRequest> requests,
               const std::vector<uint32_t>& cached_ids, absl::Time now, uint64_t seq = 0,
-              uint64_t ack_responses = 0);
+              uint64_t ack_responses = 0, uint64_t cache_generation = 0);
   // The last request batch the runtime has of `rank` (0: none numbered).
   uint64_t LastRequestSeq(int32_t rank) const;
   // A reconnected rank that received the lists up to `after` in order: hands every later list
@@ -69,6 +76,31 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
                       absl::FunctionRef<void(const std::shared_ptr<CycleBroadcast>&)> deliver);
   // Cycles kept for ranks that have not acknowledged them.
   static constexpr size_t kKeptCycles = 4096;
+
+  // Restoring: a restarted coordinator's runtime of a job that was running negotiates nothing
+  // until every rank has said what it holds. The ranks' negotiation state is rebuilt from it: a
+  // rank that had not received the response lists another one executed gets them (from the lists
+  // the others retained), then every rank gets the first list of cache generation `generation`
+  // (> 0), which makes it send every request not yet answered again, in full.
+  void BeginRestore(uint64_t generation);
+  bool restoring() const;
+  uint64_t cache_generation() const;
+  // What a rank holds (its resume); a later call for the same rank replaces it.
+  void Gather(int32_t rank, uint64_t last_response_seq, uint64_t last_request_seq,
+              std::vector<std::shared_ptr<CycleBroadcast>> retained);
+  // A rank whose worker reattached without it (its process is ending): it negotiates nothing more.
+  void Absent(int32_t rank);
+  // The ranks not heard from yet.
+  std::vector<int32_t> Ungathered() const;
+  // Ends the restore (the ranks not gathered, which have exited, and absent ones get nothing):
+  // under mu_, hands
+  // each gathered rank the lists it lacks and the new generation's first list (`deliver`), then
+  // says which request batch the runtime has of it (`resumed`). True when it ended the restore
+  // now, false when it had ended already. FAILED_PRECONDITION, naming the rank and the list, when
+  // a rank lacks a list no rank retained (the job cannot resume).
+  absl::StatusOr<bool> EndRestore(
+      absl::FunctionRef<void(int32_t, const std::shared_ptr<CycleBroadcast>&)> deliver,
+      absl::FunctionRef<void(int32_t, uint64_t)> resumed);
   // Every this many cycles, a response list carries the request acknowledgements.
   static constexpr uint64_t kAckEvery = 16;
 
@@ -157,6 +189,16 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   uint64_t last_cycle_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t dropped_through_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> acked_cycles_ ABSL_GUARDED_BY(mu_);  // by rank
+  // Restoring: what each rank said it holds (by rank; unset until it resumed).
+  struct Gathered {
+    uint64_t last_response_seq = 0;
+    uint64_t last_request_seq = 0;
+    std::vector<std::shared_ptr<CycleBroadcast>> retained;
+    bool absent = false;
+  };
+  bool restoring_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::optional<Gathered>> gathered_ ABSL_GUARDED_BY(mu_);
   void ForgetAcknowledged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Held while a batch is checked and submitted, so a rank's batches (an old session's and the
   // new one's may overlap for a moment) are deduplicated and negotiated in order.

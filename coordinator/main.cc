@@ -28,6 +28,9 @@ ABSL_FLAG(double, heartbeat_interval_seconds, 2, "how often workers are told to 
 ABSL_FLAG(absl::Duration, start_timeout, absl::Minutes(5),
           "a job whose ranks have not all started this long after it was placed fails, naming "
           "them (e.g. 30s, 5m)");
+ABSL_FLAG(absl::Duration, resume_timeout, absl::Minutes(1),
+          "after a restart with --state-dir, how long a job that was running waits for its ranks' "
+          "daemons to reattach; a rank not back by then fails the job, named");
 ABSL_FLAG(
     std::string, artifacts_dir, "",
     "where jobs' timelines and autotune logs are kept, as DIR/JOB_ID/NAME (empty: "
@@ -78,6 +81,11 @@ int main(int argc, char** argv) {
   options.start_timeout = absl::GetFlag(FLAGS_start_timeout);
   if (options.start_timeout <= absl::ZeroDuration()) {
     std::fprintf(stderr, "ringmaster-coordinator: --start-timeout must be positive\n");
+    return 2;
+  }
+  options.resume_timeout = absl::GetFlag(FLAGS_resume_timeout);
+  if (options.resume_timeout <= absl::ZeroDuration()) {
+    std::fprintf(stderr, "ringmaster-coordinator: --resume-timeout must be positive\n");
     return 2;
   }
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);

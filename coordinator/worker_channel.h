@@ -21,8 +21,12 @@ struct CycleBroadcast {
   int64_t fusion_threshold_bytes = 0;
   double cycle_time_ms = 0;
   uint64_t seq = 0;  // the job epoch's cycle number, from 1
-  // Every few cycles: the last request batch the coordinator has of each rank (by rank).
+  // Every few cycles: the last request batch the coordinator has of each rank (by rank), and the
+  // last cycle every rank acknowledged.
   std::vector<uint64_t> request_acks;
+  uint64_t all_have = 0;
+  // 0 for a job this coordinator started; new after a restart (ResponseList.cache_generation).
+  uint64_t cache_generation = 0;
 
   absl::Mutex mu;
   std::shared_ptr<const void> encoded ABSL_GUARDED_BY(mu);

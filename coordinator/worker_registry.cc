@@ -1,5 +1,7 @@
 #include "coordinator/worker_registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -96,6 +98,7 @@ absl::Status WorkerRegistry::SetConnected(const std::string& id, bool connected)
   if (connected) {
     w.last_heartbeat = clock_->Now();
     w.disconnected_since = absl::InfiniteFuture();
+    w.restored_until = absl::InfinitePast();
   } else if (w.connected) {
     w.disconnected_since = clock_->Now();
   }
@@ -147,13 +150,43 @@ void WorkerRegistry::Release(const std::string& id) {
   it->second.rank = -1;
 }
 
+absl::Status WorkerRegistry::Restore(const std::string& id, std::string host, std::string device,
+                                     const std::string& job_id, int32_t rank, absl::Time until) {
+  absl::MutexLock lock(&mu_);
+  if (workers_.contains(id)) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", id, " is known already"));
+  }
+  Worker w;
+  w.id = id;
+  w.host = std::move(host);
+  w.device = std::move(device);
+  w.state = WorkerState::kBusy;
+  w.job_id = job_id;
+  w.rank = rank;
+  w.last_heartbeat = clock_->Now();
+  w.disconnected_since = clock_->Now();
+  w.restored_until = until;
+  workers_[id] = std::move(w);
+  return absl::OkStatus();
+}
+
+void WorkerRegistry::ReserveId(const std::string& id) {
+  int64_t number = 0;
+  if (!absl::StartsWith(id, "worker-") || !absl::SimpleAtoi(id.substr(7), &number)) return;
+  absl::MutexLock lock(&mu_);
+  next_id_ = std::max(next_id_, number + 1);
+}
+
 std::vector<Worker> WorkerRegistry::ExpireLeases() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   std::vector<Worker> lost;
   for (auto& [id, w] : workers_) {
     if (w.state == WorkerState::kLost) continue;
-    if (now - w.last_heartbeat >= lease_) {
+    if (!w.connected && now < w.restored_until) continue;  // its daemon is still reattaching
+    if (!w.connected && w.restored_until != absl::InfinitePast()) {
+      w.lost_reason = "it did not reconnect after the coordinator restarted";
+    } else if (now - w.last_heartbeat >= lease_) {
       w.lost_reason = absl::StrCat("no heartbeat for ", absl::FormatDuration(lease_));
     } else if (w.state == WorkerState::kBusy && !w.connected &&
                now - w.disconnected_since >= reconnect_grace_) {

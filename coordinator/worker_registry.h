@@ -34,6 +34,8 @@ struct Worker {
   int32_t rank = -1;
   absl::Time disconnected_since = absl::InfiniteFuture();  // while not connected
   std::string lost_reason;                                 // set by ExpireLeases()
+  // Restored after a coordinator restart and not connected since: it is not lost before this.
+  absl::Time restored_until = absl::InfinitePast();
 };
 
 absl::string_view WorkerStateName(WorkerState state);  // "IDLE", "BUSY", "LOST"
@@ -69,6 +71,14 @@ class WorkerRegistry {
                       const std::vector<int32_t>& ranks);
   // Returns a busy worker to idle (no-op for a lost or unknown one).
   void Release(const std::string& id);
+
+  // After a coordinator restart: a worker that served rank `rank` of running job `job_id`, known
+  // again (busy, not connected) so that its daemon's session reattaches; it is lost unless it
+  // connects by `until`. FAILED_PRECONDITION when the id is known already.
+  absl::Status Restore(const std::string& id, std::string host, std::string device,
+                       const std::string& job_id, int32_t rank, absl::Time until);
+  // New workers are numbered after `id` ("worker-NNNNNN"; others are ignored): no id is used twice.
+  void ReserveId(const std::string& id);
 
   // Marks as lost every worker whose last heartbeat is older than the lease, and every busy worker
   // disconnected for longer than the reconnect grace; returns them as they were (with the job they

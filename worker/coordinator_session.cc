@@ -37,7 +37,8 @@ int64_t MonotonicNanos() {
 CoordinatorSession::CoordinatorSession(std::shared_ptr<grpc::Channel> channel,
                                        v1::RegisterWorkerRequest registration, Listener* listener,
                                        absl::Duration write_timeout)
-    : stub_(v1::WorkerService::NewStub(std::move(channel))),
+    : channel_(channel),
+      stub_(v1::WorkerService::NewStub(std::move(channel))),
       registration_(std::move(registration)),
       listener_(listener),
       write_timeout_(write_timeout),
@@ -208,6 +209,19 @@ grpc::Status CoordinatorSession::RunSession(bool* accepted) {
   return status;
 }
 
+void CoordinatorSession::AwaitCoordinator(absl::Duration d) {
+  if (channel_->GetState(false) == GRPC_CHANNEL_READY) {
+    // The coordinator is there, and ended the session (or refused it): the backoff it is.
+    SleepUnless(stopping_, d);
+    return;
+  }
+  const absl::Time end = absl::Now() + d;
+  while (!stopping_ && absl::Now() < end) {
+    const absl::Time slice = std::min(end, absl::Now() + absl::Milliseconds(100));
+    if (channel_->WaitForConnected(absl::ToChronoTime(slice))) return;
+  }
+}
+
 void CoordinatorSession::Run() {
   absl::Duration backoff = absl::Milliseconds(100);
   while (!stopping_) {
@@ -226,7 +240,7 @@ void CoordinatorSession::Run() {
           listener_->OnSessionLost(FromGrpc(s), true);
           return;
         }
-        SleepUnless(stopping_, backoff);
+        AwaitCoordinator(backoff);
         backoff = std::min(backoff * 2, absl::Seconds(5));
         continue;
       }
@@ -251,7 +265,7 @@ void CoordinatorSession::Run() {
     // often it happens: a busy worker must be back within the coordinator's reconnect grace. The
     // backoff grows only while the coordinator cannot be reached.
     if (accepted) backoff = absl::Milliseconds(100);
-    SleepUnless(stopping_, backoff);
+    AwaitCoordinator(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }
 }

@@ -58,10 +58,14 @@ class CoordinatorSession {
 
  private:
   void Run();
+  // Waits up to `d` for the channel to connect (returning as soon as it does: a coordinator back
+  // after a restart is reached at once, not after the rest of the backoff), or until Stop().
+  void AwaitCoordinator(absl::Duration d);
   // One session: open, read until it ends. Returns the final status; `accepted` says whether the
   // coordinator took it (answered the open).
   grpc::Status RunSession(bool* accepted);
 
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   const v1::RegisterWorkerRequest registration_;
   Listener* const listener_;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/tensor.h"
 #include "spdlog/spdlog.h"
@@ -30,10 +31,10 @@ Engine::Engine(EngineOptions options)
     : options_(std::move(options)),
       metrics_(options_.metrics != nullptr ? options_.metrics : &own_metrics_),
       record_(options_.metrics != nullptr),
-      executor_(options_.executor.get()),
       labels_({{"job", options_.job_id},
                {"rank", absl::StrCat(options_.rank)},
                {"host", options_.host}}),
+      executor_(options_.executor.get()),
       cycle_time_(options_.cycle_time) {
   const char* ops[] = {"allreduce", "broadcast", "allgather", "barrier"};
   for (int i = 0; i < 4; ++i) {
@@ -226,6 +227,7 @@ void Engine::SendBatch(const std::vector<v1::TensorRequest>& requests) {
   b->set_job_id(options_.job_id);
   b->set_epoch(options_.epoch);
   b->set_rank(options_.rank);
+  b->set_cache_generation(generation_);
   for (const v1::TensorRequest& r : requests) {
     if (uint32_t id = cache_.Find(r); id != 0) {
       b->add_cached_ids(id);
@@ -261,7 +263,29 @@ void Engine::Complete(Op* op, const absl::Status& status, v1::LocalCompletion co
   delete op;
 }
 
+void Engine::Renegotiate(uint64_t generation) {
+  cache_ = WorkerCache();
+  generation_ = generation;
+  absl::MutexLock lock(&mu_);
+  absl::flat_hash_set<std::string> unsent;
+  for (const v1::TensorRequest& r : unsent_) unsent.insert(r.name());
+  // In the order the training process enqueued them.
+  std::vector<const Op*> again;
+  for (const auto& [name, op] : ops_) {
+    if (!unsent.contains(name)) again.push_back(op.get());
+  }
+  std::sort(again.begin(), again.end(),
+            [](const Op* a, const Op* b) { return a->enqueue.handle() < b->enqueue.handle(); });
+  std::vector<v1::TensorRequest> requests;
+  for (const Op* op : again) requests.push_back(op->enqueue.request());
+  unsent_.insert(unsent_.begin(), requests.begin(), requests.end());
+  last_sent_ = absl::InfinitePast();  // at once
+  spdlog::info("job {} {}: negotiation resumed (cache generation {}); {} requests sent again",
+               options_.job_id, RankName(), generation, requests.size());
+}
+
 void Engine::Process(v1::ResponseList& list, absl::Time arrived) {
+  if (list.cache_generation() != generation_) Renegotiate(list.cache_generation());
   fusion_threshold_ = list.fusion_threshold_bytes();
   if (list.cycle_time_ms() > 0) {
     absl::MutexLock lock(&mu_);
@@ -282,6 +306,7 @@ void Engine::Process(v1::ResponseList& list, absl::Time arrived) {
     b->set_job_id(options_.job_id);
     b->set_epoch(options_.epoch);
     b->set_rank(options_.rank);
+    b->set_cache_generation(generation_);
     for (uint32_t id : list.resend_ids()) {
       if (std::optional<v1::TensorRequest> r = cache_.TakeForResend(id)) *b->add_requests() = *r;
     }

@@ -4,6 +4,10 @@
 // CPU, NCCL on a GPU), then completes each operation. Errors reach exactly the operations
 // concerned.
 //
+// A response list of a new cache generation (a restarted coordinator resumed the job) makes the
+// engine forget its response cache and send every request not yet answered again, in full: the new
+// coordinator negotiates from scratch what the ranks still wait for.
+//
 // Thread-safe: Enqueue/OnResponses/Abort may be called from any thread; one engine thread owns the
 // executor and executes collectives with mu_ released.
 #pragma once
@@ -93,6 +97,8 @@ class Engine {
   void Loop();
   void SendBatch(const std::vector<v1::TensorRequest>& requests);
   void Process(v1::ResponseList& list, absl::Time arrived);
+  // A list of a new cache generation: forget the cache, queue every unanswered request again.
+  void Renegotiate(uint64_t generation);
   void Execute(const v1::Response& response, const std::vector<std::string>& names,
                ExecutionTrace& trace);
   // The response as the executor runs it, on this rank's tensors (nullptr: this rank has none).
@@ -129,6 +135,7 @@ class Engine {
   bool executor_ready_ = false;   // engine thread only
   int64_t fusion_threshold_ = 0;  // engine thread only: as the last response list said
   WorkerCache cache_;             // engine thread only
+  uint64_t generation_ = 0;       // engine thread only: the cache's generation
 
   bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
 

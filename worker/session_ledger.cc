@@ -21,12 +21,15 @@ bool SessionLedger::Prepare(v1::WorkerMessage& m) {
 void SessionLedger::Lost() {
   absl::MutexLock lock(&mu_);
   resuming_ = true;
+  held_.clear();
 }
 
 void SessionLedger::FillResume(v1::RankResume* resume) const {
   absl::MutexLock lock(&mu_);
   resume->set_rank(rank_);
   resume->set_last_response_seq(applied_);
+  resume->set_last_request_seq(next_seq_ - 1);
+  for (const v1::ResponseList& list : retained_) *resume->add_retained() = list;
 }
 
 std::vector<v1::WorkerMessage> SessionLedger::Resumed(uint64_t last_request_seq) {
@@ -44,6 +47,7 @@ std::vector<v1::ResponseList> SessionLedger::Accept(v1::ResponseList list) {
   if (static_cast<size_t>(rank_) < static_cast<size_t>(list.request_acks_size())) {
     ForgetThrough(list.request_acks(rank_));
   }
+  ForgetRetainedThrough(list.all_have());
   std::vector<v1::ResponseList> out;
   if (list.seq() == 0) {  // unnumbered: applied as it comes
     out.push_back(std::move(list));
@@ -57,11 +61,37 @@ std::vector<v1::ResponseList> SessionLedger::Accept(v1::ResponseList list) {
   }
   held_.emplace(list.seq(), std::move(list));
   while (!held_.empty() && held_.begin()->first == applied_ + 1) {
+    Retain(held_.begin()->second);
     out.push_back(std::move(held_.begin()->second));
     held_.erase(held_.begin());
     ++applied_;
   }
   return out;
+}
+
+void SessionLedger::Retain(const v1::ResponseList& list) {
+  v1::ResponseList& kept = retained_.emplace_back(list);
+  // What every rank executes, without what this rank alone was told.
+  kept.clear_resend_ids();
+  kept.clear_rank_errors();
+  retained_bytes_ += kept.ByteSizeLong();
+  while (retained_.size() > kMaxRetained ||
+         (retained_bytes_ > kMaxRetainedBytes && retained_.size() > 1)) {
+    retained_bytes_ -= retained_.front().ByteSizeLong();
+    retained_.pop_front();
+  }
+}
+
+void SessionLedger::ForgetRetainedThrough(uint64_t seq) {
+  while (!retained_.empty() && retained_.front().seq() <= seq) {
+    retained_bytes_ -= retained_.front().ByteSizeLong();
+    retained_.pop_front();
+  }
+}
+
+size_t SessionLedger::retained() const {
+  absl::MutexLock lock(&mu_);
+  return retained_.size();
 }
 
 uint64_t SessionLedger::last_response_seq() const {

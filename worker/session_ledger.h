@@ -5,6 +5,11 @@
 // again, in order, and the rank goes on. The coordinator re-sends the lists the rank lacks; one
 // that arrives before the re-sent ones is held until they have come.
 //
+// For a coordinator that restarts (and so has no cycles kept), the ledger also retains the lists
+// this rank applied that not every rank is known to have (ResponseList.all_have), and says in its
+// resume which batch it numbered last: the new coordinator gives a rank that lags the lists the
+// others executed, then starts a new response-cache generation (the engine's part).
+//
 // Thread-safe: the engine's thread sends batches, the session thread delivers lists and resumes.
 #pragma once
 
@@ -25,13 +30,19 @@ class SessionLedger {
   // every few cycles, so only a coordinator gone for long gets there), and lists held out of order.
   static constexpr size_t kMaxKept = 4096;
   static constexpr size_t kMaxHeld = 4096;
+  // Lists retained for a coordinator restart, at most (the oldest are forgotten beyond: every rank
+  // acknowledges lists every few cycles, so only a rank far behind the others gets there).
+  static constexpr size_t kMaxRetained = 1024;
+  static constexpr size_t kMaxRetainedBytes = size_t{8} << 20;
 
   explicit SessionLedger(int rank) : rank_(rank) {}
 
   // Numbers `m` (a request batch), records what this rank has received, keeps a copy. Returns
   // whether to send it now (false while the session resumes: it goes out with the re-sent ones).
   bool Prepare(v1::WorkerMessage& m);
-  // The session broke (or a send failed): hold new batches until the next session resumes.
+  // The session broke (or a send failed): hold new batches until the next session resumes. Lists
+  // held out of order are dropped: the coordinator re-sends every list after the last one applied
+  // (and a restarted one must not see a list that no rank applied).
   void Lost();
   // What to tell the coordinator when the session opens again.
   void FillResume(v1::RankResume* resume) const;
@@ -43,6 +54,7 @@ class SessionLedger {
 
   uint64_t last_response_seq() const;
   size_t kept() const;
+  size_t retained() const;
 
  private:
   void ForgetThrough(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -54,6 +66,12 @@ class SessionLedger {
   bool resuming_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;                       // last list applied in order
   std::map<uint64_t, v1::ResponseList> held_ ABSL_GUARDED_BY(mu_);  // arrived early
+  // Applied and not known to be everyone's, oldest first (without this rank's own part), and
+  // their encoded size.
+  std::deque<v1::ResponseList> retained_ ABSL_GUARDED_BY(mu_);
+  size_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  void Retain(const v1::ResponseList& list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetRetainedThrough(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace ringmaster

@@ -271,6 +271,7 @@ void FromProto(const v1::RequestBatch& in, RequestBatch* out) {
   out->cached_ids.assign(in.cached_ids().begin(), in.cached_ids().end());
   out->seq = in.seq();
   out->ack_responses = in.ack_responses();
+  out->cache_generation = in.cache_generation();
 }
 
 absl::Status FromProto(const v1::RankUpdate& in, RankUpdate* out) {
@@ -362,6 +363,38 @@ void ToProto(const CycleBroadcast& in, v1::ResponseList* out) {
   out->set_cycle_time_ms(in.cycle_time_ms);
   out->set_seq(in.seq);
   for (uint64_t ack : in.request_acks) out->add_request_acks(ack);
+  out->set_all_have(in.all_have);
+  out->set_cache_generation(in.cache_generation);
+}
+
+absl::StatusOr<std::shared_ptr<CycleBroadcast>> CycleFromProto(const v1::ResponseList& in,
+                                                               const std::string& job_id, int np) {
+  if (in.job_id() != job_id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retained.job_id '", in.job_id(), "' is not the resumed job '", job_id, "'"));
+  }
+  if (in.seq() == 0) return absl::InvalidArgumentError("retained.seq must be > 0");
+  auto out = std::make_shared<CycleBroadcast>();
+  out->job_id = in.job_id();
+  for (const v1::CacheAssignment& a : in.cache_assignments()) {
+    out->output.cache_assignments.push_back({a.name(), a.id()});
+  }
+  out->output.evicted_ids.assign(in.evicted_ids().begin(), in.evicted_ids().end());
+  for (const v1::Response& r : in.responses()) {
+    if (r.type() <= v1::Response::TYPE_UNSPECIFIED || r.type() > v1::Response::TYPE_ERROR) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("retained.responses.type = ", static_cast<int>(r.type()), " is unknown"));
+    }
+    FromProto(r, &out->output.responses.emplace_back());
+  }
+  out->output.notices.resize(static_cast<size_t>(np));
+  out->fusion_threshold_bytes = in.fusion_threshold_bytes();
+  out->cycle_time_ms = in.cycle_time_ms();
+  out->seq = in.seq();
+  out->request_acks.assign(in.request_acks().begin(), in.request_acks().end());
+  out->all_have = in.all_have();
+  out->cache_generation = in.cache_generation();
+  return out;
 }
 
 void ToProto(const RankNotice& in, v1::ResponseList* out) {

@@ -3,7 +3,11 @@
 // sources.
 #pragma once
 
+#include <memory>
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/job.h"
 #include "coordinator/log_store.h"
@@ -43,5 +47,9 @@ void ToProto(const CycleBroadcast& in, v1::ResponseList* out);
 void ToProto(const RankNotice& in, v1::ResponseList* out);
 void ToProto(const Response& in, v1::Response* out);
 void FromProto(const v1::Response& in, Response* out);
+// A list a worker retained (RankResume.retained), as the cycle it was: INVALID_ARGUMENT naming the
+// field for one of another job, unnumbered, or with an unknown response type.
+absl::StatusOr<std::shared_ptr<CycleBroadcast>> CycleFromProto(const v1::ResponseList& in,
+                                                               const std::string& job_id, int np);
 
 }  // namespace ringmaster

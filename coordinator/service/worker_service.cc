@@ -12,8 +12,10 @@
 
 namespace ringmaster {
 
-// What a reconnecting worker may say it has (SessionOpen.resume).
+// What a reconnecting worker may say it has (SessionOpen.resume), and the lists it may have
+// retained per rank (RankResume.retained; the worker keeps at most 1024).
 constexpr int kMaxResumeEntries = 4;
+constexpr int kMaxRetainedLists = 1024;
 namespace {
 
 using Outbound = std::shared_ptr<const v1::CoordinatorMessage>;
@@ -138,7 +140,25 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
       Enqueue(std::move(accepted));
       std::vector<RankResume> resume;
       for (const v1::RankResume& r : m.open().resume()) {
-        resume.push_back({r.job_id(), r.epoch(), r.rank(), r.last_response_seq()});
+        if (r.retained_size() > kMaxRetainedLists) {
+          return absl::InvalidArgumentError(absl::StrCat("open.resume.retained has ",
+                                                         r.retained_size(), " lists; at most ",
+                                                         kMaxRetainedLists));
+        }
+        RankResume& out = resume.emplace_back();
+        out.job_id = r.job_id();
+        out.epoch = r.epoch();
+        out.rank = r.rank();
+        out.last_response_seq = r.last_response_seq();
+        out.last_request_seq = r.last_request_seq();
+        const int np = coordinator_.RanksOf(r.job_id());
+        for (const v1::ResponseList& list : r.retained()) {
+          if (np <= 0) break;  // not a job the coordinator runs: nothing to restore
+          absl::StatusOr<std::shared_ptr<CycleBroadcast>> cycle =
+              CycleFromProto(list, r.job_id(), np);
+          if (!cycle.ok()) return cycle.status();
+          out.retained.push_back(*std::move(cycle));
+        }
       }
       // After `accepted`: the lists re-sent, then `resumed`.
       coordinator_.ResumeRanks(worker_id_, this, resume);

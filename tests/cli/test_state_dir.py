@@ -1,6 +1,7 @@
 """The durable job store (ringmaster-coordinator --state-dir), with real processes on loopback: jobs,
 their states, reasons and events survive a kill -9 of the coordinator; job ids are never reused; a
-job that was pending is placed after the restart; one that was running fails saying why.
+job that was pending is placed after the restart; one that was running goes on running (its daemon
+reattaches; tests/cli/test_coordinator_restart.py checks a training job in depth).
 
 Run by ctest (label `cli`) with /usr/bin/python3 -m pytest; helpers from test_first_hour.py."""
 import os
@@ -40,15 +41,19 @@ def test_jobs_survive_a_coordinator_kill_and_ids_are_never_reused(cluster, tmp_p
     assert first["state"] == "JOB_STATE_SUCCEEDED"
     assert first["spec"]["name"] == "first"
     assert first["reason"] == "all 1 ranks exited 0"
-    was_running = cluster.job(c2, running)
-    assert was_running["state"] == "JOB_STATE_FAILED"
-    assert was_running["reason"] == ("the coordinator restarted while the job was RUNNING (a "
-                                     "restarted coordinator does not resume running jobs yet)")
+    # The running job's daemon kept its process and reattaches: the job runs on.
+    was_running = wait_for(lambda: (lambda j: j if any(
+        e["message"].startswith("resumed after the coordinator restart") for e in j["events"])
+        else None)(cluster.job(c2, running)), 20, "the running job to resume")
+    assert was_running["state"] == "JOB_STATE_RUNNING"
+    assert was_running["ranks"][0]["state"] == "RANK_STATE_STARTED"
     assert cluster.job(c2, pending)["state"] == "JOB_STATE_PENDING"
     # The counter goes on: no id is used twice (a reused id would wipe the old job's artifacts).
     after = submit(cluster, c2, "--np", "1", "--", "true")
     assert after == "job-000004"
-    # The pending job is placed once two workers are there (the old one registers again).
+    # The pending job is placed once two workers are free: the old one, once the running job is
+    # cancelled, and a new one.
+    assert cluster.cli(c2, "cancel", running).returncode == 0
     cluster.worker(c2, host="h1")
     assert cluster.wait_state(c2, pending, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 60)["state"] == "JOB_STATE_SUCCEEDED"
     assert cluster.wait_state(c2, after, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 60)["state"] == "JOB_STATE_SUCCEEDED"

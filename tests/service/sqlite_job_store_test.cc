@@ -119,19 +119,23 @@ TEST_F(SqliteJobStoreTest, TheDatabaseIsInWalMode) {
   sqlite3_close(db);
 }
 
-TEST_F(SqliteJobStoreTest, ARegistryOverItNumbersOnAndFailsTheJobsThatWereRunning) {
+TEST_F(SqliteJobStoreTest, ARegistryOverItNumbersOnAndKeepsTheJobsThatWereRunning) {
   FakeClock clock;
+  const Job running = Running();
   {
     std::unique_ptr<JobStore> store = Open();
-    ASSERT_TRUE(store->Put(Running()).ok());
+    ASSERT_TRUE(store->Put(running).ok());
   }
   JobRegistry registry(Open(), &clock);
   absl::StatusOr<Job> was = registry.Get("job-000007");
   ASSERT_TRUE(was.ok());
-  EXPECT_EQ(was->state, JobState::kFailed);
-  EXPECT_EQ(was->reason,
-            "the coordinator restarted while the job was RUNNING (a restarted coordinator does not "
-            "resume running jobs yet)");
+  // As it was: the coordinator resumes it (its ranks' daemons reattach).
+  EXPECT_EQ(was->state, JobState::kRunning);
+  ASSERT_EQ(was->ranks.size(), running.ranks.size());
+  for (size_t i = 0; i < running.ranks.size(); ++i) {
+    EXPECT_EQ(was->ranks[i].worker_id, running.ranks[i].worker_id);
+    EXPECT_EQ(was->ranks[i].state, running.ranks[i].state);
+  }
   JobSpec spec;
   spec.name = "next";
   spec.np = 1;

@@ -236,6 +236,51 @@ TEST_F(EngineTest, CachedTensorsTravelByIdAndResponsesByIdFindThem) {
   EXPECT_THAT(Batches(4), ElementsAre("w|", "|#9", "|#9", "w|"));
 }
 
+TEST_F(EngineTest, ANewCacheGenerationSendsEveryUnansweredRequestAgainInFull) {
+  Start(/*cycle=*/absl::Milliseconds(1));
+  Enqueue(1, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  EXPECT_THAT(Batches(1), ElementsAre("w|"));
+  v1::ResponseList list;
+  v1::CacheAssignment* assigned = list.add_cache_assignments();
+  assigned->set_name("w");
+  assigned->set_id(9);
+  *list.add_responses() = Allreduce({"w"}, {4});
+  engine_->OnResponses(list);
+  EXPECT_EQ(WaitFor(1).code(), 0);
+  // Two requests out (one by its cache id), unanswered when the coordinator restarts.
+  clock_.Advance(absl::Milliseconds(1));
+  Enqueue(2, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  Enqueue(3, "v", v1::REQUEST_TYPE_ALLREDUCE, {4}, 64);
+  EXPECT_THAT(Batches(2), ElementsAre("w|", "v|#9"));
+  {
+    absl::MutexLock lock(&mu_);
+    for (const v1::WorkerMessage& m : sent_) {
+      if (m.has_requests()) EXPECT_EQ(m.requests().cache_generation(), 0u);
+    }
+  }
+  // The restarted coordinator's first list: a new generation, nothing else. Both go again, in
+  // full (the old cache ids mean nothing to it), in the order they were enqueued, and say so.
+  v1::ResponseList first;
+  first.set_cache_generation(77);
+  engine_->OnResponses(first);
+  EXPECT_THAT(Batches(3), ElementsAre("w|", "v|#9", "w,v|"));
+  {
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(sent_.back().requests().cache_generation(), 77u);
+  }
+  // Answered in the new generation, they complete.
+  v1::ResponseList answer;
+  answer.set_cache_generation(77);
+  *answer.add_responses() = Allreduce({"w", "v"}, {4, 4});
+  engine_->OnResponses(answer);
+  EXPECT_EQ(WaitFor(2).code(), 0);
+  EXPECT_EQ(WaitFor(3).code(), 0);
+  // The old id is gone with the old cache: the next request of w goes in full.
+  clock_.Advance(absl::Milliseconds(1));
+  Enqueue(4, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  EXPECT_THAT(Batches(4), ElementsAre("w|", "v|#9", "w,v|", "w|"));
+}
+
 TEST_F(EngineTest, ANegotiationErrorFailsExactlyTheTensorsItNames) {
   Start();
   Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);

@@ -87,5 +87,60 @@ TEST(SessionLedgerTest, ListsAreAppliedInOrderOnceEach) {
   EXPECT_THAT(Seqs(ledger.Accept(unnumbered)), ElementsAre(0));
 }
 
+TEST(SessionLedgerTest, ListsAppliedAreRetainedUntilEveryRankHasThemAndGoInTheResume) {
+  SessionLedger ledger(/*rank=*/1);
+  v1::WorkerMessage a = Batch("a"), b = Batch("b");
+  ASSERT_TRUE(ledger.Prepare(a));
+  ASSERT_TRUE(ledger.Prepare(b));
+  v1::ResponseList one = List(1);
+  one.add_resend_ids(5);  // this rank's own part: not what the others would be given
+  ledger.Accept(one);
+  ledger.Accept(List(2));
+  ledger.Accept(List(3));
+  EXPECT_EQ(ledger.retained(), 3u);
+  // Every rank has list 2 (said with the acknowledgements): only list 3 is kept.
+  v1::ResponseList four = List(4);
+  four.set_all_have(2);
+  ledger.Accept(four);
+  v1::RankResume resume;
+  ledger.FillResume(&resume);
+  EXPECT_EQ(resume.rank(), 1);
+  EXPECT_EQ(resume.last_response_seq(), 4u);
+  EXPECT_EQ(resume.last_request_seq(), 2u);  // the last batch numbered
+  std::vector<uint64_t> kept;
+  for (const v1::ResponseList& l : resume.retained()) kept.push_back(l.seq());
+  EXPECT_THAT(kept, ElementsAre(3, 4));
+  // Retained lists carry nothing of this rank alone.
+  ledger.Accept(List(5));
+  v1::ResponseList six = List(6);
+  six.add_resend_ids(9);
+  ledger.Accept(six);
+  v1::RankResume again;
+  ledger.FillResume(&again);
+  ASSERT_EQ(again.retained_size(), 4);
+  EXPECT_EQ(again.retained(3).seq(), 6u);
+  EXPECT_EQ(again.retained(3).resend_ids_size(), 0);
+}
+
+TEST(SessionLedgerTest, RetainedListsAreBoundedOldestFirst) {
+  SessionLedger ledger(0);
+  for (uint64_t seq = 1; seq <= SessionLedger::kMaxRetained + 10; ++seq) ledger.Accept(List(seq));
+  EXPECT_EQ(ledger.retained(), SessionLedger::kMaxRetained);
+  v1::RankResume resume;
+  ledger.FillResume(&resume);
+  EXPECT_EQ(resume.retained(0).seq(), 11u);
+}
+
+TEST(SessionLedgerTest, ALostSessionDropsListsHeldOutOfOrder) {
+  SessionLedger ledger(0);
+  ledger.Accept(List(1));
+  EXPECT_THAT(Seqs(ledger.Accept(List(3))), IsEmpty());  // held: 2 has not come
+  ledger.Lost();
+  // The coordinator re-sends everything after 1; a restarted one numbers its own lists from the
+  // last one any rank applied, so a list held from before must not be applied in their place.
+  EXPECT_THAT(Seqs(ledger.Accept(List(2))), ElementsAre(2));
+  EXPECT_THAT(Seqs(ledger.Accept(List(3))), ElementsAre(3));
+}
+
 }  // namespace
 }  // namespace ringmaster

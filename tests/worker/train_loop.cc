@@ -1,9 +1,14 @@
-// A stand-in training loop for failure tests: allreduces a 1 MiB gradient every 20 ms for
-// --steps steps (default: forever), printing "step N" every 10 steps. On an error it prints it and
-// exits 1.
+// A stand-in training loop for failure tests: each step allreduces (sums) a 1 MiB gradient and two
+// small bias tensors, then sleeps 20 ms, for STEPS steps (default: forever), printing "step N"
+// every 10 steps. Every result is checked exactly (each rank contributes rank + 1 + step % 5 in
+// every element); on an error or a wrong value it prints it and exits 1. At the end it prints
+// "rank R: N steps, every result exact" (N as run: a step lost or repeated would be seen there).
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -17,18 +22,44 @@ int main(int argc, char** argv) {
     return 1;
   }
   ringmaster::Client& c = **client;
-  const int64_t n = 1 << 18;
-  float* grad = static_cast<float*>(c.Allocate(n * sizeof(float)));
+  const std::vector<int64_t> sizes = {1 << 18, 1000, 3};
+  const std::vector<std::string> names = {"grad", "bias.0", "bias.1"};
+  std::vector<float*> data;
+  for (int64_t n : sizes) data.push_back(static_cast<float*>(c.Allocate(n * sizeof(float))));
   std::printf("rank %d pid %d ready\n", c.rank(), static_cast<int>(getpid()));
   std::fflush(stdout);
-  for (long step = 0; steps < 0 || step < steps; ++step) {
-    for (int64_t i = 0; i < n; ++i) grad[i] = 1;
-    auto h = c.AllreduceAsync("grad", grad, ringmaster::DataType::kFloat32, {n});
-    absl::Status s = h.ok() ? c.Wait(*h, absl::Seconds(60)) : h.status();
+  const int np = c.size();
+  long step = 0;
+  for (; steps < 0 || step < steps; ++step) {
+    const float mine = static_cast<float>(c.rank() + 1 + step % 5);
+    const float want = static_cast<float>(np * (np + 1) / 2 + np * (step % 5));
+    std::vector<ringmaster::Handle> handles;
+    absl::Status s;
+    for (size_t t = 0; t < sizes.size() && s.ok(); ++t) {
+      for (int64_t i = 0; i < sizes[t]; ++i) data[t][i] = mine;
+      auto h = c.AllreduceAsync(names[t], data[t], ringmaster::DataType::kFloat32, {sizes[t]},
+                                ringmaster::ReduceOp::kSum);
+      if (h.ok()) {
+        handles.push_back(*h);
+      } else {
+        s = h.status();
+      }
+    }
+    for (ringmaster::Handle h : handles) s.Update(c.Wait(h, absl::Seconds(60)));
     if (!s.ok()) {
       std::printf("rank %d step %ld: %s\n", c.rank(), step, s.ToString().c_str());
       std::fflush(stdout);
       return 1;
+    }
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      for (int64_t i = 0; i < sizes[t]; ++i) {
+        if (data[t][i] != want) {
+          std::printf("rank %d step %ld: %s[%ld] = %g, expected %g\n", c.rank(), step,
+                      names[t].c_str(), static_cast<long>(i), data[t][i], want);
+          std::fflush(stdout);
+          return 1;
+        }
+      }
     }
     if (step % 10 == 0) {
       std::printf("step %ld\n", step);
@@ -36,5 +67,6 @@ int main(int argc, char** argv) {
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
+  std::printf("rank %d: %ld steps, every result exact\n", c.rank(), step);
   return 0;
 }
