@@ -32,7 +32,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
       workers_(options.clock, options.lease, options.reconnect_grace),
       logs_(LogStoreOptions{.clock = options.clock,
                             .max_bytes_per_rank = options.log_bytes_per_rank,
-                            .max_total_bytes = options.log_bytes_total}),
+                            .max_total_bytes = options.log_bytes_total,
+                            .journal = std::move(options.log_journal)}),
       artifacts_(std::move(options.artifacts_dir)) {
   RegisterCollectors();
   RestoreJobs();

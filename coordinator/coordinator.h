@@ -78,6 +78,8 @@ struct CoordinatorOptions {
   // exited: when one rank fails, the others' last words (printed just before) may still be on their
   // way. Followers of the job's logs end after it.
   absl::Duration log_linger = absl::Seconds(2);
+  // Where the logs are also written, to survive a restart (null: memory alone).
+  std::unique_ptr<LogJournal> log_journal;
   // Where jobs' artifacts (timelines, autotune logs) are kept: <dir>/<job id>/<name>.
   std::string artifacts_dir = DefaultArtifactsDir(ArtifactsInstanceName(""));
 };
@@ -295,6 +297,8 @@ class Coordinator {
   // worker did not resume it).
   void GatherRank(const std::string& worker_id, JobRuntime& runtime, int32_t rank,
                   const RankResume* r);
+  // The job's event for its first negotiated cycle after the restore (bench/chaos.sh reads it).
+  void NoteFirstCycleAfterRestore(JobRuntime& runtime);
   // Fails the restoring jobs whose ranks did not all reattach within the resume timeout.
   void FailJobsThatDidNotResume(absl::Time now);
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

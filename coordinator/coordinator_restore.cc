@@ -26,6 +26,8 @@ void Coordinator::RestoreJobs() {
   // Worker ids are never used twice, even those of jobs long ended.
   for (const Job& job : all) {
     for (const RankInfo& r : job.ranks) workers_.ReserveId(r.worker_id);
+    // Their logs (from the journal) are complete: readers and followers see them end.
+    if (IsTerminal(job.state)) logs_.End(job.id);
   }
   for (const Job& job : all) {
     if (job.state != JobState::kStarting && job.state != JobState::kRunning) continue;
@@ -121,6 +123,17 @@ void Coordinator::TryEndRestore(const std::string& job_id) {
       runtime->cache_generation(), ")");
   spdlog::info("job {} {}", job_id, resumed);
   jobs_.AddEvent(job_id, resumed).IgnoreError();
+}
+
+void Coordinator::NoteFirstCycleAfterRestore(JobRuntime& runtime) {
+  std::optional<absl::Time> first = runtime.TakeFirstCycleAfterRestore();
+  if (!first.has_value()) return;
+  const std::string note =
+      absl::StrCat("negotiating again: the first cycle after the restart came ",
+                   absl::FormatDuration(absl::Trunc(*first - started_, absl::Milliseconds(1))),
+                   " after the coordinator started");
+  spdlog::info("job {}: {}", runtime.job_id(), note);
+  jobs_.AddEvent(runtime.job_id(), note).IgnoreError();
 }
 
 void Coordinator::FailJobsThatDidNotResume(absl::Time now) {

@@ -169,12 +169,15 @@ absl::Status Coordinator::SubmitRequests(const std::string& worker_id, RequestBa
 }
 
 void Coordinator::Flush(JobRuntime& runtime, absl::Time now) {
-  runtime.Flush(now, [this, &runtime](const std::shared_ptr<CycleBroadcast>& cycle) {
+  bool negotiated = false;
+  runtime.Flush(now, [this, &runtime, &negotiated](const std::shared_ptr<CycleBroadcast>& cycle) {
+    negotiated = !cycle->output.responses.empty();
     absl::MutexLock lock(&mu_);
     for (const RankInfo& r : runtime.ranks()) {
       if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendResponses(cycle, r.rank);
     }
   });
+  if (negotiated) NoteFirstCycleAfterRestore(runtime);  // a no-op but once after a restore
 }
 
 absl::Status Coordinator::RecordTimeline(const std::string& worker_id, const std::string& job_id,

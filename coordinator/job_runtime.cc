@@ -193,6 +193,14 @@ absl::Status JobRuntime::Resend(
   return absl::OkStatus();
 }
 
+std::optional<absl::Time> JobRuntime::TakeFirstCycleAfterRestore() {
+  if (first_cycle_taken_.exchange(true, std::memory_order_relaxed)) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  std::optional<absl::Time> out;
+  out.swap(first_cycle_);
+  return out;
+}
+
 void JobRuntime::BeginRestore(uint64_t generation) {
   absl::MutexLock lock(&mu_);
   restoring_ = true;
@@ -222,7 +230,9 @@ void JobRuntime::Absent(int32_t rank) {
   absl::MutexLock lock(&mu_);
   const size_t r = static_cast<size_t>(rank);
   if (!restoring_ || r >= gathered_.size()) return;
-  gathered_[r] = Gathered{.absent = true};
+  Gathered absent;
+  absent.absent = true;
+  gathered_[r] = std::move(absent);
 }
 
 std::vector<int32_t> JobRuntime::Ungathered() const {
@@ -292,6 +302,7 @@ absl::StatusOr<bool> JobRuntime::EndRestore(
     }
   }
   restoring_ = false;
+  awaiting_first_cycle_ = true;
   for (size_t r = 0; r < gathered_.size(); ++r) {
     if (!holds(r)) continue;
     for (const std::shared_ptr<CycleBroadcast>& cycle : kept_) {
@@ -333,6 +344,11 @@ void JobRuntime::Flush(absl::Time now,
     cycle->cycle_time_ms = absl::ToDoubleMilliseconds(negotiator_->cycle_time());
     cycle->seq = ++last_cycle_;
     cycle->cache_generation = generation_;
+    if (awaiting_first_cycle_.load(std::memory_order_relaxed) && !cycle->output.responses.empty()) {
+      awaiting_first_cycle_ = false;
+      first_cycle_ = now;
+      first_cycle_taken_ = false;
+    }
     if (cycle->seq % kAckEvery == 0) {
       cycle->request_acks = last_request_;
       cycle->all_have = *std::min_element(acked_cycles_.begin(), acked_cycles_.end());

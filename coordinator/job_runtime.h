@@ -10,6 +10,7 @@
 // file alone. The timeline has its own writer thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
@@ -101,6 +102,9 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   absl::StatusOr<bool> EndRestore(
       absl::FunctionRef<void(int32_t, const std::shared_ptr<CycleBroadcast>&)> deliver,
       absl::FunctionRef<void(int32_t, uint64_t)> resumed);
+  // When the first cycle with responses after the restore was negotiated, once (nullopt before
+  // it, and after it was taken).
+  std::optional<absl::Time> TakeFirstCycleAfterRestore();
   // Every this many cycles, a response list carries the request acknowledgements.
   static constexpr uint64_t kAckEvery = 16;
 
@@ -197,6 +201,11 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
     bool absent = false;
   };
   bool restoring_ ABSL_GUARDED_BY(mu_) = false;
+  // Set at the restore's end until its first cycle with responses (read without the lock first:
+  // Flush is the hot path).
+  std::atomic<bool> awaiting_first_cycle_{false};
+  std::atomic<bool> first_cycle_taken_{true};
+  std::optional<absl::Time> first_cycle_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::optional<Gathered>> gathered_ ABSL_GUARDED_BY(mu_);
   void ForgetAcknowledged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -13,7 +13,17 @@ namespace ringmaster {
 LogStore::LogStore(LogStoreOptions options)
     : clock_(options.clock),
       max_bytes_per_rank_(std::max<int64_t>(options.max_bytes_per_rank, kChunkOverheadBytes + 1)),
-      max_total_bytes_(options.max_total_bytes) {}
+      max_total_bytes_(options.max_total_bytes),
+      journal_(std::move(options.journal)) {
+  if (journal_ == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  journal_->Load([this](const std::string& job_id, JournalRecord r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    StoreLocked(job_id, LogLocked(job_id), r.rank, static_cast<OutputStream>(r.stream),
+                std::move(r.data), r.seq, r.time, /*journal=*/false);
+  });
+}
+
+LogStore::~LogStore() = default;
 
 LogStore::JobLog& LogStore::LogLocked(const std::string& job_id) { return jobs_[job_id]; }
 
@@ -35,30 +45,65 @@ absl::Status LogStore::Append(const std::string& job_id, int32_t rank, OutputStr
       return absl::FailedPreconditionError(
           absl::StrCat("job ", job_id, " has ended; output of rank ", rank, " is not accepted"));
     }
-    // A chunk larger than the whole bound keeps its tail: the last bytes are the ones that matter.
-    const int64_t room = max_bytes_per_rank_ - kChunkOverheadBytes;
-    if (static_cast<int64_t>(data.size()) > room) data.erase(0, data.size() - room);
-    RankLog& r = log.ranks[rank];
-    if (seq != 0) {
-      if (seq <= r.last_seq) return absl::OkStatus();  // re-sent after a reconnect: stored
-      r.last_seq = seq;
-    }
-    const int64_t cost = static_cast<int64_t>(data.size()) + kChunkOverheadBytes;
-    r.chunks.push_back(LogChunk{++log.head, rank, stream, std::move(data), clock_->Now()});
-    r.bytes += cost;
-    total_bytes_ += cost;
-    while (r.bytes > max_bytes_per_rank_) {
-      const int64_t dropped =
-          static_cast<int64_t>(r.chunks.front().data.size()) + kChunkOverheadBytes;
-      r.bytes -= dropped;
-      total_bytes_ -= dropped;
-      r.chunks.pop_front();
+    // Re-sent after a reconnect: stored already.
+    if (!StoreLocked(job_id, log, rank, stream, std::move(data), seq, clock_->Now(), true)) {
+      return absl::OkStatus();
     }
     EvictLocked();
     notify = SubscribersOf(log);
   }
   for (const auto& s : notify) (*s)();
   return absl::OkStatus();
+}
+
+bool LogStore::StoreLocked(const std::string& job_id, JobLog& log, int32_t rank,
+                           OutputStream stream, std::string data, uint64_t seq, absl::Time time,
+                           bool journal) {
+  // A chunk larger than the whole bound keeps its tail: the last bytes are the ones that matter.
+  const int64_t room = max_bytes_per_rank_ - kChunkOverheadBytes;
+  if (static_cast<int64_t>(data.size()) > room) data.erase(0, data.size() - room);
+  RankLog& r = log.ranks[rank];
+  if (seq != 0) {
+    if (seq <= r.last_seq) return false;
+    r.last_seq = seq;
+  }
+  if (journal && journal_ != nullptr) {
+    const int64_t written =
+        journal_->Write(job_id, JournalRecord{rank, static_cast<int>(stream), seq, time, data});
+    // The file keeps what the store keeps, give or take: rewritten once it has grown to 4 times
+    // the job's bound.
+    if (written > 4 * max_bytes_per_rank_ * static_cast<int64_t>(log.ranks.size())) {
+      std::vector<std::pair<int64_t, JournalRecord>> kept;  // by arrival
+      for (const auto& [n, rank_log] : log.ranks) {
+        for (const LogChunk& c : rank_log.chunks) {
+          kept.emplace_back(c.seq, JournalRecord{n, static_cast<int>(c.stream), 0, c.time, c.data});
+        }
+      }
+      std::sort(kept.begin(), kept.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::vector<JournalRecord> records;
+      for (auto& [order, record] : kept) records.push_back(std::move(record));
+      records.push_back({rank, static_cast<int>(stream), 0, time, data});
+      // Each rank's last number goes on its last record, so re-sent chunks stay dropped.
+      absl::flat_hash_set<int32_t> numbered;
+      for (auto it = records.rbegin(); it != records.rend(); ++it) {
+        if (numbered.insert(it->rank).second) it->seq = log.ranks[it->rank].last_seq;
+      }
+      journal_->Rewrite(job_id, records);
+    }
+  }
+  const int64_t cost = static_cast<int64_t>(data.size()) + kChunkOverheadBytes;
+  r.chunks.push_back(LogChunk{++log.head, rank, stream, std::move(data), time});
+  r.bytes += cost;
+  total_bytes_ += cost;
+  while (r.bytes > max_bytes_per_rank_) {
+    const int64_t dropped =
+        static_cast<int64_t>(r.chunks.front().data.size()) + kChunkOverheadBytes;
+    r.bytes -= dropped;
+    total_bytes_ -= dropped;
+    r.chunks.pop_front();
+  }
+  return true;
 }
 
 std::vector<std::shared_ptr<LogStore::Subscriber>> LogStore::EndLocked(const std::string& job_id,
@@ -110,6 +155,7 @@ void LogStore::EvictLocked() {
     // Keep the emptied log (ended, with its head) so readers and followers still see its end.
     for (auto& [rank, r] : it->second.ranks) total_bytes_ -= r.bytes;
     it->second.ranks.clear();
+    if (journal_ != nullptr) journal_->Remove(it->first);
   }
 }
 

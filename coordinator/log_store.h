@@ -3,7 +3,8 @@
 // cursor. Bounded: each rank keeps only its last `max_bytes_per_rank` (oldest chunks are dropped,
 // so a reader that falls behind skips them), and the logs of ended jobs are dropped, oldest ended
 // first, once all logs together exceed `max_total_bytes`. Logs outlive their job so they can be
-// read afterwards.
+// read afterwards. With a journal (LogJournal: --state-dir), the logs also survive a coordinator
+// restart: every chunk stored is written to it, and the store starts with what it holds.
 //
 // Thread-safe: one mutex guards everything. Subscribers are called with it released.
 #pragma once
@@ -23,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/log_journal.h"
 
 namespace ringmaster {
 
@@ -50,6 +52,8 @@ struct LogStoreOptions {
   // bound in memory.
   int64_t max_bytes_per_rank = int64_t{4} << 20;
   int64_t max_total_bytes = int64_t{1} << 30;
+  // Null: the logs live in memory alone.
+  std::unique_ptr<LogJournal> journal;
 };
 
 class LogStore {
@@ -63,6 +67,7 @@ class LogStore {
   using Subscriber = std::function<void()>;
 
   explicit LogStore(LogStoreOptions options = {});
+  ~LogStore();
 
   LogStore(const LogStore&) = delete;
   LogStore& operator=(const LogStore&) = delete;
@@ -117,6 +122,11 @@ class LogStore {
   };
 
   JobLog& LogLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores a chunk (Append's work, without the checks of an ended log); writes it to the journal
+  // unless it comes from there. False for a duplicate.
+  bool StoreLocked(const std::string& job_id, JobLog& log, int32_t rank, OutputStream stream,
+                   std::string data, uint64_t seq, absl::Time time, bool journal)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the log now; returns its subscribers to notify (none when it had ended already).
   std::vector<std::shared_ptr<Subscriber>> EndLocked(const std::string& job_id, JobLog& log)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -128,6 +138,7 @@ class LogStore {
   const int64_t max_bytes_per_rank_;
   const int64_t max_total_bytes_;
   mutable absl::Mutex mu_;
+  const std::unique_ptr<LogJournal> journal_ ABSL_PT_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, JobLog> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);         // ended jobs, oldest first
   absl::flat_hash_set<std::string> lingering_ ABSL_GUARDED_BY(mu_);  // to end at their end_at

@@ -98,6 +98,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     options.store = *std::move(store);
+    absl::StatusOr<std::unique_ptr<ringmaster::LogJournal>> journal =
+        ringmaster::LogJournal::Open(state_dir + "/logs");
+    if (!journal.ok()) {
+      std::fprintf(stderr, "ringmaster-coordinator: --state-dir %s: %s\n", state_dir.c_str(),
+                   std::string(journal.status().message()).c_str());
+      return 1;
+    }
+    options.log_journal = *std::move(journal);
   }
   if (std::string dir = absl::GetFlag(FLAGS_artifacts_dir); !dir.empty()) {
     options.artifacts_dir = std::move(dir);

@@ -208,6 +208,17 @@ void Daemon::OnSessionOpen(v1::SessionOpen* open) {
   resume->set_job_id(job->assignment.job().id());
   resume->set_epoch(job->assignment.epoch());
   job->ledger->FillResume(resume);
+  // A restarted coordinator lost the rendezvous keys set before: a rank still meeting its peers
+  // would wait for them for ever. Set again (on a thread of its own: this one opens the session).
+  if (!job->rendezvous->keys().empty()) {
+    finishers_.Start([channel = channel_, job] {
+      RendezvousClient client(channel, job->assignment.job().id(), job->assignment.epoch());
+      if (absl::Status s = client.Republish(*job->rendezvous); !s.ok()) {
+        spdlog::warn("job {} rank {}: rendezvous keys not published again: {}",
+                     job->assignment.job().id(), job->assignment.rank(), s.ToString());
+      }
+    });
+  }
 }
 
 void Daemon::OnSessionLost(const absl::Status& status, bool reregistered) {
@@ -283,11 +294,12 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   cpu.size = spec.spec().np();
   cpu.arena = job->arena->data();
   cpu.outputs = job->outputs.get();
-  cpu.make_backend = [channel, spec, assignment, iface, timeout](int index) {
+  std::shared_ptr<RendezvousJournal> journal = job->rendezvous;
+  cpu.make_backend = [channel, spec, assignment, iface, timeout, journal](int index) {
     GlooBackendOptions g;
     g.rank = assignment.rank();
     g.size = spec.spec().np();
-    g.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch());
+    g.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch(), journal);
     g.prefix = absl::StrCat("gloo/", index, "/");
     g.iface = iface;
     g.timeout = timeout;
@@ -507,14 +519,15 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
     SendRankUpdate(*failed_job, v1::RANK_STATE_EXITED, 1, std::string(s.message()),
                    /*failed=*/true);
   };
-  g.make_backend = [channel, assignment, where, timeout, device,
-                    on_fail](std::shared_ptr<std::atomic<bool>> cancelled) {
+  std::shared_ptr<RendezvousJournal> journal = job.rendezvous;
+  g.make_backend = [channel, assignment, where, timeout, device, on_fail,
+                    journal](std::shared_ptr<std::atomic<bool>> cancelled) {
     NcclBackendOptions n;
     n.rank = assignment.rank();
     n.size = assignment.job().spec().np();
     n.device = device;
-    n.store =
-        std::make_shared<RendezvousClient>(channel, assignment.job().id(), assignment.epoch());
+    n.store = std::make_shared<RendezvousClient>(channel, assignment.job().id(), assignment.epoch(),
+                                                 journal);
     n.prefix = "nccl/0/";
     n.where = where;
     n.timeout = timeout;

@@ -27,6 +27,7 @@
 #include "worker/device_executor.h"
 #include "worker/engine.h"
 #include "worker/local_server.h"
+#include "worker/rendezvous_client.h"
 #include "worker/session_ledger.h"
 
 namespace ringmaster {
@@ -85,6 +86,8 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     std::vector<std::string> done_event_handles;
     std::unique_ptr<SharedMemory> arena;
     std::unique_ptr<ArenaAllocator> outputs;
+    // The rendezvous keys this rank set, published again when the session reopens.
+    std::shared_ptr<RendezvousJournal> rendezvous = std::make_shared<RendezvousJournal>();
     // The reliable session's record of this rank (before the engine, which sends through it).
     std::unique_ptr<SessionLedger> ledger;
     // Held while a batch is numbered and sent, and while a resume re-sends: batches reach the

@@ -1,37 +1,83 @@
 #include "worker/rendezvous_client.h"
 
+#include <algorithm>
 #include <chrono>
 
+#include "absl/time/clock.h"
 #include "grpcpp/client_context.h"
 
 namespace ringmaster {
 namespace {
 
-constexpr auto kCallDeadline = std::chrono::seconds(10);
+constexpr absl::Duration kCallDeadline = absl::Seconds(10);
+constexpr absl::Duration kPause = absl::Milliseconds(100);
 
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+// Runs `call(context)` until it returns anything but UNAVAILABLE or `until` passes. Each attempt
+// waits for the channel to connect (wait_for_ready) and ends by `per_call` or `until`.
+template <typename Call>
+absl::Status Retrying(absl::Time until, absl::Duration per_call, Call call) {
+  while (true) {
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    const absl::Time attempt_until = std::min(until, absl::Now() + per_call);
+    context.set_deadline(absl::ToChronoTime(attempt_until));
+    absl::Status s = FromGrpc(call(context));
+    // Unreachable, or this attempt's own deadline passed waiting for a connection (not the
+    // server's answer that a wait timed out, which comes before it).
+    const bool retry = s.code() == absl::StatusCode::kUnavailable ||
+                       (s.code() == absl::StatusCode::kDeadlineExceeded &&
+                        absl::Now() >= attempt_until && absl::Now() < until);
+    if (!retry || absl::Now() + kPause >= until) return s;
+    absl::SleepFor(kPause);
+  }
+}
+
 }  // namespace
 
+void RendezvousJournal::Record(const std::string& key, const std::string& value) {
+  absl::MutexLock lock(&mu_);
+  keys_[key] = value;
+}
+
+std::map<std::string, std::string> RendezvousJournal::keys() const {
+  absl::MutexLock lock(&mu_);
+  return keys_;
+}
+
 RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> channel, std::string job_id,
-                                   int64_t epoch)
+                                   int64_t epoch, std::shared_ptr<RendezvousJournal> journal)
     : stub_(v1::RendezvousService::NewStub(std::move(channel))),
       job_id_(std::move(job_id)),
-      epoch_(epoch) {}
+      epoch_(epoch),
+      journal_(std::move(journal)) {}
 
-absl::Status RendezvousClient::Set(const std::string& key, const std::string& value) {
+absl::Status RendezvousClient::SetOnce(const std::string& key, const std::string& value) {
   v1::SetRequest request;
   request.set_job_id(job_id_);
   request.set_epoch(epoch_);
   request.set_key(key);
   request.set_value(value);
-  v1::SetResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
-  return FromGrpc(stub_->Set(&context, request, &response));
+  return Retrying(absl::Now() + kRetryFor, kCallDeadline, [&](grpc::ClientContext& context) {
+    v1::SetResponse response;
+    return stub_->Set(&context, request, &response);
+  });
+}
+
+absl::Status RendezvousClient::Set(const std::string& key, const std::string& value) {
+  // Recorded first: should the coordinator go away right after taking it, the daemon sets it again.
+  if (journal_ != nullptr) journal_->Record(key, value);
+  return SetOnce(key, value);
+}
+
+absl::Status RendezvousClient::Republish(const RendezvousJournal& journal) {
+  absl::Status first;
+  for (const auto& [key, value] : journal.keys()) first.Update(SetOnce(key, value));
+  return first;
 }
 
 absl::StatusOr<std::string> RendezvousClient::Get(const std::string& key) {
@@ -40,25 +86,29 @@ absl::StatusOr<std::string> RendezvousClient::Get(const std::string& key) {
   request.set_epoch(epoch_);
   request.set_key(key);
   v1::GetResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
-  if (absl::Status s = FromGrpc(stub_->Get(&context, request, &response)); !s.ok()) return s;
+  absl::Status s = Retrying(
+      absl::Now() + kRetryFor, kCallDeadline,
+      [&](grpc::ClientContext& context) { return stub_->Get(&context, request, &response); });
+  if (!s.ok()) return s;
   return response.value();
 }
 
 absl::StatusOr<std::vector<std::string>> RendezvousClient::Wait(
     const std::vector<std::string>& keys, absl::Duration timeout) {
+  // The keys must appear within `timeout`, however often the coordinator is reconnected meanwhile.
+  const absl::Time until = absl::Now() + timeout;
   v1::WaitRequest request;
   request.set_job_id(job_id_);
   request.set_epoch(epoch_);
   for (const std::string& k : keys) request.add_keys(k);
-  request.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
   v1::WaitResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)) +
-                       kCallDeadline);
-  if (absl::Status s = FromGrpc(stub_->Wait(&context, request, &response)); !s.ok()) return s;
+  absl::Status s =
+      Retrying(until + kCallDeadline, timeout + kCallDeadline, [&](grpc::ClientContext& context) {
+        const absl::Duration left = std::max(absl::Milliseconds(1), until - absl::Now());
+        request.set_timeout_ms(absl::ToInt64Milliseconds(left));
+        return stub_->Wait(&context, request, &response);
+      });
+  if (!s.ok()) return s;
   return std::vector<std::string>(response.values().begin(), response.values().end());
 }
 

@@ -1,28 +1,59 @@
 // KeyValueStore over the coordinator's RendezvousService, scoped to one job epoch.
+//
+// A coordinator that restarts while ranks meet must not fail them: every call waits for the
+// channel to connect and retries UNAVAILABLE (with a short pause) until its deadline, and every
+// key set goes into the job's journal, which the daemon publishes again whenever its session to the
+// coordinator opens again (a restarted coordinator has lost what ranks set before).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "ringmaster/v1/rendezvous.grpc.pb.h"
 #include "worker/key_value_store.h"
 
 namespace ringmaster {
 
+// The keys one rank's clients set, for publishing them again. Thread-safe.
+class RendezvousJournal {
+ public:
+  void Record(const std::string& key, const std::string& value);
+  std::map<std::string, std::string> keys() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::string> keys_ ABSL_GUARDED_BY(mu_);
+};
+
 class RendezvousClient : public KeyValueStore {
  public:
-  RendezvousClient(std::shared_ptr<grpc::Channel> channel, std::string job_id, int64_t epoch);
+  // How long Set and Get keep retrying a coordinator that cannot be reached.
+  static constexpr absl::Duration kRetryFor = absl::Seconds(60);
+
+  // `journal` (may be null) records every key set.
+  RendezvousClient(std::shared_ptr<grpc::Channel> channel, std::string job_id, int64_t epoch,
+                   std::shared_ptr<RendezvousJournal> journal = nullptr);
 
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key) override;
   absl::StatusOr<std::vector<std::string>> Wait(const std::vector<std::string>& keys,
                                                 absl::Duration timeout) override;
 
+  // Sets every key of the journal again (with Set's retries); the first error.
+  absl::Status Republish(const RendezvousJournal& journal);
+
  private:
+  absl::Status SetOnce(const std::string& key, const std::string& value);
+
   std::unique_ptr<v1::RendezvousService::Stub> stub_;
   const std::string job_id_;
   const int64_t epoch_;
+  const std::shared_ptr<RendezvousJournal> journal_;
 };
 
 }  // namespace ringmaster

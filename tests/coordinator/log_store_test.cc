@@ -2,9 +2,11 @@
 // sleeps.
 #include "coordinator/log_store.h"
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "gmock/gmock.h"
@@ -30,7 +32,7 @@ class LogStoreTest : public ::testing::Test {
  protected:
   LogStore Store(int64_t per_rank = int64_t{4} << 20, int64_t total = kBig) {
     return LogStore(LogStoreOptions{
-        .clock = &clock_, .max_bytes_per_rank = per_rank, .max_total_bytes = total});
+        .clock = &clock_, .max_bytes_per_rank = per_rank, .max_total_bytes = total, .journal = {}});
   }
   FakeClock clock_;
 };
@@ -240,7 +242,7 @@ TEST_F(LogStoreTest, ASubscriberMayReadFromItsCallback) {
 
 TEST(LogStoreReliableTest, AChunkReSentAfterAReconnectIsStoredOnce) {
   FakeClock clock;
-  LogStore store(LogStoreOptions{.clock = &clock});
+  LogStore store(LogStoreOptions{.clock = &clock, .journal = {}});
   ASSERT_TRUE(store.Append("job-000001", 0, OutputStream::kStdout, "one\n", 1).ok());
   ASSERT_TRUE(store.Append("job-000001", 0, OutputStream::kStdout, "two\n", 2).ok());
   // The worker's session broke: it sends its last output again, then goes on.
@@ -252,6 +254,79 @@ TEST(LogStoreReliableTest, AChunkReSentAfterAReconnectIsStoredOnce) {
   std::string text;
   for (const LogChunk& c : store.Read("job-000001", kAll, 0, kBig).chunks) text += c.data;
   EXPECT_EQ(text, "one\ntwo\nthree\nr1\n");
+}
+
+// ---- The journal: logs that survive a restart (--state-dir) ----
+
+class LogJournalTest : public ::testing::Test {
+ protected:
+  ~LogJournalTest() override {
+    std::error_code error;
+    std::filesystem::remove_all(dir_, error);
+  }
+  LogStore Store(int64_t per_rank = int64_t{4} << 20, int64_t total = kBig) {
+    absl::StatusOr<std::unique_ptr<LogJournal>> journal = LogJournal::Open(dir_);
+    EXPECT_TRUE(journal.ok()) << journal.status();
+    return LogStore(LogStoreOptions{.clock = &clock_,
+                                    .max_bytes_per_rank = per_rank,
+                                    .max_total_bytes = total,
+                                    .journal = *std::move(journal)});
+  }
+  const std::string dir_ =
+      absl::StrCat(std::filesystem::temp_directory_path().string(), "/log_journal_test_", getpid());
+  FakeClock clock_;
+};
+
+TEST_F(LogJournalTest, ARestartedStoreHasEveryChunkWithItsStreamTimeAndNumbers) {
+  {
+    LogStore store = Store();
+    ASSERT_TRUE(store.Append("job-1", 0, OutputStream::kStdout, "step 0\n", 1).ok());
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(store.Append("job-1", 1, OutputStream::kStderr, std::string("a\0b\n", 4), 1).ok());
+    ASSERT_TRUE(store.Append("job-1", 0, OutputStream::kStdout, "step 1\n", 2).ok());
+    ASSERT_TRUE(store.Append("job-2", 0, OutputStream::kStdout, "other\n").ok());
+  }  // the coordinator goes away
+  LogStore store = Store();
+  const LogRead read = store.Read("job-1", kAll, 0, kBig);
+  EXPECT_THAT(Texts(read), ElementsAre("0:step 0\n", std::string("1:a\0b\n", 6), "0:step 1\n"));
+  ASSERT_EQ(read.chunks.size(), 3u);
+  EXPECT_EQ(read.chunks[1].stream, OutputStream::kStderr);
+  EXPECT_EQ(read.chunks[1].time - read.chunks[0].time, absl::Seconds(1));
+  EXPECT_THAT(Texts(store.Read("job-2", kAll, 0, kBig)), ElementsAre("0:other\n"));
+  // A chunk the worker sends again after reconnecting is stored once; the next one goes on.
+  ASSERT_TRUE(store.Append("job-1", 0, OutputStream::kStdout, "step 1\n", 2).ok());
+  ASSERT_TRUE(store.Append("job-1", 0, OutputStream::kStdout, "step 2\n", 3).ok());
+  EXPECT_THAT(Texts(store.Read("job-1", 0, 0, kBig)),
+              ElementsAre("0:step 0\n", "0:step 1\n", "0:step 2\n"));
+}
+
+TEST_F(LogJournalTest, TheFileKeepsToTheBoundAndGoesWithTheLog) {
+  const int64_t per_rank = 1000;
+  {
+    LogStore store = Store(per_rank, /*total=*/3000);
+    for (uint64_t i = 1; i <= 200; ++i) {
+      ASSERT_TRUE(
+          store.Append("job-1", 0, OutputStream::kStdout, absl::StrCat("line ", i, "\n"), i).ok());
+    }
+    // Rewritten as it grows: never more than a few times what the rank keeps.
+    EXPECT_LT(std::filesystem::file_size(dir_ + "/job-1.log"), 5 * per_rank);
+  }
+  {
+    LogStore store = Store(per_rank, 3000);
+    const LogRead read = store.Read("job-1", 0, 0, kBig);
+    ASSERT_FALSE(read.chunks.empty());
+    EXPECT_EQ(read.chunks.back().data, "line 200\n");  // the newest kept, in order
+    // Numbers survive the rewrite: a re-sent chunk is still a duplicate.
+    ASSERT_TRUE(store.Append("job-1", 0, OutputStream::kStdout, "line 200\n", 200).ok());
+    EXPECT_EQ(store.Read("job-1", 0, 0, kBig).chunks.size(), read.chunks.size());
+    // An ended job's log dropped for room takes its file with it.
+    store.End("job-1");
+    ASSERT_TRUE(store.Append("job-2", 0, OutputStream::kStdout, std::string(900, 'x')).ok());
+    ASSERT_TRUE(store.Append("job-3", 0, OutputStream::kStdout, std::string(900, 'y')).ok());
+    ASSERT_TRUE(store.Append("job-4", 0, OutputStream::kStdout, std::string(900, 'z')).ok());
+    EXPECT_TRUE(store.Read("job-1", 0, 0, kBig).chunks.empty());
+    EXPECT_FALSE(std::filesystem::exists(dir_ + "/job-1.log"));
+  }
 }
 
 }  // namespace
