@@ -229,12 +229,19 @@ absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, Da
   if (!reduction.ok()) return reduction.status();
   const int64_t elem = DataTypeSize(dtype);
   auto stream = static_cast<cudaStream_t>(stream_);
-  bool contiguous = !tensors.empty();
+  std::vector<int64_t> bytes;
+  for (const Tensor& t : tensors) bytes.push_back(t.count * elem);
+  absl::StatusOr<FusionLayout> layout = PlanFusion(bytes, elem);
+  if (!layout.ok()) return layout.status();
+  // Reduced where they are only when the tensors lie in the arena exactly as the fusion buffer
+  // would hold them (no padding): every rank then reduces the same elements in the same places,
+  // whichever way each one goes (another rank's tensors may not be adjacent, or it may have
+  // joined).
+  bool contiguous = !tensors.empty() && layout->padding_bytes == 0;
   int64_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     total += tensors[i].count;
-    if (tensors[i].offset < 0 ||
-        (i > 0 && tensors[i - 1].offset + tensors[i - 1].count * elem != tensors[i].offset)) {
+    if (tensors[i].offset < 0 || tensors[i].offset - tensors[0].offset != layout->offsets[i]) {
       contiguous = false;
     }
   }
@@ -258,10 +265,6 @@ absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, Da
     }
     return RecordDone();
   }
-  std::vector<int64_t> bytes;
-  for (const Tensor& t : tensors) bytes.push_back(t.count * elem);
-  absl::StatusOr<FusionLayout> layout = PlanFusion(bytes, elem);
-  if (!layout.ok()) return layout.status();
   absl::StatusOr<uint8_t*> fusion = Scratch(layout->total_bytes);
   if (!fusion.ok()) return fusion.status();
   if (absl::Status s = WaitReady(tensors); !s.ok()) return s;
