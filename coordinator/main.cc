@@ -13,6 +13,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "coordinator/artifact_store.h"
+#include "coordinator/etcd_job_store.h"
 #include "coordinator/server.h"
 #include "coordinator/sqlite_job_store.h"
 #include "spdlog/spdlog.h"
@@ -28,6 +29,9 @@ ABSL_FLAG(double, heartbeat_interval_seconds, 2, "how often workers are told to 
 ABSL_FLAG(absl::Duration, start_timeout, absl::Minutes(5),
           "a job whose ranks have not all started this long after it was placed fails, naming "
           "them (e.g. 30s, 5m)");
+ABSL_FLAG(std::string, store, "",
+          "where jobs are kept: etcd://HOST:PORT[,HOST:PORT...] (etcd's v3 API; keys under "
+          "/ringmaster/jobs/); empty: --state-dir's SQLite database, or memory without it");
 ABSL_FLAG(absl::Duration, resume_timeout, absl::Minutes(1),
           "after a restart with --state-dir, how long a job that was running waits for its ranks' "
           "daemons to reattach; a rank not back by then fails the job, named");
@@ -52,7 +56,7 @@ void OnSignal(int) { g_stop = 1; }
 int main(int argc, char** argv) {
   constexpr char kUsage[] =
       "ringmaster-coordinator [--listen ADDR:PORT] [--metrics-listen ADDR:PORT] "
-      "[--log-level LEVEL] [--state-dir DIR] [--artifacts-dir DIR]";
+      "[--log-level LEVEL] [--state-dir DIR] [--store etcd://HOST:PORT,...] [--artifacts-dir DIR]";
   ringmaster::HandleHelp(argc, argv, kUsage, "coordinator/main.cc");
   absl::SetProgramUsageMessage(kUsage);
   // Debian's Abseil is built with mutex deadlock detection on; it costs every lock a graph update.
@@ -89,15 +93,27 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
-  if (!state_dir.empty()) {
+  if (const std::string store_url = absl::GetFlag(FLAGS_store); !store_url.empty()) {
     absl::StatusOr<std::unique_ptr<ringmaster::JobStore>> store =
-        ringmaster::OpenSqliteJobStore(state_dir);
+        ringmaster::OpenEtcdJobStore(store_url);
     if (!store.ok()) {
       std::fprintf(stderr, "ringmaster-coordinator: %s\n",
                    std::string(store.status().message()).c_str());
       return 1;
     }
     options.store = *std::move(store);
+  }
+  if (!state_dir.empty()) {
+    if (absl::GetFlag(FLAGS_store).empty()) {  // the jobs in DIR/jobs.db
+      absl::StatusOr<std::unique_ptr<ringmaster::JobStore>> store =
+          ringmaster::OpenSqliteJobStore(state_dir);
+      if (!store.ok()) {
+        std::fprintf(stderr, "ringmaster-coordinator: %s\n",
+                     std::string(store.status().message()).c_str());
+        return 1;
+      }
+      options.store = *std::move(store);
+    }
     absl::StatusOr<std::unique_ptr<ringmaster::LogJournal>> journal =
         ringmaster::LogJournal::Open(state_dir + "/logs");
     if (!journal.ok()) {

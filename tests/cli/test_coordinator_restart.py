@@ -6,7 +6,9 @@ not come back fails the job, named, after --resume-timeout.
 Run by ctest (label `cli`) with /usr/bin/python3 -m pytest; helpers from test_first_hour.py."""
 import os
 import re
+import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -90,3 +92,48 @@ def test_a_rank_whose_daemon_does_not_reattach_fails_the_job_naming_it(cluster, 
     nxt = submit(cluster, c2, "--np", "3", "--", TRAIN, "5")
     assert cluster.wait_state(c2, nxt, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 30)["state"] \
         == "JOB_STATE_SUCCEEDED"
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A real etcd on loopback (Debian's etcd-server), with its own data directory."""
+    if not os.path.exists("/usr/bin/etcd"):
+        pytest.skip("etcd is not installed (etcd-server; scripts/install-deps.sh installs it)")
+    client, peer = free_port(), free_port()
+    c, p = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+    proc = subprocess.Popen(
+        ["/usr/bin/etcd", "--name=t", f"--data-dir={tmp_path / 'etcd'}", f"--listen-client-urls={c}",
+         f"--advertise-client-urls={c}", f"--listen-peer-urls={p}",
+         f"--initial-advertise-peer-urls={p}", f"--initial-cluster=t={p}", "--log-level=error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield f"etcd://127.0.0.1:{client}"
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(tmp_path / "etcd", ignore_errors=True)
+
+
+def test_with_jobs_in_etcd_a_running_job_survives_a_coordinator_kill(cluster, tmp_path, etcd):
+    # Jobs in etcd (--store), the output and artifacts under --state-dir.
+    c, _, state, port = start(cluster, tmp_path, "--store", etcd)
+    job = submit(cluster, c, "--np", "4", "--processes-per-host", "2", "--", TRAIN, "200")
+    wait_for(lambda: "step 40" in cluster.cli(c, "logs", job).stdout, 30, "training to run")
+    c.stop(signal.SIGKILL)
+    c2 = cluster.coordinator("--state-dir", str(state), "--store", etcd, port=port)
+    done = cluster.wait_state(c2, job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 60)
+    logs = cluster.cli(c2, "logs", job).stdout
+    assert done["state"] == "JOB_STATE_SUCCEEDED", done.get("reason", "") + logs
+    assert exact_lines(logs, 4, 200) == {0: 1, 1: 1, 2: 1, 3: 1}, logs
+    assert any(e["message"].startswith("resumed after the coordinator restart")
+               for e in done["events"]), done["events"]
+    # Ids go on from what etcd holds.
+    assert submit(cluster, c2, "--np", "1", "--", "true") == "job-000002"
+
+
+def test_an_etcd_that_does_not_answer_is_refused_at_start_naming_it(cluster):
+    c = cluster.coordinator("--store", "etcd://127.0.0.1:1", expect_port=False)
+    assert wait_for(lambda: not c.alive(), 20, "the coordinator to exit")
+    assert c.p.returncode == 1
+    assert c.stderr().strip().startswith(
+        "ringmaster-coordinator: --store etcd://127.0.0.1:1: etcd does not answer ("), c.stderr()

@@ -155,7 +155,7 @@ def submit(cluster, coordinator, *args, **kw):
 @pytest.mark.parametrize("binary,flags", [
     ("ringmaster-coordinator", ["--listen", "--metrics-listen", "--log-level", "--artifacts-dir",
                                 "--lease-seconds", "--heartbeat-interval-seconds",
-                                "--start-timeout", "--state-dir", "--resume-timeout"]),
+                                "--start-timeout", "--state-dir", "--resume-timeout", "--store"]),
     ("ringmaster-worker", ["--coordinator", "--device", "--host-name", "--socket", "--iface",
                            "--metrics-listen", "--arena-mb", "--collective-timeout-seconds", "--log-level",
                            "--coordinator-grace"]),

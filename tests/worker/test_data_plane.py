@@ -98,9 +98,20 @@ class Cluster:
                 p.wait()
 
 
-def pids_of(name):
+def pids_of(name, tmp):
+    """Processes running `name` that this test's daemons started (their RINGMASTER_SOCKET lies in
+    `tmp`): other tests running meanwhile use the same binaries."""
     r = subprocess.run(["pgrep", "-f", name], capture_output=True, text=True)
-    return [int(p) for p in r.stdout.split()]
+    mine = []
+    for pid in (int(p) for p in r.stdout.split()):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if any(e.startswith(b"RINGMASTER_SOCKET=" + str(tmp).encode()) for e in env):
+            mine.append(pid)
+    return mine
 
 
 @pytest.fixture
@@ -108,7 +119,7 @@ def cluster(tmp_path):
     c = Cluster(tmp_path, workers=4, per_host=2)
     yield c
     c.close()
-    assert not pids_of(f"{BIN}/train_loop"), "a training process outlived the test"
+    assert not pids_of(f"{BIN}/train_loop", tmp_path), "a training process outlived the test"
 
 
 @pytest.mark.parametrize("np_", [2, 4])
@@ -174,7 +185,7 @@ def kill_a_training_process(cluster, rank, host):
                         r"killed by signal 9 \(Killed\); its last output:", first), failed["reason"]
     assert tail[-1] == f"see all of it with: ringmaster logs {job} --rank {rank}", failed["reason"]
     assert any(line.startswith("  ") and "step" in line for line in tail[:-1]), failed["reason"]
-    wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10, "the other ranks to be stopped")
+    wait_for(lambda: not pids_of(f"{BIN}/train_loop", cluster.tmp), 10, "the other ranks to be stopped")
 
 
 def test_killing_a_training_process_fails_the_job_naming_rank_and_host(cluster):
@@ -197,7 +208,7 @@ def kill_a_worker_daemon(cluster):
     failed = cluster.wait_state(job, {"JOB_STATE_FAILED"}, 10)
     assert time.monotonic() - killed_at < 10
     assert re.search(r"serving rank \d on host h1 ", failed["reason"]), failed["reason"]
-    wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10,
+    wait_for(lambda: not pids_of(f"{BIN}/train_loop", cluster.tmp), 10,
              "every training process (the dead daemon's too) to be gone")
 
 
@@ -261,7 +272,7 @@ def fake_gpu_cluster(tmp_path):
     c = start_fake_gpu_cluster(tmp_path)
     yield c
     c.close()
-    assert not pids_of(f"{BIN}/train_loop"), "a training process outlived the test"
+    assert not pids_of(f"{BIN}/train_loop", tmp_path), "a training process outlived the test"
 
 
 def test_on_gpus_an_nccl_error_fails_the_job_with_it_though_the_process_runs_on(tmp_path):
@@ -281,7 +292,7 @@ def test_on_gpus_an_nccl_error_fails_the_job_with_it_though_the_process_runs_on(
             r"output:", first), failed["reason"]
         assert tail[-1] == f"see all of it with: ringmaster logs {job} --rank 1", failed["reason"]
         # Every rank is stopped, the failed one's process too (it would sleep on).
-        wait_for(lambda: not pids_of(f"{BIN}/train_loop"), 10, "the ranks to be stopped")
+        wait_for(lambda: not pids_of(f"{BIN}/train_loop", cluster.tmp), 10, "the ranks to be stopped")
     finally:
         cluster.close()
 
