@@ -22,15 +22,37 @@ int Coordinator::RanksOf(const std::string& job_id) const {
 
 void Coordinator::RestoreJobs() {
   const absl::Time now = clock_->Now();
-  const std::vector<Job> all = jobs_.List({});
+  std::vector<Job> all = jobs_.List({});
+  std::reverse(all.begin(), all.end());  // oldest first
   // Worker ids are never used twice, even those of jobs long ended.
   for (const Job& job : all) {
     for (const RankInfo& r : job.ranks) workers_.ReserveId(r.worker_id);
-    // Their logs (from the journal) are complete: readers and followers see them end.
+    // Their logs (from the journal) are complete: readers and followers see them end (the oldest
+    // first: they are dropped first when room runs out).
     if (IsTerminal(job.state)) logs_.End(job.id);
   }
   for (const Job& job : all) {
     if (job.state != JobState::kStarting && job.state != JobState::kRunning) continue;
+    // Its end was recorded rank by rank but not yet the job's (a failure settles for a moment, a
+    // success is posted): decided now, from what the store says.
+    const auto failed = std::find_if(job.ranks.begin(), job.ranks.end(), [](const RankInfo& r) {
+      return r.state == RankState::kExited && r.exit_code != 0;
+    });
+    if (failed != job.ranks.end()) {
+      Finish(job.id, JobState::kFailed,
+             absl::StrCat(Placement(*failed), " exited with status ", failed->exit_code,
+                          OutputTail(job.id, failed->rank)))
+          .IgnoreError();
+      continue;
+    }
+    if (!job.ranks.empty() &&
+        std::all_of(job.ranks.begin(), job.ranks.end(),
+                    [](const RankInfo& r) { return r.state == RankState::kExited; })) {
+      Finish(job.id, JobState::kSucceeded,
+             absl::StrCat("all ", job.ranks.size(), " ranks exited 0"))
+          .IgnoreError();
+      continue;
+    }
     absl::Status restored;
     for (const RankInfo& r : job.ranks) {
       restored.Update(
@@ -157,6 +179,10 @@ void Coordinator::FailJobsThatDidNotResume(absl::Time now) {
     for (int32_t rank : runtime->Ungathered()) {
       if (job->ranks[rank].state != RankState::kExited)
         missing.push_back(Placement(job->ranks[rank]));
+    }
+    if (missing.empty()) {  // every rank came back just now (or the rest exited): it resumes
+      TryEndRestore(job_id);
+      continue;
     }
     std::string reason = absl::StrCat(
         missing.size() == 1 ? "1 rank" : absl::StrCat(missing.size(), " ranks"),

@@ -156,8 +156,25 @@ absl::Status Coordinator::SubmitRequests(const std::string& worker_id, RequestBa
   if (!runtime.ok()) return runtime.status();
   const absl::Time now = clock_->Now();
   // A batch re-sent after a reconnect that the runtime has already is dropped; nothing to flush.
+  const uint64_t generation = batch.cache_generation, acked = batch.ack_responses;
+  const int32_t rank = batch.rank;
   if (!(*runtime)->Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now, batch.seq,
                           batch.ack_responses, batch.cache_generation)) {
+    // Encoded in an old cache generation after a restore: the rank has not seen the new
+    // generation's first list (its rank started late, or its worker dropped lists meant for a job
+    // it had not started yet). It gets the lists after the last one it acknowledged again; it
+    // drops those it has.
+    if (generation != (*runtime)->cache_generation() && !(*runtime)->restoring()) {
+      (*runtime)
+          ->Resend(rank, acked,
+                   [&](const std::shared_ptr<CycleBroadcast>& cycle) {
+                     absl::MutexLock lock(&mu_);
+                     if (WorkerChannel* channel = ChannelOf(worker_id)) {
+                       channel->SendResponses(cycle, rank);
+                     }
+                   })
+          .IgnoreError();
+    }
     return absl::OkStatus();
   }
   Flush(**runtime, now);

@@ -14,6 +14,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "ringmaster/v1/job.pb.h"
+#include "spdlog/spdlog.h"
 
 namespace ringmaster {
 namespace {
@@ -40,15 +41,9 @@ class EtcdJobStore final : public JobStore {
     }
   }
 
-  absl::Status Ping() {
-    etcdserverpb::RangeRequest r;
-    r.set_key(jobs_);
-    r.set_range_end(PrefixEnd(jobs_));
-    r.set_count_only(true);
-    etcdserverpb::RangeResponse out;
-    return Call(
-        [&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& c) { return kv.Range(&c, r, &out); });
-  }
+  // Reads every job (as List does), so that a store that cannot be read whole is refused at start
+  // rather than taken for empty (which would number jobs from 1 again).
+  absl::Status Ping() { return ListAll(nullptr); }
 
   absl::Status Put(const Job& job) override {
     v1::Job record;
@@ -78,19 +73,9 @@ class EtcdJobStore final : public JobStore {
   }
 
   std::vector<Job> List() const override {
-    // Key order is creation order: job ids are numbered with leading zeros.
-    etcdserverpb::RangeRequest r;
-    r.set_key(jobs_);
-    r.set_range_end(PrefixEnd(jobs_));
-    etcdserverpb::RangeResponse out;
     std::vector<Job> jobs;
-    if (!Call([&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& c) {
-           return kv.Range(&c, r, &out);
-         }).ok()) {
-      return jobs;
-    }
-    for (const etcdserverpb::KeyValue& kv : out.kvs()) {
-      if (absl::StatusOr<Job> job = Decode(kv); job.ok()) jobs.push_back(*std::move(job));
+    if (absl::Status s = ListAll(&jobs); !s.ok()) {
+      spdlog::error("listing the jobs in etcd: {}", s.ToString());
     }
     return jobs;
   }
@@ -104,6 +89,33 @@ class EtcdJobStore final : public JobStore {
     Job job;
     if (absl::Status s = FromProto(record, &job); !s.ok()) return s;
     return job;
+  }
+
+  // Every job, in pages of kPage (key order is creation order: job ids are numbered with leading
+  // zeros); `jobs` may be null (a check).
+  absl::Status ListAll(std::vector<Job>* jobs) const {
+    static constexpr int64_t kPage = 256;
+    std::string from = jobs_;
+    while (true) {
+      etcdserverpb::RangeRequest r;
+      r.set_key(from);
+      r.set_range_end(PrefixEnd(jobs_));
+      r.set_limit(kPage);
+      etcdserverpb::RangeResponse out;
+      if (absl::Status s = Call([&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& c) {
+            return kv.Range(&c, r, &out);
+          });
+          !s.ok()) {
+        return s;
+      }
+      for (const etcdserverpb::KeyValue& kv : out.kvs()) {
+        absl::StatusOr<Job> job = Decode(kv);
+        if (!job.ok()) return job.status();
+        if (jobs != nullptr) jobs->push_back(*std::move(job));
+      }
+      if (!out.more() || out.kvs_size() == 0) return absl::OkStatus();
+      from = out.kvs(out.kvs_size() - 1).key() + std::string(1, '\0');
+    }
   }
 
   // Runs `call` on the current endpoint, moving on to the next one while they are unreachable (each

@@ -269,6 +269,13 @@ absl::StatusOr<bool> JobRuntime::EndRestore(
   if (bottom > top) bottom = top;  // no rank gathered
   for (size_t r = 0; r < gathered_.size(); ++r) {
     if (!holds(r)) continue;
+    if (top - gathered_[r]->last_response_seq > kKeptCycles) {
+      restoring_ = false;
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", r, " had received response list ", gathered_[r]->last_response_seq,
+                       " when the coordinator restarted, other ranks list ", top, ": more than ",
+                       kKeptCycles, " behind, the job cannot resume"));
+    }
     for (uint64_t seq = gathered_[r]->last_response_seq + 1; seq <= top; ++seq) {
       if (!lists.contains(seq)) {
         restoring_ = false;

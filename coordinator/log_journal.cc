@@ -62,7 +62,10 @@ void LogJournal::Load(
     if (!absl::EndsWith(name, ".log")) continue;
     const std::string job_id = name.substr(0, name.size() - 4);
     std::ifstream in(entry.path(), std::ios::binary);
+    std::error_code size_error;
+    const uint64_t size = std::filesystem::file_size(entry.path(), size_error);
     std::string header;
+    uint64_t good = 0;  // the end of the last whole record
     while (std::getline(in, header)) {
       std::vector<std::string> f = absl::StrSplit(header, ' ');
       JournalRecord r;
@@ -71,16 +74,21 @@ void LogJournal::Load(
       if (f.size() != 6 || f[0] != "R" || !absl::SimpleAtoi(f[1], &r.rank) ||
           !absl::SimpleAtoi(f[2], &r.stream) || !absl::SimpleAtoi(f[3], &r.seq) ||
           !absl::SimpleAtoi(f[4], &us) || !absl::SimpleAtoi(f[5], &bytes)) {
-        spdlog::warn("{}: a damaged record; the rest of the file is skipped",
-                     entry.path().string());
         break;
       }
+      if (bytes > size) break;  // damaged: no such record fits in the file
       r.time = absl::FromUnixMicros(us);
       r.data.resize(bytes);
       if (!in.read(r.data.data(), static_cast<std::streamsize>(bytes)) || in.get() != '\n') {
         break;  // cut short: written as the coordinator died
       }
+      good = static_cast<uint64_t>(in.tellg());
       each(job_id, std::move(r));
+    }
+    if (!size_error && good < size) {
+      spdlog::warn("{}: {} bytes after the last whole record are dropped", entry.path().string(),
+                   size - good);
+      std::filesystem::resize_file(entry.path(), good, size_error);
     }
   }
 }
@@ -101,18 +109,24 @@ int64_t LogJournal::Write(const std::string& job_id, const JournalRecord& record
 void LogJournal::Rewrite(const std::string& job_id, const std::vector<JournalRecord>& records) {
   files_.erase(job_id);
   const std::string path = PathOf(job_id), fresh = path + ".new";
-  {
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(fresh.c_str(), "we"),
-                                                      &std::fclose);
-    if (f == nullptr) return;
-    for (const JournalRecord& r : records) {
-      const std::string bytes = Encode(r);
-      std::fwrite(bytes.data(), 1, bytes.size(), f.get());
-    }
+  std::FILE* f = std::fopen(fresh.c_str(), "we");
+  if (f == nullptr) return;
+  bool written = true;
+  for (const JournalRecord& r : records) {
+    const std::string bytes = Encode(r);
+    written = written && std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
   }
+  written = std::fclose(f) == 0 && written;
   std::error_code error;
+  if (!written) {  // a full disk: the old file (longer, but whole) stays
+    spdlog::error("cannot rewrite {}: {}", path, std::strerror(errno));
+    std::filesystem::remove(fresh, error);
+    return;
+  }
   std::filesystem::rename(fresh, path, error);  // atomic: a crash leaves the old file or the new
 }
+
+void LogJournal::Close(const std::string& job_id) { files_.erase(job_id); }
 
 void LogJournal::Remove(const std::string& job_id) {
   files_.erase(job_id);

@@ -35,13 +35,17 @@ class LogJournal {
   static absl::StatusOr<std::unique_ptr<LogJournal>> Open(std::string dir);
   ~LogJournal();
 
-  // Every job's records, in the order written; a record cut short by a crash is left out.
+  // Every job's records, in the order written. A record cut short (the coordinator died writing it,
+  // or the disk was full) is left out, and the file cut back to the records before it, so that
+  // what is appended next is read again.
   void Load(const std::function<void(const std::string& job_id, JournalRecord record)>& each);
   // Appends one record; the bytes the job's file now has.
   int64_t Write(const std::string& job_id, const JournalRecord& record);
-  // Replaces the job's file by `records`.
+  // Replaces the job's file by `records` (the old one stays when the new one cannot be written).
   void Rewrite(const std::string& job_id, const std::vector<JournalRecord>& records);
   void Remove(const std::string& job_id);
+  // Closes the job's file (its log ended); a later Write opens it again.
+  void Close(const std::string& job_id);
 
  private:
   explicit LogJournal(std::string dir) : dir_(std::move(dir)) {}

@@ -111,6 +111,7 @@ std::vector<std::shared_ptr<LogStore::Subscriber>> LogStore::EndLocked(const std
   if (log.ended) return {};
   log.ended = true;
   lingering_.erase(job_id);
+  if (journal_ != nullptr) journal_->Close(job_id);  // no more output: no open file kept for it
   ended_order_.push_back(job_id);
   EvictLocked();
   return SubscribersOf(log);

@@ -212,7 +212,9 @@ void Daemon::OnSessionOpen(v1::SessionOpen* open) {
   // would wait for them for ever. Set again (on a thread of its own: this one opens the session).
   if (!job->rendezvous->keys().empty()) {
     finishers_.Start([channel = channel_, job] {
-      RendezvousClient client(channel, job->assignment.job().id(), job->assignment.epoch());
+      // With the journal: a stop of the job cancels this too (recording its keys again is a no-op).
+      RendezvousClient client(channel, job->assignment.job().id(), job->assignment.epoch(),
+                              job->rendezvous);
       if (absl::Status s = client.Republish(*job->rendezvous); !s.ok()) {
         spdlog::warn("job {} rank {}: rendezvous keys not published again: {}",
                      job->assignment.job().id(), job->assignment.rank(), s.ToString());
@@ -243,6 +245,11 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
+    if (finished_ == absl::StrCat(assignment.job().id(), "@", assignment.epoch())) {
+      spdlog::info("assignment of {} ignored: its rank ran to its end here already",
+                   assignment.job().id());
+      return;
+    }
     if (job_ != nullptr) {
       if (job_->assignment.job().id() != assignment.job().id() ||
           job_->assignment.epoch() != assignment.epoch()) {
@@ -458,6 +465,8 @@ void Daemon::StopJob(const std::string& job_id, const absl::Status& reason) {
   }
   if (job->stopped.exchange(true)) return;
   spdlog::info("stopping job {}: {}", job_id, reason.ToString());
+  // A rank still meeting its peers stops waiting for the coordinator.
+  job->rendezvous->Cancel();
   // Pending operations fail at once with the reason; the process gets SIGTERM, then SIGKILL.
   job->engine->Abort(reason);
   if (job->child != nullptr) {
@@ -470,6 +479,7 @@ void Daemon::StopJob(const std::string& job_id, const absl::Status& reason) {
 void Daemon::FinishJob(std::shared_ptr<Job> job) {
   // Cleanup joins the engine and the waiter, so it runs on a thread of its own.
   finishers_.Start([this, job] {
+    job->rendezvous->Cancel();  // its engine may still be meeting its peers
     if (job->engine != nullptr) job->engine->Stop();
     if (job->waiter.joinable() && job->waiter.get_id() != std::this_thread::get_id()) {
       job->waiter.join();
@@ -485,6 +495,7 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
     {
       absl::MutexLock lock(&mu_);
       if (job_ == job) job_ = nullptr;
+      finished_ = absl::StrCat(id, "@", job->assignment.epoch());
       next.swap(queued_);
     }
     spdlog::info("job {}: rank cleaned up; {}", id, next ? "starting the queued one" : "idle");

@@ -139,6 +139,9 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
   // An assignment that arrived while the previous job was still being cleaned up.
   std::optional<v1::JobAssignment> queued_ ABSL_GUARDED_BY(mu_);
+  // The last job this daemon ran to its end ("JOB@EPOCH"): an assignment of it sent again (a
+  // coordinator that had not heard of its end yet) does not start it twice.
+  std::string finished_ ABSL_GUARDED_BY(mu_);
   ThreadList finishers_;  // one per finished job
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // Stops the current job's rank once the coordinator has been unreachable for the grace.

@@ -18,15 +18,25 @@ absl::Status FromGrpc(const grpc::Status& s) {
 }
 
 // Runs `call(context)` until it returns anything but UNAVAILABLE or `until` passes. Each attempt
-// waits for the channel to connect (wait_for_ready) and ends by `per_call` or `until`.
+// waits for the channel to connect (wait_for_ready) and ends by `per_call` or `until`; a journal
+// (may be null) cancels them.
 template <typename Call>
-absl::Status Retrying(absl::Time until, absl::Duration per_call, Call call) {
+absl::Status Retrying(RendezvousJournal* journal, absl::Time until, absl::Duration per_call,
+                      Call call) {
   while (true) {
     grpc::ClientContext context;
     context.set_wait_for_ready(true);
     const absl::Time attempt_until = std::min(until, absl::Now() + per_call);
     context.set_deadline(absl::ToChronoTime(attempt_until));
+    if (journal != nullptr && !journal->Begin(&context)) {
+      return absl::CancelledError("rendezvous cancelled: the job stopped");
+    }
     absl::Status s = FromGrpc(call(context));
+    if (journal != nullptr) {
+      journal->End(&context);
+      if (journal->cancelled())
+        return absl::CancelledError("rendezvous cancelled: the job stopped");
+    }
     // Unreachable, or this attempt's own deadline passed waiting for a connection (not the
     // server's answer that a wait timed out, which comes before it).
     const bool retry = s.code() == absl::StatusCode::kUnavailable ||
@@ -49,6 +59,29 @@ std::map<std::string, std::string> RendezvousJournal::keys() const {
   return keys_;
 }
 
+void RendezvousJournal::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* c : calls_) c->TryCancel();
+}
+
+bool RendezvousJournal::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+bool RendezvousJournal::Begin(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return false;
+  calls_.push_back(context);
+  return true;
+}
+
+void RendezvousJournal::End(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  calls_.erase(std::remove(calls_.begin(), calls_.end(), context), calls_.end());
+}
+
 RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> channel, std::string job_id,
                                    int64_t epoch, std::shared_ptr<RendezvousJournal> journal)
     : stub_(v1::RendezvousService::NewStub(std::move(channel))),
@@ -62,10 +95,11 @@ absl::Status RendezvousClient::SetOnce(const std::string& key, const std::string
   request.set_epoch(epoch_);
   request.set_key(key);
   request.set_value(value);
-  return Retrying(absl::Now() + kRetryFor, kCallDeadline, [&](grpc::ClientContext& context) {
-    v1::SetResponse response;
-    return stub_->Set(&context, request, &response);
-  });
+  return Retrying(journal_.get(), absl::Now() + kRetryFor, kCallDeadline,
+                  [&](grpc::ClientContext& context) {
+                    v1::SetResponse response;
+                    return stub_->Set(&context, request, &response);
+                  });
 }
 
 absl::Status RendezvousClient::Set(const std::string& key, const std::string& value) {
@@ -87,7 +121,7 @@ absl::StatusOr<std::string> RendezvousClient::Get(const std::string& key) {
   request.set_key(key);
   v1::GetResponse response;
   absl::Status s = Retrying(
-      absl::Now() + kRetryFor, kCallDeadline,
+      journal_.get(), absl::Now() + kRetryFor, kCallDeadline,
       [&](grpc::ClientContext& context) { return stub_->Get(&context, request, &response); });
   if (!s.ok()) return s;
   return response.value();
@@ -102,12 +136,13 @@ absl::StatusOr<std::vector<std::string>> RendezvousClient::Wait(
   request.set_epoch(epoch_);
   for (const std::string& k : keys) request.add_keys(k);
   v1::WaitResponse response;
-  absl::Status s =
-      Retrying(until + kCallDeadline, timeout + kCallDeadline, [&](grpc::ClientContext& context) {
-        const absl::Duration left = std::max(absl::Milliseconds(1), until - absl::Now());
-        request.set_timeout_ms(absl::ToInt64Milliseconds(left));
-        return stub_->Wait(&context, request, &response);
-      });
+  absl::Status s = Retrying(journal_.get(), until + kCallDeadline, timeout + kCallDeadline,
+                            [&](grpc::ClientContext& context) {
+                              const absl::Duration left =
+                                  std::max(absl::Milliseconds(1), until - absl::Now());
+                              request.set_timeout_ms(absl::ToInt64Milliseconds(left));
+                              return stub_->Wait(&context, request, &response);
+                            });
   if (!s.ok()) return s;
   return std::vector<std::string>(response.values().begin(), response.values().end());
 }

@@ -9,25 +9,37 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
 #include "ringmaster/v1/rendezvous.grpc.pb.h"
 #include "worker/key_value_store.h"
 
 namespace ringmaster {
 
-// The keys one rank's clients set, for publishing them again. Thread-safe.
+// The keys one rank's clients set, for publishing them again; and its calls in flight, which
+// Cancel() ends (a job stopped while its ranks meet must not wait out the retries). Thread-safe.
 class RendezvousJournal {
  public:
   void Record(const std::string& key, const std::string& value);
   std::map<std::string, std::string> keys() const;
 
+  // Every call in flight, and every later one, fails CANCELLED.
+  void Cancel();
+  bool cancelled() const;
+  // A call's context while it runs (false: cancelled already, do not start it).
+  bool Begin(grpc::ClientContext* context);
+  void End(grpc::ClientContext* context);
+
  private:
   mutable absl::Mutex mu_;
   std::map<std::string, std::string> keys_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
 };
 
 class RendezvousClient : public KeyValueStore {

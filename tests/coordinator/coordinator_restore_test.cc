@@ -313,5 +313,29 @@ TEST_F(CoordinatorRestoreTest, AWorkerIdIsNeverGivenTwiceAcrossARestart) {
       << after_->GetJob(job_)->reason;
 }
 
+TEST_F(CoordinatorRestoreTest, AJobWhoseRanksAllExitedBeforeTheRestartEndsAsTheyDid) {
+  // Both exits recorded, the job's end not yet (a success is posted, a failure settles first).
+  ASSERT_TRUE(Update(*before_, 0, RankState::kExited, 0).ok());
+  ASSERT_TRUE(Update(*before_, 1, RankState::kExited, 3).ok());
+  before_.reset();
+  after_ = Start();
+  const Job job = *after_->GetJob(job_);
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_EQ(job.reason,
+            absl::StrCat("rank ", Rank(1), " on host h1 (", w_[1], ") exited with status 3"));
+}
+
+TEST_F(CoordinatorRestoreTest, AJobWhoseRanksAllExitedZeroBeforeTheRestartSucceeds) {
+  ASSERT_TRUE(Update(*before_, 0, RankState::kExited, 0).ok());
+  // The second exit is recorded by hand: the first coordinator would end the job on it at once.
+  Job stored = *store_->Get(job_);
+  for (RankInfo& r : stored.ranks) r.state = RankState::kExited;
+  before_.reset();
+  ASSERT_TRUE(store_->Put(stored).ok());
+  after_ = Start();
+  EXPECT_EQ(after_->GetJob(job_)->state, JobState::kSucceeded);
+  EXPECT_EQ(after_->GetJob(job_)->reason, "all 2 ranks exited 0");
+}
+
 }  // namespace
 }  // namespace ringmaster

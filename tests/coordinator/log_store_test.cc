@@ -300,6 +300,26 @@ TEST_F(LogJournalTest, ARestartedStoreHasEveryChunkWithItsStreamTimeAndNumbers) 
               ElementsAre("0:step 0\n", "0:step 1\n", "0:step 2\n"));
 }
 
+TEST_F(LogJournalTest, ARecordCutShortIsDroppedAndWhatComesAfterItIsKept) {
+  {
+    LogStore store = Store();
+    ASSERT_TRUE(store.Append("job-1", 0, OutputStream::kStdout, "whole\n", 1).ok());
+  }
+  {  // the coordinator died writing the next record
+    std::FILE* f = std::fopen((dir_ + "/job-1.log").c_str(), "a");
+    ASSERT_NE(f, nullptr);
+    std::fputs("R 0 1 2 1700000000000000 100\nonly part of it", f);
+    std::fclose(f);
+  }
+  {
+    LogStore store = Store();
+    EXPECT_THAT(Texts(store.Read("job-1", kAll, 0, kBig)), ElementsAre("0:whole\n"));
+    ASSERT_TRUE(store.Append("job-1", 0, OutputStream::kStdout, "after\n", 2).ok());
+  }
+  LogStore store = Store();
+  EXPECT_THAT(Texts(store.Read("job-1", kAll, 0, kBig)), ElementsAre("0:whole\n", "0:after\n"));
+}
+
 TEST_F(LogJournalTest, TheFileKeepsToTheBoundAndGoesWithTheLog) {
   const int64_t per_rank = 1000;
   {

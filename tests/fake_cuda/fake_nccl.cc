@@ -368,7 +368,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 // As NCCL's: collectives in flight (on other threads) return at once. The communicator's memory is
 // left alone (a collective may still be leaving a barrier): a fake leaks a few bytes per abort.
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  // As NCCL's: once it returns, nothing of the communicator touches memory any more (the caller
+  // frees its buffers next). The collective in progress sees `aborted` at its next wait.
   comm->aborted.store(true);
+  comm->Stop();
   return ncclSuccess;
 }
 ncclResult_t ncclGroupStart() {
