@@ -77,9 +77,10 @@ absl::StatusOr<Job> Coordinator::RegisterJob(JobSpec spec) {
 }
 
 absl::StatusOr<Worker> Coordinator::RegisterWorker(std::string host, std::string device,
-                                                   std::map<std::string, std::string> labels) {
+                                                   std::map<std::string, std::string> labels,
+                                                   uint64_t incarnation) {
   absl::StatusOr<Worker> w =
-      workers_.Register(std::move(host), std::move(device), std::move(labels));
+      workers_.Register(std::move(host), std::move(device), std::move(labels), incarnation);
   if (w.ok()) spdlog::info("worker {} registered: host {} device {}", w->id, w->host, w->device);
   return w;
 }

@@ -157,11 +157,14 @@ class Coordinator {
 
   // Workers.
   absl::StatusOr<Worker> RegisterWorker(std::string host, std::string device,
-                                        std::map<std::string, std::string> labels);
+                                        std::map<std::string, std::string> labels,
+                                        uint64_t incarnation = 0);
   std::vector<Worker> ListWorkers() const { return workers_.List(); }
   // Attaches the worker's session. `channel` is borrowed until CloseSession(). NOT_FOUND for an
-  // unknown worker, FAILED_PRECONDITION for one whose lease expired.
-  absl::Status OpenSession(const std::string& worker_id, WorkerChannel* channel);
+  // unknown worker (or one that another daemon `incarnation` registered), FAILED_PRECONDITION for
+  // one whose lease expired.
+  absl::Status OpenSession(const std::string& worker_id, WorkerChannel* channel,
+                           uint64_t incarnation = 0);
   // After OpenSession, a reconnected worker's `resume` (what it received of the ranks it serves):
   // the response lists each rank missed are re-sent on `channel`, then SendResumed says which
   // request batch the runtime has last, so the worker re-sends the later ones. A rank too far

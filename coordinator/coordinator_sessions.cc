@@ -12,9 +12,11 @@
 
 namespace ringmaster {
 
-absl::Status Coordinator::OpenSession(const std::string& worker_id, WorkerChannel* channel) {
+absl::Status Coordinator::OpenSession(const std::string& worker_id, WorkerChannel* channel,
+                                      uint64_t incarnation) {
   absl::StatusOr<Worker> worker = workers_.Get(worker_id);
   if (!worker.ok()) return worker.status();
+  if (absl::Status s = workers_.CheckIncarnation(worker_id, incarnation); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = workers_.SetConnected(worker_id, true); !s.ok()) return s;

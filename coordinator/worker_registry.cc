@@ -47,7 +47,8 @@ WorkerRegistry::WorkerRegistry(Clock* clock, absl::Duration lease, absl::Duratio
     : clock_(clock), lease_(lease), reconnect_grace_(reconnect_grace) {}
 
 absl::StatusOr<Worker> WorkerRegistry::Register(std::string host, std::string device,
-                                                std::map<std::string, std::string> labels) {
+                                                std::map<std::string, std::string> labels,
+                                                uint64_t incarnation) {
   if (absl::Status s = ValidateWorkerPlacement(host, device); !s.ok()) return s;
   if (labels.size() > 64) return absl::InvalidArgumentError("labels has more than 64 entries");
   absl::MutexLock lock(&mu_);
@@ -57,8 +58,22 @@ absl::StatusOr<Worker> WorkerRegistry::Register(std::string host, std::string de
   w.device = std::move(device);
   w.labels = std::move(labels);
   w.last_heartbeat = clock_->Now();
+  w.incarnation = incarnation;
   workers_[w.id] = w;
   return w;
+}
+
+absl::Status WorkerRegistry::CheckIncarnation(const std::string& id, uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  auto w = FindLocked(id);
+  if (!w.ok()) return w.status();
+  if ((*w)->incarnation == 0) {
+    (*w)->incarnation = incarnation;
+  } else if (incarnation != 0 && incarnation != (*w)->incarnation) {
+    return absl::NotFoundError(
+        absl::StrCat("worker_id '", id, "' belongs to another daemon now; register again"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Worker*> WorkerRegistry::FindLocked(const std::string& id) {

@@ -36,6 +36,8 @@ struct Worker {
   std::string lost_reason;                                 // set by ExpireLeases()
   // Restored after a coordinator restart and not connected since: it is not lost before this.
   absl::Time restored_until = absl::InfinitePast();
+  // The daemon process that registered it (0: not known, e.g. restored: the first session's).
+  uint64_t incarnation = 0;
 };
 
 absl::string_view WorkerStateName(WorkerState state);  // "IDLE", "BUSY", "LOST"
@@ -54,7 +56,11 @@ class WorkerRegistry {
   absl::Duration lease() const { return lease_; }
 
   absl::StatusOr<Worker> Register(std::string host, std::string device,
-                                  std::map<std::string, std::string> labels);
+                                  std::map<std::string, std::string> labels,
+                                  uint64_t incarnation = 0);
+  // A session of the worker from daemon `incarnation`: NOT_FOUND when the worker was registered
+  // by another daemon (two daemons must never share an id); a restored worker takes the first.
+  absl::Status CheckIncarnation(const std::string& id, uint64_t incarnation);
 
   // NOT_FOUND for an unknown id; FAILED_PRECONDITION once the worker's lease has expired.
   absl::StatusOr<Worker> Get(const std::string& id) const;

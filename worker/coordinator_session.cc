@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -38,8 +39,18 @@ CoordinatorSession::CoordinatorSession(std::shared_ptr<grpc::Channel> channel,
                                        v1::RegisterWorkerRequest registration, Listener* listener,
                                        absl::Duration write_timeout)
     : channel_(channel),
+      incarnation_([] {
+        std::random_device device;
+        const uint64_t n = (uint64_t{device()} << 32) ^ device() ^
+                           static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+        return n == 0 ? 1 : n;
+      }()),
       stub_(v1::WorkerService::NewStub(std::move(channel))),
-      registration_(std::move(registration)),
+      registration_([&] {
+        v1::RegisterWorkerRequest r = std::move(registration);
+        r.set_incarnation(incarnation_);
+        return r;
+      }()),
       listener_(listener),
       write_timeout_(write_timeout),
       drop_every_([] {
@@ -171,6 +182,7 @@ grpc::Status CoordinatorSession::RunSession(bool* accepted) {
     absl::MutexLock write_lock(&write_mu_);
     v1::WorkerMessage open;
     open.mutable_open()->set_worker_id(worker_id);
+    open.mutable_open()->set_incarnation(incarnation_);
     listener_->OnSessionOpen(open.mutable_open());
     write_started_ns_.store(MonotonicNanos());
     opened = stream->Write(open);

@@ -66,6 +66,8 @@ class CoordinatorSession {
   grpc::Status RunSession(bool* accepted);
 
   std::shared_ptr<grpc::Channel> channel_;
+  // This daemon process's incarnation (random, never 0): its registration and sessions carry it.
+  const uint64_t incarnation_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   const v1::RegisterWorkerRequest registration_;
   Listener* const listener_;

@@ -130,7 +130,11 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
         return absl::InvalidArgumentError(absl::StrCat("open.resume has ", m.open().resume_size(),
                                                        " entries; at most ", kMaxResumeEntries));
       }
-      if (absl::Status s = coordinator_.OpenSession(m.open().worker_id(), this); !s.ok()) return s;
+      if (absl::Status s =
+              coordinator_.OpenSession(m.open().worker_id(), this, m.open().incarnation());
+          !s.ok()) {
+        return s;
+      }
       worker_id_ = m.open().worker_id();
       auto accepted = std::make_shared<v1::CoordinatorMessage>();
       v1::RegisterWorkerResponse* a = accepted->mutable_accepted();
@@ -267,7 +271,8 @@ grpc::ServerUnaryReactor* WorkerService::RegisterWorker(grpc::CallbackServerCont
                                                         const v1::RegisterWorkerRequest* request,
                                                         v1::RegisterWorkerResponse* response) {
   absl::StatusOr<Worker> worker = coordinator_.RegisterWorker(
-      request->host(), request->device(), {request->labels().begin(), request->labels().end()});
+      request->host(), request->device(), {request->labels().begin(), request->labels().end()},
+      request->incarnation());
   if (worker.ok()) {
     response->set_worker_id(worker->id);
     response->set_lease_ms(absl::ToInt64Milliseconds(coordinator_.lease()));

@@ -313,6 +313,29 @@ TEST_F(CoordinatorRestoreTest, AWorkerIdIsNeverGivenTwiceAcrossARestart) {
       << after_->GetJob(job_)->reason;
 }
 
+TEST_F(CoordinatorRestoreTest, AnIdleDaemonsOldIdGivenToAnotherDaemonIsRefusedToIt) {
+  // An idle daemon before the restart: its id is in no job, so it is not reserved.
+  absl::StatusOr<Worker> idle = before_->RegisterWorker("h2", "cpu", {}, /*incarnation=*/7);
+  ASSERT_TRUE(idle.ok());
+  EXPECT_EQ(idle->id, "worker-000003");
+  before_.reset();
+  after_ = Start();
+  // Another daemon registers first and is given that id...
+  absl::StatusOr<Worker> fresh = after_->RegisterWorker("h3", "cpu", {}, /*incarnation=*/9);
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_EQ(fresh->id, "worker-000003");
+  Recorder a, b;
+  ASSERT_TRUE(after_->OpenSession(fresh->id, &a, 9).ok());
+  // ... so the idle daemon's session under it is refused (it registers again), and the other's
+  // session stays.
+  const absl::Status s = after_->OpenSession("worker-000003", &b, 7);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "worker_id 'worker-000003' belongs to another daemon now; register again");
+  // A restored worker takes the first daemon that reattaches; another one is refused.
+  ASSERT_TRUE(after_->OpenSession(w_[0], &new_[0], 41).ok());
+  EXPECT_EQ(after_->OpenSession(w_[0], &new_[1], 42).code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(CoordinatorRestoreTest, AJobWhoseRanksAllExitedBeforeTheRestartEndsAsTheyDid) {
   // Both exits recorded, the job's end not yet (a success is posted, a failure settles first).
   ASSERT_TRUE(Update(*before_, 0, RankState::kExited, 0).ok());

@@ -255,7 +255,9 @@ TEST_F(EngineTest, ANewCacheGenerationSendsEveryUnansweredRequestAgainInFull) {
   {
     absl::MutexLock lock(&mu_);
     for (const v1::WorkerMessage& m : sent_) {
-      if (m.has_requests()) EXPECT_EQ(m.requests().cache_generation(), 0u);
+      if (m.has_requests()) {
+        EXPECT_EQ(m.requests().cache_generation(), 0u);
+      }
     }
   }
   // The restarted coordinator's first list: a new generation, nothing else. Both go again, in
