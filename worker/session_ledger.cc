@@ -74,17 +74,17 @@ void SessionLedger::Retain(const v1::ResponseList& list) {
   // What every rank executes, without what this rank alone was told.
   kept.clear_resend_ids();
   kept.clear_rank_errors();
-  retained_bytes_ += kept.ByteSizeLong();
+  retained_bytes_ += kept.ByteSizeLong();  // cached in the message: not measured again
   while (retained_.size() > kMaxRetained ||
          (retained_bytes_ > kMaxRetainedBytes && retained_.size() > 1)) {
-    retained_bytes_ -= retained_.front().ByteSizeLong();
+    retained_bytes_ -= retained_.front().GetCachedSize();  // as Retain measured it
     retained_.pop_front();
   }
 }
 
 void SessionLedger::ForgetRetainedThrough(uint64_t seq) {
   while (!retained_.empty() && retained_.front().seq() <= seq) {
-    retained_bytes_ -= retained_.front().ByteSizeLong();
+    retained_bytes_ -= retained_.front().GetCachedSize();  // as Retain measured it
     retained_.pop_front();
   }
 }

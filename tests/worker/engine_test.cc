@@ -160,6 +160,15 @@ class EngineTest : public ::testing::Test {
     for (int64_t s : sizes) r.add_tensor_sizes(s);
     return r;
   }
+  // A list that gives `name` the cache id `id` and allreduces it (`size` elements).
+  static v1::ResponseList AssignAndAllreduce(const std::string& name, uint32_t id, int64_t size) {
+    v1::ResponseList list;
+    v1::CacheAssignment* assigned = list.add_cache_assignments();
+    assigned->set_name(name);
+    assigned->set_id(id);
+    *list.add_responses() = Allreduce({name}, {size});
+    return list;
+  }
   void Respond(v1::Response r) {
     v1::ResponseList list;
     *list.add_responses() = std::move(r);
@@ -211,12 +220,7 @@ TEST_F(EngineTest, CachedTensorsTravelByIdAndResponsesByIdFindThem) {
   Start(/*cycle=*/absl::Milliseconds(1));
   Enqueue(1, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
   EXPECT_THAT(Batches(1), ElementsAre("w|"));
-  v1::ResponseList list;
-  v1::CacheAssignment* assigned = list.add_cache_assignments();
-  assigned->set_name("w");
-  assigned->set_id(9);
-  *list.add_responses() = Allreduce({"w"}, {4});
-  engine_->OnResponses(list);
+  engine_->OnResponses(AssignAndAllreduce("w", 9, 4));
   EXPECT_EQ(WaitFor(1).code(), 0);
   // The same tensor again: by its id; and the response may name it by id alone.
   clock_.Advance(absl::Milliseconds(1));  // a cycle later
@@ -240,12 +244,7 @@ TEST_F(EngineTest, ANewCacheGenerationSendsEveryUnansweredRequestAgainInFull) {
   Start(/*cycle=*/absl::Hours(1));  // on the fake clock: a batch goes when Advance ends a cycle
   Enqueue(1, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
   EXPECT_THAT(Batches(1), ElementsAre("w|"));
-  v1::ResponseList list;
-  v1::CacheAssignment* assigned = list.add_cache_assignments();
-  assigned->set_name("w");
-  assigned->set_id(9);
-  *list.add_responses() = Allreduce({"w"}, {4});
-  engine_->OnResponses(list);
+  engine_->OnResponses(AssignAndAllreduce("w", 9, 4));
   EXPECT_EQ(WaitFor(1).code(), 0);
   // Two requests out in one batch (w by its cache id), unanswered when the coordinator restarts.
   Enqueue(2, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
