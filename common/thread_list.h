@@ -40,15 +40,19 @@ class ThreadList {
     for (Entry& e : finished) e.thread.join();  // they have returned, or are about to
   }
 
-  // Joins every thread; REQUIRES: their tasks end (the caller has told them to).
+  // Joins every thread, those started by the threads it joins included (a job's stop that starts
+  // its cleanup); REQUIRES: their tasks end (the caller has told them to).
   void JoinAll() {
-    std::vector<Entry> all;
-    {
-      absl::MutexLock lock(&mu_);
-      all.swap(entries_);
-    }
-    for (Entry& e : all) {
-      if (e.thread.joinable()) e.thread.join();
+    while (true) {
+      std::vector<Entry> all;
+      {
+        absl::MutexLock lock(&mu_);
+        if (entries_.empty()) return;
+        all.swap(entries_);
+      }
+      for (Entry& e : all) {
+        if (e.thread.joinable()) e.thread.join();
+      }
     }
   }
 

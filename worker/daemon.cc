@@ -470,7 +470,8 @@ void Daemon::StopJob(const std::string& job_id, const absl::Status& reason) {
   // Pending operations fail at once with the reason; the process gets SIGTERM, then SIGKILL.
   job->engine->Abort(reason);
   if (job->child != nullptr) {
-    std::thread([job, grace = options_.stop_grace] { job->child->Terminate(grace); }).detach();
+    // Not detached: the job must not outlive the daemon (its engine's gauges live in metrics_).
+    finishers_.Start([job, grace = options_.stop_grace] { job->child->Terminate(grace); });
   } else {
     FinishJob(job);
   }
