@@ -265,10 +265,10 @@ void PrintJob(const v1::Job& job) {
   if (job.ranks_size() > 0) {
     std::printf("\n");
     std::vector<std::vector<std::string>> rows = {
-        {"RANK", "HOST", "DEVICE", "WORKER", "LOCAL", "CROSS", "STATE", "EXIT"}};
+        {"RANK", "HOST", "ADDRESS", "DEVICE", "WORKER", "LOCAL", "CROSS", "STATE", "EXIT"}};
     for (const v1::RankInfo& r : job.ranks()) {
-      rows.push_back({absl::StrCat(r.rank()), r.host(), r.device(), r.worker_id(),
-                      absl::StrCat(r.local_rank(), "/", r.local_size()),
+      rows.push_back({absl::StrCat(r.rank()), r.host(), r.address().empty() ? "-" : r.address(),
+                      r.device(), r.worker_id(), absl::StrCat(r.local_rank(), "/", r.local_size()),
                       absl::StrCat(r.cross_rank(), "/", r.cross_size()), RankStateName(r.state()),
                       r.state() == v1::RANK_STATE_EXITED ? absl::StrCat(r.exit_code()) : "-"});
     }
@@ -474,10 +474,10 @@ int Workers(const Global& g, v1::ClusterService::Stub& stub, Args& args) {
     return 0;
   }
   std::vector<std::vector<std::string>> rows = {
-      {"WORKER", "HOST", "DEVICE", "STATE", "JOB", "RANK", "HEARTBEAT"}};
+      {"WORKER", "HOST", "ADDRESS", "DEVICE", "STATE", "JOB", "RANK", "HEARTBEAT"}};
   for (const v1::WorkerInfo& w : response.workers()) {
-    rows.push_back({w.worker_id(), w.host(), w.device(), WorkerStateName(w.state()),
-                    w.job_id().empty() ? "-" : w.job_id(),
+    rows.push_back({w.worker_id(), w.host(), w.address().empty() ? "-" : w.address(), w.device(),
+                    WorkerStateName(w.state()), w.job_id().empty() ? "-" : w.job_id(),
                     w.job_id().empty() ? "-" : absl::StrCat(w.rank()),
                     absl::StrCat(Age(w.last_heartbeat_unix_ms()), " ago")});
   }

@@ -78,10 +78,13 @@ absl::StatusOr<Job> Coordinator::RegisterJob(JobSpec spec) {
 
 absl::StatusOr<Worker> Coordinator::RegisterWorker(std::string host, std::string device,
                                                    std::map<std::string, std::string> labels,
-                                                   uint64_t incarnation) {
-  absl::StatusOr<Worker> w =
-      workers_.Register(std::move(host), std::move(device), std::move(labels), incarnation);
-  if (w.ok()) spdlog::info("worker {} registered: host {} device {}", w->id, w->host, w->device);
+                                                   uint64_t incarnation, std::string address) {
+  absl::StatusOr<Worker> w = workers_.Register(std::move(host), std::move(device),
+                                               std::move(labels), incarnation, std::move(address));
+  if (w.ok()) {
+    spdlog::info("worker {} registered: host {} device {} address {}", w->id, w->host, w->device,
+                 w->address.empty() ? "not known" : w->address);
+  }
   return w;
 }
 

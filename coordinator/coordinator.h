@@ -158,7 +158,7 @@ class Coordinator {
   // Workers.
   absl::StatusOr<Worker> RegisterWorker(std::string host, std::string device,
                                         std::map<std::string, std::string> labels,
-                                        uint64_t incarnation = 0);
+                                        uint64_t incarnation = 0, std::string address = "");
   std::vector<Worker> ListWorkers() const { return workers_.List(); }
   // Attaches the worker's session. `channel` is borrowed until CloseSession(). NOT_FOUND for an
   // unknown worker (or one that another daemon `incarnation` registered), FAILED_PRECONDITION for

@@ -37,6 +37,7 @@ struct RankInfo {
   std::string worker_id;
   std::string host;
   std::string device;
+  std::string address;  // its worker's data plane address ("": not known)
   int32_t local_rank = 0;
   int32_t local_size = 0;
   int32_t cross_rank = 0;

@@ -99,6 +99,7 @@ absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& av
       r.worker_id = w.id;
       r.host = w.host;
       r.device = w.device;
+      r.address = w.address;
       r.local_rank = local;
       r.local_size = n;
       ranks.push_back(std::move(r));

@@ -1,14 +1,26 @@
 #include "coordinator/worker_registry.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace ringmaster {
+namespace {
+
+bool IsNumericAddress(const std::string& text) {
+  unsigned char scratch[sizeof(in6_addr)];
+  return inet_pton(AF_INET, text.c_str(), scratch) == 1 ||
+         inet_pton(AF_INET6, text.c_str(), scratch) == 1;
+}
+
+}  // namespace
 
 absl::string_view WorkerStateName(WorkerState state) {
   switch (state) {
@@ -48,14 +60,20 @@ WorkerRegistry::WorkerRegistry(Clock* clock, absl::Duration lease, absl::Duratio
 
 absl::StatusOr<Worker> WorkerRegistry::Register(std::string host, std::string device,
                                                 std::map<std::string, std::string> labels,
-                                                uint64_t incarnation) {
+                                                uint64_t incarnation, std::string address) {
   if (absl::Status s = ValidateWorkerPlacement(host, device); !s.ok()) return s;
+  if (!address.empty() && !IsNumericAddress(address)) {
+    return absl::InvalidArgumentError(absl::StrCat("address '",
+                                                   absl::CHexEscape(address.substr(0, 64)),
+                                                   "' is not a numeric IPv4 or IPv6 address"));
+  }
   if (labels.size() > 64) return absl::InvalidArgumentError("labels has more than 64 entries");
   absl::MutexLock lock(&mu_);
   Worker w;
   w.id = absl::StrFormat("worker-%06d", next_id_++);
   w.host = std::move(host);
   w.device = std::move(device);
+  w.address = std::move(address);
   w.labels = std::move(labels);
   w.last_heartbeat = clock_->Now();
   w.incarnation = incarnation;
@@ -166,7 +184,8 @@ void WorkerRegistry::Release(const std::string& id) {
 }
 
 absl::Status WorkerRegistry::Restore(const std::string& id, std::string host, std::string device,
-                                     const std::string& job_id, int32_t rank, absl::Time until) {
+                                     const std::string& job_id, int32_t rank, absl::Time until,
+                                     std::string address) {
   absl::MutexLock lock(&mu_);
   if (workers_.contains(id)) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", id, " is known already"));
@@ -175,6 +194,7 @@ absl::Status WorkerRegistry::Restore(const std::string& id, std::string host, st
   w.id = id;
   w.host = std::move(host);
   w.device = std::move(device);
+  w.address = std::move(address);
   w.state = WorkerState::kBusy;
   w.job_id = job_id;
   w.rank = rank;

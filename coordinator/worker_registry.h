@@ -25,7 +25,8 @@ enum class WorkerState { kIdle = 1, kBusy, kLost };
 struct Worker {
   std::string id;
   std::string host;
-  std::string device;  // "cpu" or "cuda:N"
+  std::string device;   // "cpu" or "cuda:N"
+  std::string address;  // its data plane's numeric address ("": not known)
   std::map<std::string, std::string> labels;
   WorkerState state = WorkerState::kIdle;
   bool connected = false;  // has an open session stream
@@ -55,9 +56,10 @@ class WorkerRegistry {
 
   absl::Duration lease() const { return lease_; }
 
+  // `address`: empty or a numeric IPv4/IPv6 address (INVALID_ARGUMENT naming the field otherwise).
   absl::StatusOr<Worker> Register(std::string host, std::string device,
                                   std::map<std::string, std::string> labels,
-                                  uint64_t incarnation = 0);
+                                  uint64_t incarnation = 0, std::string address = "");
   // A session of the worker from daemon `incarnation`: NOT_FOUND when the worker was registered
   // by another daemon (two daemons must never share an id); a restored worker takes the first.
   absl::Status CheckIncarnation(const std::string& id, uint64_t incarnation);
@@ -82,7 +84,8 @@ class WorkerRegistry {
   // again (busy, not connected) so that its daemon's session reattaches; it is lost unless it
   // connects by `until`. FAILED_PRECONDITION when the id is known already.
   absl::Status Restore(const std::string& id, std::string host, std::string device,
-                       const std::string& job_id, int32_t rank, absl::Time until);
+                       const std::string& job_id, int32_t rank, absl::Time until,
+                       std::string address = "");
   // New workers are numbered after `id` ("worker-NNNNNN"; others are ignored): no id is used twice.
   void ReserveId(const std::string& id);
 

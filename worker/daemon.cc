@@ -70,6 +70,24 @@ absl::Status Daemon::Start() {
   }
   DaemonOptions& o = const_cast<DaemonOptions&>(options_);
   if (o.host_name.empty()) o.host_name = DefaultHostName();
+  if (!options_.iface.empty()) {
+    if (absl::StatusOr<LocalAddress> a = AddressOfInterface(options_.iface); !a.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--iface: ", a.status().message()));
+    }
+  }
+  absl::StatusOr<LocalAddress> address = DataAddress();
+  if (address.ok()) {
+    // NCCL picks its bootstrap interface itself: point it at the same one, exactly ("=" keeps
+    // "eth1" from also matching "eth10"), unless the operator chose. Set before any other thread
+    // of this daemon starts (setenv is not safe against a concurrent getenv).
+    if (getenv("NCCL_SOCKET_IFNAME") == nullptr && !address->iface.empty()) {
+      setenv("NCCL_SOCKET_IFNAME", absl::StrCat("=", address->iface).c_str(), 1);
+    }
+    spdlog::info("data plane on {} ({})", address->address, address->iface);
+  } else {
+    spdlog::warn("data plane address not known yet (found again at the first job): {}",
+                 address.status().ToString());
+  }
   if (o.socket_path.empty())
     o.socket_path = absl::StrCat("/tmp/ringmaster-worker-", getpid(), ".sock");
   if (!options_.metrics_listen.empty()) {
@@ -101,6 +119,7 @@ absl::Status Daemon::Start() {
   v1::RegisterWorkerRequest registration;
   registration.set_host(options_.host_name);
   registration.set_device(options_.device);
+  if (address.ok()) registration.set_address(address->address);
   session_ = std::make_unique<CoordinatorSession>(channel_, registration, this);
   session_->Start();
   spdlog::info("worker on {} ({}) serving {}", options_.host_name, options_.device,
@@ -279,6 +298,14 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     return;
   }
   job->arena = *std::move(arena);
+  absl::StatusOr<LocalAddress> address = DataAddress();
+  if (!address.ok()) {
+    SendRankUpdate(
+        *job, v1::RANK_STATE_EXITED, 1,
+        absl::StrCat("worker has no address for the data plane: ", address.status().message()));
+    FinishJob(job);
+    return;
+  }
   const size_t client_bytes = options_.arena_bytes / 4 * 3;
   job->outputs = std::make_unique<ArenaAllocator>(client_bytes, options_.arena_bytes);
 
@@ -295,6 +322,7 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   e.timeline = rank == 0 && !spec.spec().knobs().timeline().empty();
   auto channel = channel_;
   const std::string iface = options_.iface;
+  const std::string hostname = address->address;
   const absl::Duration timeout = options_.collective_timeout;
   CpuExecutorOptions cpu;
   cpu.rank = rank;
@@ -302,13 +330,14 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   cpu.arena = job->arena->data();
   cpu.outputs = job->outputs.get();
   std::shared_ptr<RendezvousJournal> journal = job->rendezvous;
-  cpu.make_backend = [channel, spec, assignment, iface, timeout, journal](int index) {
+  cpu.make_backend = [channel, spec, assignment, iface, hostname, timeout, journal](int index) {
     GlooBackendOptions g;
     g.rank = assignment.rank();
     g.size = spec.spec().np();
     g.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch(), journal);
     g.prefix = absl::StrCat("gloo/", index, "/");
     g.iface = iface;
+    g.hostname = hostname;
     g.timeout = timeout;
     return CreateGlooBackend(std::move(g));
   };
@@ -481,7 +510,18 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
   // Cleanup joins the engine and the waiter, so it runs on a thread of its own.
   finishers_.Start([this, job] {
     job->rendezvous->Cancel();  // its engine may still be meeting its peers
-    if (job->engine != nullptr) job->engine->Stop();
+    // A Gloo pair connecting to a peer that is gone cannot be cancelled (it gives up after the
+    // collective timeout): the slot does not wait for it. The job, its arena included, stays
+    // until the engine has stopped, on a thread of its own.
+    bool stopped = true;
+    if (job->engine != nullptr && !job->engine->StopWithin(absl::Seconds(1))) {
+      stopped = false;
+      spdlog::info(
+          "job {} rank {}: its communicator setup ends within the collective timeout; "
+          "the slot is free now",
+          job->assignment.job().id(), job->assignment.rank());
+      finishers_.Start([job] { job->engine->Stop(); });
+    }
     if (job->waiter.joinable() && job->waiter.get_id() != std::this_thread::get_id()) {
       job->waiter.join();
     }
@@ -491,7 +531,9 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
     }
     local_->DisconnectAll();
     const std::string id = job->assignment.job().id();
-    job->arena.reset();  // the memory goes once the training process has unmapped it too
+    // The memory goes once the training process has unmapped it too (and, when the engine is
+    // still stopping, once that thread drops the job).
+    if (stopped) job->arena.reset();
     std::optional<v1::JobAssignment> next;
     {
       absl::MutexLock lock(&mu_);
@@ -502,6 +544,15 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
     spdlog::info("job {}: rank cleaned up; {}", id, next ? "starting the queued one" : "idle");
     if (next) StartJob(*next);
   });
+}
+
+absl::StatusOr<LocalAddress> Daemon::DataAddress() {
+  absl::MutexLock lock(&mu_);
+  if (data_address_.has_value()) return *data_address_;
+  absl::StatusOr<LocalAddress> a = options_.iface.empty() ? AddressTowards(options_.coordinator)
+                                                          : AddressOfInterface(options_.iface);
+  if (a.ok()) data_address_ = *a;
+  return a;
 }
 
 std::shared_ptr<Daemon::Job> Daemon::ServingJob() {

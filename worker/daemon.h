@@ -27,6 +27,7 @@
 #include "worker/device_executor.h"
 #include "worker/engine.h"
 #include "worker/local_server.h"
+#include "worker/net_address.h"
 #include "worker/rendezvous_client.h"
 #include "worker/session_ledger.h"
 
@@ -37,7 +38,9 @@ struct DaemonOptions {
   std::string device = "cpu";
   std::string host_name;    // default: gethostname()
   std::string socket_path;  // default: /tmp/ringmaster-worker-<pid>.sock
-  std::string iface;        // network interface for Gloo; "" = the host's address
+  // The data plane's network interface (Gloo, NCCL's bootstrap); "": the one that holds the
+  // address of the route to the coordinator.
+  std::string iface;
   size_t arena_bytes = size_t{1} << 30;
   absl::Duration stop_grace = absl::Seconds(5);
   absl::Duration collective_timeout = absl::Seconds(30);
@@ -126,6 +129,9 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   std::shared_ptr<Job> CurrentJob();
   // The current job once it is ready to serve (arena and engine built), else null.
   std::shared_ptr<Job> ServingJob();
+  // The address the data plane listens on (see net_address.h); found again while unknown (a
+  // coordinator name that did not resolve at start).
+  absl::StatusOr<LocalAddress> DataAddress();
 
   const DaemonOptions options_;
   int cuda_device_ = -1;  // the GPU served (--device cuda:N), -1 for a CPU slot
@@ -142,6 +148,7 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   // The last job this daemon ran to its end ("JOB@EPOCH"): an assignment of it sent again (a
   // coordinator that had not heard of its end yet) does not start it twice.
   std::string finished_ ABSL_GUARDED_BY(mu_);
+  std::optional<LocalAddress> data_address_ ABSL_GUARDED_BY(mu_);
   ThreadList finishers_;  // one per finished job
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // Stops the current job's rank once the coordinator has been unreachable for the grace.

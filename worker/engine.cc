@@ -90,7 +90,10 @@ Engine::~Engine() {
 }
 
 void Engine::Start() {
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    Loop();
+    loop_done_.Notify();
+  });
 }
 
 std::string Engine::RankName() const {
@@ -156,14 +159,23 @@ void Engine::Abort(const absl::Status& status) {
   for (auto& [name, op] : ops) op->done(StatusCompletion(status));
 }
 
-void Engine::Stop() {
+void Engine::Stop() { StopWithin(absl::InfiniteDuration()); }
+
+bool Engine::StopWithin(absl::Duration timeout) {
+  bool first;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return;
+    first = !stopping_;
     stopping_ = true;
   }
-  Abort(absl::CancelledError(absl::StrCat("job ", options_.job_id, " stopped on ", RankName())));
-  if (thread_.joinable()) thread_.join();
+  if (first) {
+    Abort(absl::CancelledError(absl::StrCat("job ", options_.job_id, " stopped on ", RankName())));
+  }
+  absl::MutexLock join_lock(&join_mu_);
+  if (!thread_.joinable()) return true;  // never started, or joined
+  if (!loop_done_.WaitForNotificationWithTimeout(timeout)) return false;
+  thread_.join();
+  return true;
 }
 
 bool Engine::Stopping() {

@@ -24,6 +24,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics.h"
@@ -81,6 +82,10 @@ class Engine {
 
   // Aborts (with CANCELLED) what is pending and joins the engine thread.
   void Stop();
+  // Stop(), waiting at most `timeout` for the engine thread: false when it is still busy (a
+  // communicator setup in a connect that cannot be cancelled, bounded by the collective timeout);
+  // a later Stop() joins it.
+  bool StopWithin(absl::Duration timeout);
 
  private:
   struct Op {
@@ -149,6 +154,8 @@ class Engine {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool joined_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
+  absl::Notification loop_done_;  // the engine thread has left Loop()
+  absl::Mutex join_mu_;           // one joiner at a time
 };
 
 }  // namespace ringmaster

@@ -21,8 +21,11 @@ ABSL_FLAG(std::string, host_name, "", "host name reported to the coordinator (de
 ABSL_FLAG(std::string, socket, "",
           "Unix socket of the local API (default /tmp/ringmaster-worker-PID.sock); refused when "
           "another worker answers there");
-ABSL_FLAG(std::string, iface, "",
-          "network interface for Gloo (env HOROVOD_GLOO_IFACE); default 127.0.0.1");
+ABSL_FLAG(
+    std::string, iface, "",
+    "network interface of the data plane, Gloo and NCCL's bootstrap (env HOROVOD_GLOO_IFACE); "
+    "default: the one holding the address of the route to the coordinator (NCCL_SOCKET_IFNAME, "
+    "when set, still chooses NCCL's)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://ADDR:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(int64_t, arena_mb, 1024, "shared-memory arena per job, MiB");

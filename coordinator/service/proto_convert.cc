@@ -102,6 +102,7 @@ absl::Status FromProto(const v1::Job& in, Job* out) {
     o.worker_id = r.worker_id();
     o.host = r.host();
     o.device = r.device();
+    o.address = r.address();
     o.local_rank = r.local_rank();
     o.local_size = r.local_size();
     o.cross_rank = r.cross_rank();
@@ -131,6 +132,7 @@ void ToProto(const Worker& in, v1::WorkerInfo* out) {
   out->set_worker_id(in.id);
   out->set_host(in.host);
   out->set_device(in.device);
+  out->set_address(in.address);
   out->set_state(in.state == WorkerState::kLost   ? v1::WORKER_STATE_LOST
                  : !in.connected                  ? v1::WORKER_STATE_DISCONNECTED
                  : in.state == WorkerState::kBusy ? v1::WORKER_STATE_BUSY
@@ -156,6 +158,7 @@ void ToProto(const Job& in, v1::Job* out) {
     o->set_worker_id(r.worker_id);
     o->set_host(r.host);
     o->set_device(r.device);
+    o->set_address(r.address);
     o->set_local_rank(r.local_rank);
     o->set_local_size(r.local_size);
     o->set_cross_rank(r.cross_rank);

@@ -272,7 +272,7 @@ grpc::ServerUnaryReactor* WorkerService::RegisterWorker(grpc::CallbackServerCont
                                                         v1::RegisterWorkerResponse* response) {
   absl::StatusOr<Worker> worker = coordinator_.RegisterWorker(
       request->host(), request->device(), {request->labels().begin(), request->labels().end()},
-      request->incarnation());
+      request->incarnation(), request->address());
   if (worker.ok()) {
     response->set_worker_id(worker->id);
     response->set_lease_ms(absl::ToInt64Milliseconds(coordinator_.lease()));

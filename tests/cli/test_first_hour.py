@@ -237,13 +237,17 @@ def test_a_pending_job_says_why_it_waits_and_workers_are_listed(cluster):
     assert cluster.job(c, job)["waiting_reason"] == (
         "needs 16 idle cpu slots (at most 8 per host); 1 registered, 1 idle")
     table = cluster.cli(c, "workers").stdout.splitlines()
-    assert table[0].split() == ["WORKER", "HOST", "DEVICE", "STATE", "JOB", "RANK", "HEARTBEAT"]
+    assert table[0].split() == ["WORKER", "HOST", "ADDRESS", "DEVICE", "STATE", "JOB", "RANK",
+                                "HEARTBEAT"]
     row = table[1].split()
-    assert re.fullmatch(r"worker-\d{6}", row[0]) and row[1:6] == ["h0", "cpu", "IDLE", "-", "-"]
-    assert re.fullmatch(r"\d+s", row[6]) and row[7] == "ago"
+    # A worker whose coordinator is on loopback has its data plane there too.
+    assert re.fullmatch(r"worker-\d{6}", row[0]) and row[1:7] == [
+        "h0", "127.0.0.1", "cpu", "IDLE", "-", "-"]
+    assert re.fullmatch(r"\d+s", row[7]) and row[8] == "ago"
 
     # The coordinator logs registrations at its default level (info).
-    wait_for(lambda: re.search(rf"worker {row[0]} registered: host h0 device cpu", c.stderr()), 5,
+    wait_for(lambda: re.search(rf"worker {row[0]} registered: host h0 device cpu address 127.0.0.1",
+                               c.stderr()), 5,
              "the registration in the coordinator's log")
     # ... and the loss of a worker.
     w.stop(signal.SIGKILL)
@@ -389,8 +393,10 @@ def test_the_other_ranks_of_a_failed_or_cancelled_job_show_their_final_state(clu
         f"see all of it with: ringmaster logs {job} --rank 1")
     assert [r["state"] for r in failed["ranks"]] == ["RANK_STATE_STOPPED", "RANK_STATE_EXITED"]
     status = cluster.cli(c, "status", job).stdout
-    assert re.search(r"^0 +h0 +cpu +worker-\d+ +0/2 +0/1 +STOPPED +-$", status, re.M), status
-    assert re.search(r"^1 +h0 +cpu +worker-\d+ +1/2 +0/1 +EXITED +3$", status, re.M), status
+    assert re.search(r"^0 +h0 +127\.0\.0\.1 +cpu +worker-\d+ +0/2 +0/1 +STOPPED +-$", status,
+                     re.M), status
+    assert re.search(r"^1 +h0 +127\.0\.0\.1 +cpu +worker-\d+ +1/2 +0/1 +EXITED +3$", status,
+                     re.M), status
 
     wait_for(lambda: len(cluster.idle_workers(c)) == 2, 20, "the workers to be free")
     job = submit(cluster, c, "--np", "2", "--", "sleep", "30")

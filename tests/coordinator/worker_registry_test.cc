@@ -112,6 +112,25 @@ TEST_F(WorkerRegistryTest, TooManyLabelsAreRejected) {
   EXPECT_TRUE(registry_.Register("host-a", "cpu", labels).ok());
 }
 
+TEST_F(WorkerRegistryTest, TheDataPlaneAddressIsKeptAndMustBeNumeric) {
+  absl::StatusOr<Worker> v4 = registry_.Register("host-a", "cpu", {}, 0, "10.77.0.3");
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(v4->address, "10.77.0.3");
+  absl::StatusOr<Worker> v6 = registry_.Register("host-b", "cpu", {}, 0, "fd00::7");
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  EXPECT_EQ(registry_.Get(v6->id)->address, "fd00::7");
+  absl::StatusOr<Worker> none = registry_.Register("host-c", "cpu", {});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->address, "");
+  for (const std::string bad : {"node-3", "10.77.0.3:4000", "10.77.0.300", " 10.0.0.1"}) {
+    absl::StatusOr<Worker> w = registry_.Register("host-d", "cpu", {}, 0, bad);
+    EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(w.status().message(),
+              absl::StrCat("address '", bad, "' is not a numeric IPv4 or IPv6 address"));
+  }
+  EXPECT_EQ(registry_.List().size(), 3u);
+}
+
 TEST_F(WorkerRegistryTest, UnknownWorkerIsNotFound) {
   EXPECT_EQ(registry_.Get("worker-000042").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry_.Get("worker-000042").status().message(),

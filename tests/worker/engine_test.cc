@@ -30,10 +30,13 @@ class FakeExecutor : public Executor {
     absl::Status setup ABSL_GUARDED_BY(mu);
     absl::Status fail ABSL_GUARDED_BY(mu);
     bool fatal ABSL_GUARDED_BY(mu) = true;
+    // When set, Setup() waits for it (a Gloo pair connect that cannot be cancelled).
+    absl::Notification* hold_setup = nullptr;
   };
   explicit FakeExecutor(State* state) : state_(*state) {}
 
   absl::Status Setup() override {
+    if (state_.hold_setup != nullptr) state_.hold_setup->WaitForNotification();
     absl::MutexLock lock(&state_.mu);
     return state_.setup;
   }
@@ -411,6 +414,25 @@ TEST_F(EngineTest, StopFailsWhatIsPendingAsCancelled) {
   const v1::LocalCompletion c = WaitFor(1);
   EXPECT_EQ(c.code(), static_cast<int>(absl::StatusCode::kCancelled));
   EXPECT_EQ(c.message(), "job job-000003 stopped on rank 1 (host-b)");
+}
+
+TEST_F(EngineTest, AStopDuringASetupThatCannotBeCancelledReturnsInTimeAndAbortsWhatIsPending) {
+  absl::Notification release;
+  executor_.hold_setup = &release;
+  Start();
+  Enqueue(1, "grad", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  const absl::Time asked = absl::Now();
+  EXPECT_FALSE(engine_->StopWithin(absl::Milliseconds(100)));
+  EXPECT_GE(absl::Now() - asked, absl::Milliseconds(100));
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(2));
+  // What was pending failed at once, with the stop's reason.
+  v1::LocalCompletion c = WaitFor(1);
+  EXPECT_EQ(c.code(), static_cast<int>(absl::StatusCode::kCancelled));
+  EXPECT_EQ(c.message(), "job job-000003 stopped on rank 1 (host-b)");
+  // Once the setup gives up, a stop joins the thread.
+  release.Notify();
+  EXPECT_TRUE(engine_->StopWithin(absl::Seconds(10)));
+  engine_->Stop();  // again: a no-op
 }
 
 }  // namespace
