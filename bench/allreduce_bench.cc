@@ -213,6 +213,8 @@ int Main() {
         grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()), c.topology().job_id,
         epoch);
     g.prefix = "bench-gloo/";
+    g.hostname =
+        Env("RINGMASTER_ADDRESS");  // the daemon's data-plane address (other hosts reach it)
     absl::StatusOr<std::unique_ptr<Backend>> gloo = CreateGlooBackend(std::move(g));
     if (!gloo.ok()) {
       std::fprintf(stderr, "raw gloo: %s\n", gloo.status().ToString().c_str());

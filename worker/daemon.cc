@@ -75,6 +75,16 @@ absl::Status Daemon::Start() {
       return absl::InvalidArgumentError(absl::StrCat("--iface: ", a.status().message()));
     }
   }
+  if (const char* skew = getenv("RINGMASTER_FAULT_CLOCK_OFFSET_SECONDS"); skew != nullptr) {
+    double seconds = 0;
+    if (absl::SimpleAtod(skew, &seconds) && seconds != 0) {
+      wall_clock_offset_ = absl::Seconds(seconds);
+      spdlog::warn(
+          "fault injection: the wall-clock times this worker reports are {} off "
+          "(RINGMASTER_FAULT_CLOCK_OFFSET_SECONDS)",
+          absl::FormatDuration(wall_clock_offset_));
+    }
+  }
   absl::StatusOr<LocalAddress> address = DataAddress();
   if (address.ok()) {
     // NCCL picks its bootstrap interface itself: point it at the same one, exactly ("=" keeps
@@ -320,6 +330,7 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
       absl::Microseconds(static_cast<int64_t>(spec.spec().knobs().cycle_time_ms() * 1000));
   // Horovod records the timeline's execution rows on rank 0.
   e.timeline = rank == 0 && !spec.spec().knobs().timeline().empty();
+  e.wall_clock_offset = wall_clock_offset_;
   auto channel = channel_;
   const std::string iface = options_.iface;
   const std::string hostname = address->address;
@@ -428,6 +439,9 @@ absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
   env["RINGMASTER_COORDINATOR"] = options_.coordinator;
   env["RINGMASTER_JOB_ID"] = spec.id();
   env["RINGMASTER_EPOCH"] = absl::StrCat(job->assignment.epoch());
+  // Where this host's data plane listens: a rank that opens connections of its own (a raw Gloo
+  // context, a benchmark's baseline) binds it too.
+  if (!me.address().empty()) env["RINGMASTER_ADDRESS"] = me.address();
   std::vector<std::string> argv(spec.spec().command().begin(), spec.spec().command().end());
   CoordinatorSession* session = session_.get();
   const v1::JobAssignment assignment = job->assignment;

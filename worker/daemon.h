@@ -154,6 +154,8 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   // Stops the current job's rank once the coordinator has been unreachable for the grace.
   void CheckCoordinatorGrace();
   absl::Time unreachable_since_ = absl::InfiniteFuture();  // Run()'s thread only
+  // RINGMASTER_FAULT_CLOCK_OFFSET_SECONDS: set at Start(), read after.
+  absl::Duration wall_clock_offset_;
 };
 
 }  // namespace ringmaster

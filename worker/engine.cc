@@ -364,11 +364,13 @@ void Engine::SendSpan(const v1::Response& r, const std::vector<std::string>& nam
   if (span->tensors_size() == 0) return;
   const char* ops[] = {"", "ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN", "BARRIER", "ERROR"};
   span->set_op(ops[std::clamp<int>(r.type(), 0, 6)]);
-  span->set_start_unix_us(absl::ToUnixMicros(trace.arrived()));
+  const int64_t offset = absl::ToInt64Microseconds(options_.wall_clock_offset);
+  span->set_start_unix_us(absl::ToUnixMicros(trace.arrived()) + offset);
   for (const auto& [activity, end] : trace.ends()) {
     span->add_activities(activity);
-    span->add_activity_end_unix_us(end);
+    span->add_activity_end_unix_us(end + offset);
   }
+  spans.set_sent_unix_us(absl::ToUnixMicros(absl::Now()) + offset);
   options_.send(message);
 }
 

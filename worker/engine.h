@@ -49,6 +49,8 @@ struct EngineOptions {
   Clock* clock = Clock::Real();
   // Report what each response's execution spent where (ExecutionSpan messages), for the timeline.
   bool timeline = false;
+  // Added to the wall-clock times it reports (fault injection: a host whose clock is off).
+  absl::Duration wall_clock_offset;
   // Executes the collectives (CpuExecutor, GpuExecutor); set up on the engine thread when it
   // starts. Null: every collective fails (no communicator).
   std::unique_ptr<Executor> executor;
