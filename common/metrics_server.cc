@@ -10,7 +10,8 @@
 namespace ringmaster {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                                    MetricsRegistry* registry) {
+                                                                    MetricsRegistry* registry,
+                                                                    HealthChecks health) {
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
@@ -32,8 +33,20 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   server->server_->Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry->Exposition(), "text/plain; version=0.0.4; charset=utf-8");
   });
+  auto probe = [](std::function<absl::Status()> check) {
+    return [check = std::move(check)](const httplib::Request&, httplib::Response& res) {
+      const absl::Status s = check ? check() : absl::OkStatus();
+      res.status = s.ok() ? 200 : 503;
+      res.set_content(s.ok() ? "ok\n" : absl::StrCat(s.message(), "\n"), "text/plain");
+    };
+  };
+  server->server_->Get("/healthz", probe(std::move(health.live)));
+  server->server_->Get("/readyz", probe(std::move(health.ready)));
   server->server_->Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("<a href=\"/metrics\">/metrics</a>\n", "text/html");
+    res.set_content(
+        "<a href=\"/metrics\">/metrics</a> <a href=\"/healthz\">/healthz</a> "
+        "<a href=\"/readyz\">/readyz</a>\n",
+        "text/html");
   });
   server->port_ = port == 0 ? server->server_->bind_to_any_port(host.c_str())
                             : (server->server_->bind_to_port(host.c_str(), port) ? port : -1);

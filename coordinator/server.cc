@@ -66,13 +66,34 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
               "address with --listen)"
             : ""));
   }
+  last_tick_unix_ns_.store(absl::GetCurrentTimeNanos());
   ticker_ = std::thread([this] { TickLoop(); });
+  serving_.store(true);
   return port;
 }
 
 absl::StatusOr<int> CoordinatorServer::StartMetrics(const std::string& address) {
-  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
-      MetricsServer::Start(address, &coordinator_->metrics());
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(
+      address, &coordinator_->metrics(),
+      HealthChecks{
+          // Alive while its ticker (leases, deadlines, scheduling) goes round: a coordinator
+          // wedged on a lock for 30 s is restarted.
+          .live =
+              [this] {
+                const absl::Duration since =
+                    absl::Nanoseconds(absl::GetCurrentTimeNanos() - last_tick_unix_ns_.load());
+                if (!serving_.load() || since < absl::Seconds(30)) return absl::OkStatus();
+                return absl::UnavailableError(absl::StrCat(
+                    "the coordinator's ticker has not run for ", absl::FormatDuration(since)));
+              },
+          // Ready once its gRPC port listens (jobs restored), and no longer while it stops.
+          .ready =
+              [this] {
+                if (stopping_.load()) return absl::UnavailableError("the coordinator is stopping");
+                if (!serving_.load()) return absl::UnavailableError("not listening yet");
+                return absl::OkStatus();
+              },
+      });
   if (!server.ok()) return server.status();
   metrics_server_ = *std::move(server);
   return metrics_server_->port();
@@ -81,6 +102,7 @@ absl::StatusOr<int> CoordinatorServer::StartMetrics(const std::string& address) 
 void CoordinatorServer::TickLoop() {
   while (!stopping_.load(std::memory_order_acquire)) {
     coordinator_->Tick();
+    last_tick_unix_ns_.store(absl::GetCurrentTimeNanos());
     coordinator_->WaitForTick(std::min(coordinator_->NextDeadline(), absl::Now() + kMaxTickPeriod));
   }
 }

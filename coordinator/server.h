@@ -60,6 +60,8 @@ class CoordinatorServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> serving_{false};           // the gRPC server is listening
+  std::atomic<int64_t> last_tick_unix_ns_{0};  // the ticker's last round (/healthz)
   std::thread ticker_;
 };
 

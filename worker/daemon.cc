@@ -101,8 +101,18 @@ absl::Status Daemon::Start() {
   if (o.socket_path.empty())
     o.socket_path = absl::StrCat("/tmp/ringmaster-worker-", getpid(), ".sock");
   if (!options_.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
-        MetricsServer::Start(options_.metrics_listen, &metrics_);
+    absl::StatusOr<std::unique_ptr<MetricsServer>> metrics = MetricsServer::Start(
+        options_.metrics_listen, &metrics_,
+        HealthChecks{
+            // Ready while its session with the coordinator is open: it can be given a rank.
+            .ready =
+                [this] {
+                  if (!session_started_.load()) return absl::UnavailableError("starting");
+                  if (session_->connected()) return absl::OkStatus();
+                  return absl::UnavailableError(
+                      absl::StrCat("not connected to the coordinator at ", options_.coordinator));
+                },
+        });
     if (!metrics.ok()) return metrics.status();
     metrics_server_ = *std::move(metrics);
   }
@@ -132,6 +142,7 @@ absl::Status Daemon::Start() {
   if (address.ok()) registration.set_address(address->address);
   session_ = std::make_unique<CoordinatorSession>(channel_, registration, this);
   session_->Start();
+  session_started_.store(true);
   spdlog::info("worker on {} ({}) serving {}", options_.host_name, options_.device,
                options_.socket_path);
   return absl::OkStatus();

@@ -139,6 +139,7 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   std::unique_ptr<MetricsServer> metrics_server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<CoordinatorSession> session_;
+  std::atomic<bool> session_started_{false};  // session_ is set (read by /readyz)
   std::unique_ptr<LocalServer> local_;
 
   absl::Mutex mu_;

@@ -9,6 +9,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -16,7 +19,9 @@
 
 ABSL_FLAG(std::string, coordinator, "",
           "coordinator address host:port (env RINGMASTER_COORDINATOR)");
-ABSL_FLAG(std::string, device, "cpu", "the slot this daemon serves: cpu or cuda:N");
+ABSL_FLAG(
+    std::string, device, "cpu",
+    "the slot this daemon serves: cpu or cuda:N (also cpuN and cudaN, systemd instance names)");
 ABSL_FLAG(std::string, host_name, "", "host name reported to the coordinator (default: hostname)");
 ABSL_FLAG(std::string, socket, "",
           "Unix socket of the local API (default /tmp/ringmaster-worker-PID.sock); refused when "
@@ -72,6 +77,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.device = absl::GetFlag(FLAGS_device);
+  // The systemd instance form (ringmaster-worker@cuda0, @cpu, @cpu3): cudaN is cuda:N, cpuN a CPU
+  // slot (N tells the instances of one host apart).
+  if (int n = 0; absl::StartsWith(options.device, "cuda") && options.device.size() > 4 &&
+                 options.device[4] != ':' && absl::SimpleAtoi(options.device.substr(4), &n)) {
+    options.device = absl::StrCat("cuda:", options.device.substr(4));
+  } else if (absl::StartsWith(options.device, "cpu") && options.device.size() > 3 &&
+             absl::SimpleAtoi(options.device.substr(3), &n) && n >= 0) {
+    options.device = "cpu";
+  }
   options.host_name = absl::GetFlag(FLAGS_host_name);
   options.socket_path = absl::GetFlag(FLAGS_socket);
   options.iface = absl::GetFlag(FLAGS_iface);

@@ -79,25 +79,31 @@ def unavailable_reason():
 
 
 class Host:
-    def __init__(self, hosts, index):
+    def __init__(self, hosts, index, name):
         self.hosts = hosts
         self.index = index
+        self.name = name  # its host name (gethostname() of what runs there)
         self.netns = f"{hosts.tag}-h{index}"
         self.address = str(SUBNET.network_address + 1 + index)
         self.port = f"p{index}"  # its port on the switch
 
+    def _inside(self, argv):
+        # Its own network namespace, and its own UTS namespace carrying its host name.
+        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--", "/bin/sh", "-c",
+                'hostname "$0" && exec "$@"', self.name, *argv]
+
     def popen(self, argv, log_path, env=None, cwd=None):
         """Starts `argv` in this host, stdout and stderr to `log_path`; killed at close()."""
         log = open(log_path, "wb")
-        p = subprocess.Popen(["ip", "netns", "exec", self.netns, *argv], stdout=log,
-                             stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+        p = subprocess.Popen(self._inside(argv), stdout=log, stderr=subprocess.STDOUT, env=env,
+                             cwd=cwd, start_new_session=True)
         log.close()
         self.hosts.procs.append(p)
         return p
 
     def run(self, argv, timeout=30, env=None):
-        return subprocess.run(["ip", "netns", "exec", self.netns, *argv], capture_output=True,
-                              text=True, timeout=timeout, env=env)
+        return subprocess.run(self._inside(argv), capture_output=True, text=True, timeout=timeout,
+                              env=env)
 
     def unplug(self):
         """Takes this host's link down at the switch (a cable pulled, a top-of-rack port dead)."""
@@ -110,8 +116,9 @@ class Host:
 class Hosts:
     """N hosts on one switch. Use as a context manager, or call close()."""
 
-    def __init__(self, n):
+    def __init__(self, n, names=None):
         sweep_stale()
+        self.names = names or [f"node{i}" for i in range(n)]
         self.tag = f"{PREFIX}{os.getpid()}"
         self.switch = f"{self.tag}-sw"
         self.procs = []
@@ -132,7 +139,7 @@ class Hosts:
         _ip("-n", self.switch, "link", "set", "br0", "up")
         self.hosts = []
         for i in range(n):
-            h = Host(self, i)
+            h = Host(self, i, self.names[i])
             _ip("netns", "add", h.netns)
             self.made.append(h.netns)
             _ip("-n", h.netns, "link", "set", "lo", "up")
