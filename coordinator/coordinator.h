@@ -200,8 +200,10 @@ class Coordinator {
 
   // What rank `rank`'s worker executed, for the job's timeline (ignored when the job has none).
   // Validated like SubmitRequests.
+  // `skew_us`: the coordinator's clock minus the worker's, as seen when the spans arrived.
   absl::Status RecordTimeline(const std::string& worker_id, const std::string& job_id,
-                              int64_t epoch, int32_t rank, std::vector<ExecutionSpan> spans);
+                              int64_t epoch, int32_t rank, std::vector<ExecutionSpan> spans,
+                              int64_t skew_us = 0);
 
   // Artifacts. NOT_FOUND for an unknown job (or artifact).
   absl::StatusOr<std::vector<ArtifactInfo>> ListArtifacts(const std::string& job_id) const;

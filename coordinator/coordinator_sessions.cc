@@ -201,10 +201,10 @@ void Coordinator::Flush(JobRuntime& runtime, absl::Time now) {
 
 absl::Status Coordinator::RecordTimeline(const std::string& worker_id, const std::string& job_id,
                                          int64_t epoch, int32_t rank,
-                                         std::vector<ExecutionSpan> spans) {
+                                         std::vector<ExecutionSpan> spans, int64_t skew_us) {
   auto runtime = RuntimeFor(worker_id, job_id, epoch, rank);
   if (!runtime.ok()) return runtime.status();
-  (*runtime)->RecordExecution(rank, std::move(spans));
+  (*runtime)->RecordExecution(rank, std::move(spans), skew_us);
   return absl::OkStatus();
 }
 

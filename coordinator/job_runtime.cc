@@ -470,8 +470,8 @@ StallReport JobRuntime::Housekeeping(absl::Time now) {
   return report;
 }
 
-void JobRuntime::RecordExecution(int32_t rank, std::vector<ExecutionSpan> spans) {
-  if (timeline_ != nullptr) timeline_->Execution(rank, std::move(spans));
+void JobRuntime::RecordExecution(int32_t rank, std::vector<ExecutionSpan> spans, int64_t skew_us) {
+  if (timeline_ != nullptr) timeline_->Execution(rank, std::move(spans), skew_us);
 }
 
 std::optional<JobRuntime::TimelineSnapshot> JobRuntime::Timeline() const {

@@ -128,7 +128,7 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   StallReport Housekeeping(absl::Time now);
 
   // What rank `rank`'s worker executed, for the timeline (ignored without one).
-  void RecordExecution(int32_t rank, std::vector<ExecutionSpan> spans);
+  void RecordExecution(int32_t rank, std::vector<ExecutionSpan> spans, int64_t skew_us = 0);
 
   // The timeline as a read would serve it while the job runs: its file name and the size of its
   // consistent prefix plus the tail that makes it valid JSON. nullopt without a timeline.

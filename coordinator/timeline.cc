@@ -100,10 +100,18 @@ void Timeline::Negotiation(std::vector<NegotiationEvent> events) {
   queue_.push_back(Item{.kind = Item::Kind::kNegotiation, .negotiation = std::move(events)});
 }
 
-void Timeline::Execution(int32_t rank, std::vector<ExecutionSpan> spans) {
+void Timeline::Execution(int32_t rank, std::vector<ExecutionSpan> spans, int64_t skew_us) {
   if (spans.empty()) return;
   absl::MutexLock lock(&mu_);
   if (closing_) return;
+  auto [it, first] = offset_us_.try_emplace(rank, 0);
+  if (first && (skew_us >= 1'000'000 || skew_us <= -1'000'000)) it->second = skew_us;
+  if (const int64_t offset = it->second; offset != 0) {
+    for (ExecutionSpan& span : spans) {
+      span.start_unix_us += offset;
+      for (auto& [activity, end] : span.activities) end += offset;
+    }
+  }
   queue_.push_back(
       Item{.kind = Item::Kind::kExecution, .rank = rank, .execution = std::move(spans)});
 }

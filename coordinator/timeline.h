@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -48,7 +49,11 @@ class Timeline {
   Timeline& operator=(const Timeline&) = delete;
 
   void Negotiation(std::vector<NegotiationEvent> events);
-  void Execution(int32_t rank, std::vector<ExecutionSpan> spans);
+  // `skew_us`: our clock minus the rank's host's, as seen when the spans arrived (transit
+  // included). The rank's spans are moved by the first one seen of 1 s or more, for the whole
+  // timeline: a host whose clock is off lines up with the negotiation rows, and transit jitter
+  // never reorders a row (clocks within a second are taken as they are).
+  void Execution(int32_t rank, std::vector<ExecutionSpan> spans, int64_t skew_us = 0);
   // A negotiation cycle produced responses at `time` (ignored unless mark_cycles).
   void Cycle(absl::Time time);
 
@@ -90,7 +95,8 @@ class Timeline {
   absl::Mutex mu_;
   std::vector<Item> queue_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Mutex close_mu_;  // serialises Close()
+  std::map<int32_t, int64_t> offset_us_ ABSL_GUARDED_BY(mu_);  // per rank, fixed when first seen
+  absl::Mutex close_mu_;                                       // serialises Close()
   std::thread writer_;
 
   // Writer thread only.

@@ -16,6 +16,10 @@ packages=(
   iproute2 procps
 )
 
+# kubectl renders the Kubernetes manifests in the tests: Debian's kubernetes-client unless a kubectl
+# is installed already (from Kubernetes' own packages, which would conflict with it).
+if ! command -v kubectl >/dev/null 2>&1; then packages+=(kubernetes-client); fi
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then

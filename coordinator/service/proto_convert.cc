@@ -194,9 +194,6 @@ void ToProto(const Job& in, v1::Job* out) {
 }
 
 absl::Status FromProto(const v1::TimelineSpans& in, std::vector<ExecutionSpan>* out) {
-  // The worker's clock against ours, from its send time (its host's clock may be minutes off).
-  const int64_t skew =
-      in.sent_unix_us() != 0 ? absl::ToUnixMicros(absl::Now()) - in.sent_unix_us() : 0;
   if (in.spans_size() > 65536) {
     return absl::InvalidArgumentError(
         absl::StrCat("timeline.spans has ", in.spans_size(), " entries; at most 65536"));
@@ -227,13 +224,13 @@ absl::Status FromProto(const v1::TimelineSpans& in, std::vector<ExecutionSpan>* 
     ExecutionSpan span;
     span.tensors.assign(s.tensors().begin(), s.tensors().end());
     span.op = s.op();
-    span.start_unix_us = s.start_unix_us() + skew;
+    span.start_unix_us = s.start_unix_us();
     for (int a = 0; a < s.activities_size(); ++a) {
       if (s.activities(a).empty() || s.activities(a).size() > 64) {
         return absl::InvalidArgumentError(
             absl::StrCat(field, ".activities[", a, "] must be 1..64 bytes"));
       }
-      span.activities.emplace_back(s.activities(a), s.activity_end_unix_us(a) + skew);
+      span.activities.emplace_back(s.activities(a), s.activity_end_unix_us(a));
     }
     out->push_back(std::move(span));
   }

@@ -213,8 +213,11 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
         std::vector<ExecutionSpan> spans;
         absl::Status s = FromProto(t, &spans);
         if (s.ok()) {
+          // Our clock against the worker's when it sent them (its host's may be minutes off).
+          const int64_t skew_us =
+              t.sent_unix_us() != 0 ? absl::ToUnixMicros(absl::Now()) - t.sent_unix_us() : 0;
           s = coordinator_.RecordTimeline(worker_id_, t.job_id(), t.epoch(), t.rank(),
-                                          std::move(spans));
+                                          std::move(spans), skew_us);
         }
         if (!s.ok()) {
           spdlog::debug("timeline of rank {} of job {} from {} dropped: {}", t.rank(), t.job_id(),

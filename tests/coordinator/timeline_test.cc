@@ -201,5 +201,29 @@ TEST_F(TimelineTest, AProcessKilledWhileWritingLeavesValidJson) {
   }
 }
 
+TEST_F(TimelineTest, ARankWhoseClockIsOffIsMovedOntoOursByOneFixedOffset) {
+  auto created = Timeline::Create(path_, "job j", false, start_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Timeline& t = **created;
+  const int64_t base = absl::ToUnixMicros(start_);
+  const int64_t ahead = 420'000'000;  // the rank's host is 7 minutes ahead
+  auto span = [](const std::string& tensor, int64_t start) {
+    return ExecutionSpan{{tensor}, "ALLREDUCE", start, {{"GLOO_ALLREDUCE", start + 10}}};
+  };
+  // Its spans come in its clock; the skew seen on arrival includes the transit time, which varies:
+  // the first one (of 1 s or more) is kept, so the row keeps its order.
+  t.Execution(0, {span("a", base + ahead + 100)}, -ahead - 40);
+  t.Execution(0, {span("a", base + ahead + 200)}, -ahead - 2);
+  // Clocks within a second are taken as they are.
+  t.Execution(1, {span("b", base + 300)}, -900'000);
+  t.Close();
+  const json trace = json::parse(Slurp(path_));
+  std::vector<int64_t> a, b;
+  for (const json& e : Row(trace, PidOf(trace, "a"), 1)) a.push_back(e["ts"]);
+  for (const json& e : Row(trace, PidOf(trace, "b"), 2)) b.push_back(e["ts"]);  // rank 1
+  EXPECT_THAT(a, ElementsAre(60, 60, 70, 70, 160, 160, 170, 170));
+  EXPECT_THAT(b, ElementsAre(300, 300, 310, 310));
+}
+
 }  // namespace
 }  // namespace ringmaster

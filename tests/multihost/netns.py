@@ -11,6 +11,7 @@ Names: rmt<PID>-sw, rmt<PID>-h<i> (PID: the test process), so the sweep knows wh
 import ipaddress
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -42,6 +43,7 @@ def _kill_namespace(name):
         except (ProcessLookupError, ValueError):
             pass
     _ip("netns", "del", name, check=False)
+    shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)  # set_hosts_file's
 
 
 def sweep_stale():
@@ -104,6 +106,16 @@ class Host:
     def run(self, argv, timeout=30, env=None):
         return subprocess.run(self._inside(argv), capture_output=True, text=True, timeout=timeout,
                               env=env)
+
+    def set_hosts_file(self, names):
+        """/etc/hosts as this host sees it (`ip netns exec` binds /etc/netns/NETNS/hosts over it):
+        `names` maps a name to an address, e.g. a Kubernetes Service's DNS name."""
+        d = f"/etc/netns/{self.netns}"
+        os.makedirs(d, exist_ok=True)
+        with open(f"{d}/hosts", "w") as f:
+            f.write("127.0.0.1 localhost\n")
+            for name, address in names.items():
+                f.write(f"{address} {name}\n")
 
     def unplug(self):
         """Takes this host's link down at the switch (a cable pulled, a top-of-rack port dead)."""
@@ -183,3 +195,7 @@ class Hosts:
         for name in reversed(self.made):
             _kill_namespace(name)
         self.made = []
+        try:
+            os.rmdir("/etc/netns")  # set_hosts_file's, when no other run uses it
+        except OSError:
+            pass

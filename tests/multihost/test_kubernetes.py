@@ -1,0 +1,199 @@
+"""The Kubernetes manifests as shipped (deploy/kubernetes), with no API server: rendered with
+`kubectl kustomize`, checked for what a platform engineer relies on, then run. Each pod's container
+runs its exact command, args and env from the rendered YAML in a namespace host standing for its
+node (tests/multihost/netns.py): `$(VAR)` expanded from its env as the kubelet does (values,
+ConfigMap keys, the downward API's node name and pod IP); the Service's DNS name resolved to the
+coordinator pod's address (the host's /etc/hosts); the image's /usr/local/bin and its volumes'
+mount paths pointed at the build and at directories of the test's own. The probes are asked at the
+paths and ports the YAML names, and the example Job runs through the daemons.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from netns import Hosts, unavailable_reason
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("RINGMASTER_BIN_DIR", REPO / "build" / "bin")).resolve()
+K8S = REPO / "deploy" / "kubernetes"
+KUBECTL = shutil.which("kubectl")
+IMAGE_PATHS = {"/usr/local/bin/": f"{BIN}/", "/usr/local/libexec/ringmaster/": f"{BIN}/"}
+
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed "
+                                "(scripts/install-deps.sh installs Debian's kubernetes-client)")
+
+
+def render(path):
+    r = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def find(docs, kind, name):
+    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def test_the_overlays_render_with_probes_security_and_monitoring():
+    cpu = render(K8S / "overlays" / "cpu")
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in cpu)
+    assert kinds == [
+        ("ConfigMap", "ringmaster-coordinator"), ("DaemonSet", "ringmaster-worker"),
+        ("Deployment", "ringmaster-coordinator"), ("Namespace", "ringmaster"),
+        ("PersistentVolumeClaim", "ringmaster-coordinator-state"),
+        ("PodDisruptionBudget", "ringmaster-worker"), ("Service", "ringmaster-coordinator"),
+        ("Service", "ringmaster-worker-metrics"), ("ServiceMonitor", "ringmaster")]
+    assert all(d["metadata"].get("namespace") == "ringmaster" for d in cpu if d["kind"] != "Namespace")
+    for kind, name in [("Deployment", "ringmaster-coordinator"), ("DaemonSet", "ringmaster-worker")]:
+        pod = find(cpu, kind, name)["spec"]["template"]
+        assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+        for c in pod["spec"]["containers"]:
+            assert c["image"] == "localhost/ringmaster:0.1.0"
+            assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+            assert "requests" in c["resources"]
+    service = find(cpu, "Service", "ringmaster-coordinator")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"grpc": 50051, "metrics": 9400}
+
+    gpu = render(K8S / "overlays" / "gpu")
+    pod = find(gpu, "DaemonSet", "ringmaster-worker")["spec"]["template"]["spec"]
+    assert pod["hostIPC"] is True
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    containers = pod["containers"]
+    assert [c["name"] for c in containers] == [f"worker-cuda{i}" for i in range(8)]
+    sockets, ports = set(), set()
+    for c in containers:
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert "--device=cuda:0" in c["args"]  # the device plugin's one GPU, as the container sees it
+        sockets.update(a for a in c["args"] if a.startswith("--socket="))
+        ports.add(c["readinessProbe"]["httpGet"]["port"])
+    assert len(sockets) == 8 and ports == set(range(9401, 9409))
+
+
+def wait_for(predicate, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Pod:
+    """One pod's container, run as the kubelet would on the node `host`."""
+
+    def __init__(self, docs, pod_spec, container, host, tmp, name):
+        self.host, self.name, self.container = host, name, container
+        env = {}
+        for e in container.get("env", []):
+            if "value" in e:
+                env[e["name"]] = e["value"]
+            elif ref := e["valueFrom"].get("configMapKeyRef"):
+                env[e["name"]] = find(docs, "ConfigMap", ref["name"])["data"][ref["key"]]
+            else:
+                field = e["valueFrom"]["fieldRef"]["fieldPath"]
+                env[e["name"]] = {"spec.nodeName": host.name, "status.podIP": host.address}[field]
+        mounts = {}
+        for m in container.get("volumeMounts", []):
+            d = tmp / name / m["name"]
+            d.mkdir(parents=True, exist_ok=True)
+            mounts[m["mountPath"]] = str(d)
+
+        paths = {**IMAGE_PATHS, **mounts}
+        # One pass, each path where a word or a flag's value starts (a mount's directory is itself
+        # under /tmp: it must not be replaced twice).
+        pattern = re.compile(r"(^|[=\s])(" + "|".join(
+            re.escape(p) for p in sorted(paths, key=len, reverse=True)) + r")(?=/|$|\s)?")
+
+        def localize(word):
+            word = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], word)
+            return pattern.sub(lambda m: m.group(1) + paths[m.group(2)], word)
+
+        self.argv = [localize(w) for w in container["command"] + container.get("args", [])]
+        self.env = {"PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin", "TMPDIR": mounts.get("/tmp", str(tmp)),
+                    **env}
+        self.log = tmp / f"{name}.log"
+
+    def start(self):
+        self.proc = self.host.popen(self.argv, self.log, env=self.env)
+        return self
+
+    def get(self, port, path):
+        url = f"http://{self.host.address}:{port}{path}"
+        code = ("import sys, urllib.request, urllib.error\n"
+                f"try: print(urllib.request.urlopen('{url}', timeout=3).status)\n"
+                "except urllib.error.HTTPError as e: print(e.code)\n"
+                "except OSError: print(0)")
+        return int(self.host.run(["/usr/bin/python3", "-c", code]).stdout.strip() or 0)
+
+    def wait_probes(self, timeout=30):
+        """Readiness, then liveness, each 200 at the path and port the YAML names."""
+        for probe in ("readinessProbe", "livenessProbe"):
+            http = self.container[probe]["httpGet"]
+            wait_for(lambda: self.get(http["port"], http["path"]) == 200, timeout,
+                     f"{self.name}'s {probe} {http['path']}:{http['port']}\n{self.log.read_text()}")
+
+
+@pytest.fixture
+def hosts():
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with Hosts(3, names=["node-0", "node-1", "node-2"]) as h:
+        yield h
+
+
+def test_the_cpu_overlay_runs_as_rendered_and_the_example_job_succeeds(hosts, tmp_path):
+    docs = render(K8S / "overlays" / "cpu")
+    coordinator = find(docs, "Deployment", "ringmaster-coordinator")["spec"]["template"]["spec"]
+    worker = find(docs, "DaemonSet", "ringmaster-worker")["spec"]["template"]["spec"]
+    service = find(docs, "Service", "ringmaster-coordinator")["metadata"]["name"]
+    # The coordinator pod on node-0; the Service's name resolves to it everywhere (kube-dns).
+    for h in hosts.hosts:
+        h.set_hosts_file({service: hosts[0].address,
+                          f"{service}.ringmaster.svc.cluster.local": hosts[0].address})
+    c = Pod(docs, coordinator, coordinator["containers"][0], hosts[0], tmp_path, "coordinator").start()
+    c.wait_probes()
+    # The DaemonSet: a worker pod on every node.
+    workers = [Pod(docs, worker, worker["containers"][0], h, tmp_path, f"worker-{h.name}").start()
+               for h in hosts.hosts]
+    for w in workers:
+        w.wait_probes()
+
+    def cli(*args):
+        r = hosts[0].run([str(BIN / "ringmaster"), "--coordinator", f"{service}:50051", *args])
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    listed = json.loads(cli("workers", "--json"))["workers"]
+    # Each daemon named by its node (the downward API's spec.nodeName), on its pod's address.
+    assert sorted((w["host"], w["address"], w["state"]) for w in listed) == [
+        (h.name, h.address, "WORKER_STATE_IDLE") for h in hosts.hosts]
+
+    # The example Job's pod, on node-1.
+    job_docs = render(K8S / "example")
+    spec = find(job_docs, "Job", "ringmaster-collectives-check")["spec"]["template"]["spec"]
+    launcher = Pod(job_docs, spec, spec["containers"][0], hosts[1], tmp_path, "launcher").start()
+    rc = launcher.proc.wait(180)
+    out = launcher.log.read_text()
+    assert rc == 0, out
+    job = re.search(r"^submitted (job-\d+)$", out, re.M).group(1)
+    assert "SUCCEEDED" in out, out
+    done = json.loads(cli("status", job, "--json"))
+    assert len({r["host"] for r in done["ranks"]}) == 2, done  # --processes-per-host 1
+    logs = cli("logs", job)
+    for rank in range(2):
+        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
+                         logs, re.M), logs
