@@ -199,3 +199,33 @@ class Hosts:
             os.rmdir("/etc/netns")  # set_hosts_file's, when no other run uses it
         except OSError:
             pass
+
+
+def wait_for(predicate, timeout, what):
+    """predicate()'s first true value, polled for at most `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def hosts_or_skip(n, names=None):
+    """A pytest fixture body: Hosts(n), or the test skipped saying why namespaces cannot be made."""
+    import pytest
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with Hosts(n, names) as h:
+        yield h
+    left = [name for name in _namespaces() if name.startswith(h.tag)]
+    assert not left, f"namespaces left behind: {left}"
+
+
+def assert_collectives_passed(logs, np_):
+    """Every rank's closing line of collectives_check says 0 checks failed."""
+    for rank in range(np_):
+        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
+                         logs, re.M), logs

@@ -12,13 +12,12 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from netns import Hosts, unavailable_reason
+from netns import assert_collectives_passed, hosts_or_skip, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("RINGMASTER_BIN_DIR", REPO / "build" / "bin")).resolve()
@@ -81,14 +80,6 @@ def test_the_overlays_render_with_probes_security_and_monitoring():
     assert len(sockets) == 8 and ports == set(range(9401, 9409))
 
 
-def wait_for(predicate, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class Pod:
@@ -148,11 +139,7 @@ class Pod:
 
 @pytest.fixture
 def hosts():
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with Hosts(3, names=["node-0", "node-1", "node-2"]) as h:
-        yield h
+    yield from hosts_or_skip(3, names=["node-0", "node-1", "node-2"])
 
 
 def test_the_cpu_overlay_runs_as_rendered_and_the_example_job_succeeds(hosts, tmp_path):
@@ -194,6 +181,4 @@ def test_the_cpu_overlay_runs_as_rendered_and_the_example_job_succeeds(hosts, tm
     done = json.loads(cli("status", job, "--json"))
     assert len({r["host"] for r in done["ranks"]}) == 2, done  # --processes-per-host 1
     logs = cli("logs", job)
-    for rank in range(2):
-        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
-                         logs, re.M), logs
+    assert_collectives_passed(logs, 2)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from netns import Hosts, _namespaces, unavailable_reason
+from netns import assert_collectives_passed, hosts_or_skip, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("RINGMASTER_BIN_DIR", REPO / "build" / "bin")).resolve()
@@ -24,14 +24,6 @@ PORT = 50051
 TERMINAL = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"}
 
 
-def wait_for(predicate, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class Cluster:
@@ -92,13 +84,7 @@ class Cluster:
 
 @pytest.fixture
 def hosts():
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with Hosts(3) as h:
-        yield h
-    left = [n for n in _namespaces() if n.startswith(h.tag)]
-    assert not left, f"namespaces left behind: {left}"
+    yield from hosts_or_skip(3)
 
 
 def check_placement(job, hosts):
@@ -124,9 +110,7 @@ def test_two_hosts_of_two_slots_pass_every_collectives_check_and_run_the_resnet5
     done = c.wait_state(job, TERMINAL, 180)
     logs = c.cli("logs", job)
     assert done["state"] == "JOB_STATE_SUCCEEDED", f"{done.get('reason')}\n{logs}"
-    for rank in range(4):
-        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
-                         logs, re.M), logs
+    assert_collectives_passed(logs, 4)
     check_placement(done, hosts)
     # The table a user reads: each rank's host and the address its data plane listens on.
     status = c.cli("status", job)
@@ -186,9 +170,7 @@ def test_hosts_whose_clocks_are_minutes_off_still_work_and_line_up_in_the_timeli
     done = c.wait_state(job, TERMINAL, 180)
     logs = c.cli("logs", job)
     assert done["state"] == "JOB_STATE_SUCCEEDED", f"{done.get('reason')}\n{logs}"
-    for rank in range(4):
-        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
-                         logs, re.M), logs
+    assert_collectives_passed(logs, 4)
 
     steps = 5
     job = c.submit("--np", "4", "--processes-per-host", "2", "--timeline", "timeline.json", "--",

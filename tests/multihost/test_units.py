@@ -14,12 +14,11 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from netns import Hosts, unavailable_reason
+from netns import assert_collectives_passed, hosts_or_skip, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("RINGMASTER_BIN_DIR", REPO / "build" / "bin")).resolve()
@@ -103,23 +102,11 @@ def test_systemd_analyze_verify_passes_on_every_unit(tmp_path):
     assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
-def wait_for(predicate, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture
 def hosts():
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with Hosts(3, names=["coordinator", "node-a", "node-b"]) as h:
-        yield h
+    yield from hosts_or_skip(3, names=["coordinator", "node-a", "node-b"])
 
 
 def test_the_units_exec_start_lines_with_their_environment_files_run_a_job(hosts, tmp_path):
@@ -182,9 +169,7 @@ def test_the_units_exec_start_lines_with_their_environment_files_run_a_job(hosts
         json.loads(cli("status", job, "--json"))), 180, "the job")
     logs = cli("logs", job)
     assert done["state"] == "JOB_STATE_SUCCEEDED", f"{done.get('reason')}\n{logs}"
-    for rank in range(4):
-        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
-                         logs, re.M), logs
+    assert_collectives_passed(logs, 4)
     assert sorted(r["host"] for r in done["ranks"]) == ["node-a", "node-a", "node-b", "node-b"]
     # The coordinator keeps its jobs in its state directory (--state-dir in the unit).
     assert {"artifacts", "jobs.db", "logs"} <= {p.name for p in (tmp_path / "coordinator-state").iterdir()}
