@@ -1,0 +1,61 @@
+"""The Debian package (`cd build && cpack`, ctest label `package`): built from this build, its
+contents as a user's host gets them, and `ringmaster local` run from the unpacked package (the
+binaries finding each other under /usr/bin, the shipped self-check under /usr/libexec/ringmaster).
+
+    RINGMASTER_BUILD_DIR=build /usr/bin/python3 -m pytest -q tests/cli/test_package.py
+"""
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("RINGMASTER_BUILD_DIR", REPO / "build")).resolve()
+
+pytestmark = pytest.mark.skipif(shutil.which("dpkg-deb") is None or shutil.which("cpack") is None,
+                                reason="dpkg-deb or cpack is not installed")
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory):
+    out = tmp_path_factory.mktemp("package")
+    r = subprocess.run(["cpack", "--config", str(BUILD / "CPackConfig.cmake"), "-B", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=BUILD)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (path,) = out.glob("ringmaster_*_amd64.deb")
+    return path
+
+
+def test_the_package_holds_the_binaries_units_and_docs_and_names_its_dependencies(deb):
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True,
+                             check=True).stdout
+    files = {line.split()[-1].lstrip(".") for line in listing.splitlines()}
+    assert {"/usr/bin/ringmaster", "/usr/bin/ringmaster-coordinator", "/usr/bin/ringmaster-worker",
+            "/usr/libexec/ringmaster/collectives_check",
+            "/usr/lib/systemd/system/ringmaster-coordinator.service",
+            "/usr/lib/systemd/system/ringmaster-worker@.service",
+            "/usr/share/ringmaster/coordinator.env", "/usr/share/ringmaster/worker.env",
+            "/usr/share/doc/ringmaster/deployment.md"} <= files, sorted(files)
+    depends = subprocess.run(["dpkg-deb", "-f", str(deb), "Depends"], capture_output=True,
+                             text=True, check=True).stdout
+    for library in ("libgrpc++1.51", "libprotobuf32", "libgloo0", "libsqlite3-0"):
+        assert library in depends, depends
+
+
+def test_ringmaster_local_runs_from_the_unpacked_package(deb, tmp_path):
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    # Installed under /usr, the units name /usr/bin.
+    unit = (root / "usr/lib/systemd/system/ringmaster-worker@.service").read_text()
+    assert "ExecStart=/usr/bin/ringmaster-worker --device %i " in unit, unit
+    r = subprocess.run([str(root / "usr/bin/ringmaster"), "local", "--np", "2", "--",
+                        str(root / "usr/libexec/ringmaster/collectives_check")],
+                       capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                       env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(2):
+        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
+                         r.stdout, re.M), r.stdout
