@@ -62,7 +62,8 @@ absl::StatusOr<Worker> WorkerRegistry::Register(std::string host, std::string de
                                                 std::map<std::string, std::string> labels,
                                                 uint64_t incarnation, std::string address) {
   if (absl::Status s = ValidateWorkerPlacement(host, device); !s.ok()) return s;
-  if (!address.empty() && !IsNumericAddress(address)) {
+  if (!address.empty() && (address.size() > 45 || address.find('\0') != std::string::npos ||
+                           !IsNumericAddress(address))) {
     return absl::InvalidArgumentError(absl::StrCat("address '",
                                                    absl::CHexEscape(address.substr(0, 64)),
                                                    "' is not a numeric IPv4 or IPv6 address"));

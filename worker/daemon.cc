@@ -42,32 +42,13 @@ Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
 
 Daemon::~Daemon() {
   Shutdown();
+  metrics_server_.reset();  // its probes read session_, destroyed before it otherwise
   if (session_) session_->Stop();
   if (local_) local_->Stop();
   finishers_.JoinAll();
 }
 
 absl::Status Daemon::Start() {
-  if (options_.device != "cpu") {
-    int ordinal = -1;
-    if (!absl::StartsWith(options_.device, "cuda:") ||
-        !absl::SimpleAtoi(options_.device.substr(5), &ordinal) || ordinal < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--device '", options_.device, "' is not cpu or cuda:N"));
-    }
-#ifdef RINGMASTER_HAVE_NCCL
-    // An absent or busy GPU is refused here, at start, with CUDA's reason.
-    if (absl::Status s = CheckCudaDevice(ordinal); !s.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--device ", options_.device, ": ", s.message()));
-    }
-    cuda_device_ = ordinal;
-#else
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--device ", options_.device,
-        ": this build has no CUDA/NCCL (configure with the CUDA toolkit and NCCL installed)"));
-#endif
-  }
   DaemonOptions& o = const_cast<DaemonOptions&>(options_);
   if (o.host_name.empty()) o.host_name = DefaultHostName();
   if (!options_.iface.empty()) {
@@ -89,7 +70,8 @@ absl::Status Daemon::Start() {
   if (address.ok()) {
     // NCCL picks its bootstrap interface itself: point it at the same one, exactly ("=" keeps
     // "eth1" from also matching "eth10"), unless the operator chose. Set before any other thread
-    // of this daemon starts (setenv is not safe against a concurrent getenv).
+    // of this daemon starts, the CUDA runtime's included (setenv is not safe against a concurrent
+    // getenv).
     if (getenv("NCCL_SOCKET_IFNAME") == nullptr && !address->iface.empty()) {
       setenv("NCCL_SOCKET_IFNAME", absl::StrCat("=", address->iface).c_str(), 1);
     }
@@ -97,6 +79,26 @@ absl::Status Daemon::Start() {
   } else {
     spdlog::warn("data plane address not known yet (found again at the first job): {}",
                  address.status().ToString());
+  }
+  if (options_.device != "cpu") {
+    int ordinal = -1;
+    if (!absl::StartsWith(options_.device, "cuda:") ||
+        !absl::SimpleAtoi(options_.device.substr(5), &ordinal) || ordinal < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device '", options_.device, "' is not cpu or cuda:N"));
+    }
+#ifdef RINGMASTER_HAVE_NCCL
+    // An absent or busy GPU is refused here, at start, with CUDA's reason.
+    if (absl::Status s = CheckCudaDevice(ordinal); !s.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--device ", options_.device, ": ", s.message()));
+    }
+    cuda_device_ = ordinal;
+#else
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device ", options_.device,
+        ": this build has no CUDA/NCCL (configure with the CUDA toolkit and NCCL installed)"));
+#endif
   }
   if (o.socket_path.empty())
     o.socket_path = absl::StrCat("/tmp/ringmaster-worker-", getpid(), ".sock");
@@ -538,8 +540,11 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
     // A Gloo pair connecting to a peer that is gone cannot be cancelled (it gives up after the
     // collective timeout): the slot does not wait for it. The job, its arena included, stays
     // until the engine has stopped, on a thread of its own.
+    // A GPU slot waits: the old job's device arena and NCCL setup would leave the next one short
+    // of GPU memory.
     bool stopped = true;
-    if (job->engine != nullptr && !job->engine->StopWithin(absl::Seconds(1))) {
+    const absl::Duration wait = job->gpu != nullptr ? absl::InfiniteDuration() : absl::Seconds(1);
+    if (job->engine != nullptr && !job->engine->StopWithin(wait)) {
       stopped = false;
       spdlog::info(
           "job {} rank {}: its communicator setup ends within the collective timeout; "
@@ -572,11 +577,17 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
 }
 
 absl::StatusOr<LocalAddress> Daemon::DataAddress() {
-  absl::MutexLock lock(&mu_);
-  if (data_address_.has_value()) return *data_address_;
+  {
+    absl::MutexLock lock(&mu_);
+    if (data_address_.has_value()) return *data_address_;
+  }
+  // Resolved without the lock (a DNS lookup may take seconds).
   absl::StatusOr<LocalAddress> a = options_.iface.empty() ? AddressTowards(options_.coordinator)
                                                           : AddressOfInterface(options_.iface);
-  if (a.ok()) data_address_ = *a;
+  if (a.ok()) {
+    absl::MutexLock lock(&mu_);
+    data_address_ = *a;
+  }
   return a;
 }
 

@@ -90,6 +90,12 @@ Engine::~Engine() {
 }
 
 void Engine::Start() {
+  // Serialised with StopWithin: a stop that came first leaves the engine unstarted.
+  absl::MutexLock join_lock(&join_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+  }
   thread_ = std::thread([this] {
     Loop();
     loop_done_.Notify();

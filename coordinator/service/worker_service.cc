@@ -214,8 +214,13 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
         absl::Status s = FromProto(t, &spans);
         if (s.ok()) {
           // Our clock against the worker's when it sent them (its host's may be minutes off).
+          // A send time more than a day off is ignored (no host is that far off; nor may a worker
+          // make the subtraction overflow).
+          constexpr int64_t kDayUs = int64_t{86'400} * 1'000'000;
+          const int64_t now_us = absl::ToUnixMicros(absl::Now());
+          const int64_t sent_us = t.sent_unix_us();
           const int64_t skew_us =
-              t.sent_unix_us() != 0 ? absl::ToUnixMicros(absl::Now()) - t.sent_unix_us() : 0;
+              sent_us > now_us - kDayUs && sent_us < now_us + kDayUs ? now_us - sent_us : 0;
           s = coordinator_.RecordTimeline(worker_id_, t.job_id(), t.epoch(), t.rank(),
                                           std::move(spans), skew_us);
         }

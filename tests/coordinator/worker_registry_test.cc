@@ -128,6 +128,10 @@ TEST_F(WorkerRegistryTest, TheDataPlaneAddressIsKeptAndMustBeNumeric) {
     EXPECT_EQ(w.status().message(),
               absl::StrCat("address '", bad, "' is not a numeric IPv4 or IPv6 address"));
   }
+  // A NUL would end the text inet_pton reads: refused, not cut short.
+  absl::StatusOr<Worker> nul =
+      registry_.Register("host-d", "cpu", {}, 0, std::string("10.0.0.1\0junk", 13));
+  EXPECT_EQ(nul.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(registry_.List().size(), 3u);
 }
 
