@@ -78,6 +78,13 @@ def test_the_overlays_render_with_probes_security_and_monitoring():
         sockets.update(a for a in c["args"] if a.startswith("--socket="))
         ports.add(c["readinessProbe"]["httpGet"]["port"])
     assert len(sockets) == 8 and ports == set(range(9401, 9409))
+    # Prometheus reaches every GPU daemon: the metrics Service names each port, the ServiceMonitor
+    # scrapes each (and the coordinator's).
+    service = find(gpu, "Service", "ringmaster-worker-metrics")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        f"metrics-{i}": 9401 + i for i in range(8)}
+    endpoints = find(gpu, "ServiceMonitor", "ringmaster")["spec"]["endpoints"]
+    assert [e["port"] for e in endpoints] == ["metrics"] + [f"metrics-{i}" for i in range(8)]
 
 
 
