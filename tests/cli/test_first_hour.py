@@ -496,3 +496,15 @@ def test_a_gpu_worker_on_a_machine_without_gpus_says_so():
         "(no CUDA-capable device is detected (fake CUDA); is the NVIDIA driver installed and the GPU "
         "visible, e.g. nvidia-smi lists it?); on a machine without GPUs run the worker with --device "
         "cpu")
+
+
+def test_a_worker_given_an_interface_that_is_not_there_names_it_and_those_there_are(tmp_path):
+    r = subprocess.run([str(BIN / "ringmaster-worker"), "--coordinator", "127.0.0.1:1", "--iface",
+                        "nosuch0", "--socket", str(tmp_path / "w.sock")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    m = re.fullmatch(r"ringmaster-worker: --iface: network interface 'nosuch0' has no address here; "
+                     r"interfaces: (.+)", r.stderr.splitlines()[-1])
+    assert m, r.stderr
+    assert "lo" in m.group(1).split(", "), r.stderr
+    assert not (tmp_path / "w.sock").exists()  # refused before it served anything
