@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "bench/profile.h"
 #include "common/flags.h"
+#include "common/tls.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "ringmaster/client.h"
@@ -210,8 +211,9 @@ int Main() {
     g.rank = c.rank();
     g.size = np;
     g.store = std::make_shared<RendezvousClient>(
-        grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()), c.topology().job_id,
-        epoch);
+        // TLS when the daemon (whose environment the ranks inherit) reaches it with TLS.
+        grpc::CreateChannel(coordinator, MakeChannelCredentials(TlsFilesFrom("", "", ""))),
+        c.topology().job_id, epoch, nullptr, Env("RINGMASTER_RENDEZVOUS_TOKEN"));
     g.prefix = "bench-gloo/";
     g.hostname =
         Env("RINGMASTER_ADDRESS");  // the daemon's data-plane address (other hosts reach it)

@@ -13,10 +13,12 @@ namespace ringmaster {
 class CallbackRanks::Rank
     : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
  public:
-  Rank(v1::WorkerService::Stub* stub, std::string worker_id) : worker_id_(std::move(worker_id)) {
+  Rank(v1::WorkerService::Stub* stub, std::string worker_id, const std::string& secret)
+      : worker_id_(std::move(worker_id)) {
     stub->async()->Session(&context_, this);
     v1::WorkerMessage open;
     open.mutable_open()->set_worker_id(worker_id_);
+    open.mutable_open()->set_secret(secret);
     Write(std::move(open));
     StartRead(&in_);
     StartCall();
@@ -164,7 +166,8 @@ absl::StatusOr<std::unique_ptr<CallbackRanks>> CallbackRanks::Connect(
     if (grpc::Status s = stub->RegisterWorker(&context, request, &response); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("RegisterWorker: ", s.error_message()));
     }
-    out->ranks_.push_back(std::make_unique<Rank>(stub.get(), response.worker_id()));
+    out->ranks_.push_back(
+        std::make_unique<Rank>(stub.get(), response.worker_id(), response.session_secret()));
   }
   // The stub only starts calls; the reactors hold the channel through their contexts.
   return out;

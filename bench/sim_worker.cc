@@ -30,6 +30,7 @@ absl::Status SimWorker::Connect(absl::Duration timeout) {
   v1::RegisterWorkerRequest request;
   request.set_host(host_);
   request.set_device(device_);
+  request.set_slot(absl::StrCat(host_, ":", device_));
   v1::RegisterWorkerResponse response;
   grpc::ClientContext context;
   context.set_deadline(Deadline(timeout));
@@ -37,9 +38,11 @@ absl::Status SimWorker::Connect(absl::Duration timeout) {
     return FromGrpc(s);
   }
   worker_id_ = response.worker_id();
+  secret_ = response.session_secret();
   stream_ = stub_->Session(&context_);
   v1::WorkerMessage open;
   open.mutable_open()->set_worker_id(worker_id_);
+  open.mutable_open()->set_secret(secret_);
   if (absl::Status s = Send(open); !s.ok()) return s;
   reader_ = std::thread([this] { ReadLoop(); });
   absl::MutexLock lock(&mu_);

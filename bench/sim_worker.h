@@ -31,6 +31,7 @@ class SimWorker {
   // RegisterWorker, open the session, and wait for the coordinator to accept it.
   absl::Status Connect(absl::Duration timeout = absl::Seconds(10));
   const std::string& worker_id() const { return worker_id_; }
+  const std::string& secret() const { return secret_; }  // its session secret
 
   // The next job assignment.
   absl::StatusOr<v1::JobAssignment> WaitAssignment(absl::Duration timeout);
@@ -63,6 +64,7 @@ class SimWorker {
   const std::string device_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::string worker_id_;
+  std::string secret_;
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;
   std::thread reader_;

@@ -4,12 +4,19 @@
 #include <cstdlib>
 
 #include "cli/log_printer.h"
+#include "common/rpc_metadata.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace ringmaster::cli {
 
-std::unique_ptr<grpc::ClientContext> Context(const Global& g) {
+std::unique_ptr<grpc::ClientContext> StreamContext(const Global& g) {
   auto context = std::make_unique<grpc::ClientContext>();
+  if (!g.token.empty()) context->AddMetadata(kAuthorizationMetadata, "Bearer " + g.token);
+  return context;
+}
+
+std::unique_ptr<grpc::ClientContext> Context(const Global& g) {
+  std::unique_ptr<grpc::ClientContext> context = StreamContext(g);
   context->set_deadline(std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(g.timeout_seconds * 1000)));
   return context;
@@ -53,6 +60,15 @@ void Fail(const Global& g, const grpc::Status& status) {
   std::fprintf(stderr, "ringmaster: %s\n", Describe(status).c_str());
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     std::fprintf(stderr, "%s\n", UnreachableHint(g.coordinator).c_str());
+    std::fprintf(stderr, "%s\n",
+                 g.tls.enabled()
+                     ? "(this call used TLS; a coordinator without TLS is reached with --insecure)"
+                     : "(this call used plaintext; a coordinator with TLS is reached with --tls-ca "
+                       "FILE, or RINGMASTER_TLS_CA)");
+  } else if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    std::fprintf(stderr,
+                 "(authenticate with --token TOKEN or RINGMASTER_TOKEN, or a user certificate: "
+                 "--tls-cert FILE --tls-key FILE)\n");
   }
   std::exit(1);
 }

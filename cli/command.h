@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/tls.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/grpcpp.h"
 #include "ringmaster/v1/job.grpc.pb.h"
@@ -21,10 +22,15 @@ struct Global {
   std::string coordinator;
   bool json = false;
   double timeout_seconds = 10;
+  TlsFiles tls;       // none named: plaintext
+  std::string token;  // a bearer token sent with every call ("": none)
 };
 
-// A client context whose deadline is the global timeout (for calls that are not streams that last).
+// A client context whose deadline is the global timeout (for calls that are not streams that last),
+// carrying the token.
 std::unique_ptr<grpc::ClientContext> Context(const Global& g);
+// A context without a deadline (a watch, a followed log), carrying the token.
+std::unique_ptr<grpc::ClientContext> StreamContext(const Global& g);
 
 // Prints `ringmaster: MESSAGE` and a hint to stderr, and exits 2.
 [[noreturn]] void Usage(const std::string& message);

@@ -141,7 +141,10 @@ class LocalRun {
   absl::Status StartCoordinator() {
     std::vector<std::string> argv = {absl::StrCat(bin_dir_, "/ringmaster-coordinator"), "--listen",
                                      absl::StrCat("127.0.0.1:", options_.port), "--artifacts-dir",
-                                     artifacts_dir_};
+                                     artifacts_dir_,
+                                     // Loopback only, one user's run: no TLS, even when the
+                                     // environment names certificates for another coordinator.
+                                     "--insecure"};
     if (options_.metrics_port_base > 0) {
       argv.insert(argv.end(),
                   {"--metrics-listen", absl::StrCat("127.0.0.1:", options_.metrics_port_base)});
@@ -199,7 +202,7 @@ class LocalRun {
           worker, "--coordinator", absl::StrCat("127.0.0.1:", port_), "--device",
           // --gpus: one GPU per rank of a simulated host.
           options_.gpus ? absl::StrCat("cuda:", i % options_.per_host) : std::string("cpu"),
-          "--host-name", host, "--socket", sockets_.back()};
+          "--host-name", host, "--socket", sockets_.back(), "--insecure"};
       if (options_.arena_mb > 0) {
         argv.insert(argv.end(), {"--arena-mb", absl::StrCat(options_.arena_mb)});
       }

@@ -67,6 +67,10 @@ global options:
   --coordinator ADDR:PORT   the coordinator (default: $RINGMASTER_COORDINATOR, else localhost:50051)
   --json                    print replies as JSON, one message per line
   --timeout-seconds S       deadline of each call (default 10)
+  --tls-ca F                the CA of the coordinator's certificate: use TLS (env RINGMASTER_TLS_CA)
+  --tls-cert F, --tls-key F a user certificate and its key (env RINGMASTER_TLS_CERT, _KEY)
+  --token T                 a bearer token from the coordinator's token file (env RINGMASTER_TOKEN)
+  --insecure                plaintext, ignoring RINGMASTER_TLS_* (a loopback coordinator)
 
 `ringmaster COMMAND --help` lists a command's own options.
 )";
@@ -398,8 +402,9 @@ int Watch(const Global& g, v1::JobService::Stub& stub, Args& args) {
   v1::WatchJobRequest request;
   request.set_job_id(JobArg(args, "watch"));
   if (!args.Done()) Usage(absl::StrCat("watch: unexpected '", args.Peek(), "'"));
-  grpc::ClientContext context;  // no deadline: a watch lasts as long as the job
-  auto reader = stub.WatchJob(&context, request);
+  // No deadline: a watch lasts as long as the job.
+  std::unique_ptr<grpc::ClientContext> context = StreamContext(g);
+  auto reader = stub.WatchJob(context.get(), request);
   v1::WatchJobResponse message;
   v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
   bool first = true;
@@ -444,8 +449,7 @@ int Logs(const Global& g, v1::JobService::Stub& stub, Args& args) {
     }
   }
   // Following lasts as long as the job; reading what is there has the usual deadline.
-  std::unique_ptr<grpc::ClientContext> context =
-      request.follow() ? std::make_unique<grpc::ClientContext>() : Context(g);
+  std::unique_ptr<grpc::ClientContext> context = request.follow() ? StreamContext(g) : Context(g);
   auto reader = stub.GetLogs(context.get(), request);
   grpc::Status status = PrintLogs(*reader, request.all_ranks(), g.json);
   if (!status.ok()) Fail(g, status);
@@ -494,6 +498,9 @@ int Main(int argc, char** argv) {
   } else {
     g.coordinator = "localhost:50051";
   }
+  if (const char* env = std::getenv("RINGMASTER_TOKEN"); env != nullptr) g.token = env;
+  std::string tls_ca, tls_cert, tls_key;
+  bool insecure = false;
   while (!args.Done() && absl::StartsWith(args.Peek(), "-")) {
     std::string flag = args.Next();
     if (flag == "--help" || flag == "-h") {
@@ -506,6 +513,16 @@ int Main(int argc, char** argv) {
     } else if (flag == "--timeout-seconds") {
       g.timeout_seconds = Number<double>(flag, args.Value(flag));
       if (!(g.timeout_seconds > 0)) Usage("--timeout-seconds must be positive");
+    } else if (flag == "--tls-ca") {
+      tls_ca = args.Value(flag);
+    } else if (flag == "--tls-cert") {
+      tls_cert = args.Value(flag);
+    } else if (flag == "--tls-key") {
+      tls_key = args.Value(flag);
+    } else if (flag == "--token") {
+      g.token = args.Value(flag);
+    } else if (flag == "--insecure") {
+      insecure = true;
     } else {
       Usage(absl::StrCat("unknown option '", flag, "'"));
     }
@@ -515,7 +532,14 @@ int Main(int argc, char** argv) {
   HelpIfAsked(args, HelpOf(command));
   // Before any channel exists: `local` forks its coordinator and workers.
   if (command == "local") return Local(g, args);
-  auto channel = grpc::CreateChannel(g.coordinator, grpc::InsecureChannelCredentials());
+  if (insecure && (!tls_ca.empty() || !tls_cert.empty() || !tls_key.empty())) {
+    Usage("--insecure and --tls-* exclude each other");
+  }
+  if (!insecure) g.tls = TlsFilesFrom(tls_cert, tls_key, tls_ca);
+  if (g.tls.enabled()) {
+    if (absl::Status s = CheckClientTlsFiles(g.tls); !s.ok()) Usage(std::string(s.message()));
+  }
+  auto channel = grpc::CreateChannel(g.coordinator, MakeChannelCredentials(g.tls));
   // A coordinator started a moment ago (`ringmaster-coordinator ... &` in a script) is given a
   // moment to listen; one that stays away fails the call at once, with gRPC's reason.
   channel->WaitForConnected(std::chrono::system_clock::now() +

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/secret.h"
 #include "coordinator/scheduler.h"
 #include "spdlog/spdlog.h"
 
@@ -68,24 +69,46 @@ void Coordinator::RegisterCollectors() {
 
 Coordinator::~Coordinator() = default;
 
-absl::StatusOr<Job> Coordinator::RegisterJob(JobSpec spec) {
-  absl::StatusOr<Job> job = jobs_.Register(std::move(spec));
+absl::StatusOr<Job> Coordinator::RegisterJob(JobSpec spec, std::string owner) {
+  absl::StatusOr<Job> job = jobs_.Register(std::move(spec), std::move(owner));
   if (!job.ok()) return job;
-  spdlog::info("job {} '{}' registered: np={}", job->id, job->spec.name, job->spec.np);
+  spdlog::info("job {} '{}' registered{}: np={}", job->id, job->spec.name,
+               job->owner.empty() ? std::string() : absl::StrCat(" by '", job->owner, "'"),
+               job->spec.np);
   Schedule();
   return GetJob(job->id);
 }
 
 absl::StatusOr<Worker> Coordinator::RegisterWorker(std::string host, std::string device,
                                                    std::map<std::string, std::string> labels,
-                                                   uint64_t incarnation, std::string address) {
-  absl::StatusOr<Worker> w = workers_.Register(std::move(host), std::move(device),
-                                               std::move(labels), incarnation, std::move(address));
+                                                   uint64_t incarnation, std::string address,
+                                                   std::string identity, std::string slot) {
+  absl::StatusOr<Worker> w =
+      workers_.Register(std::move(host), std::move(device), std::move(labels), incarnation,
+                        std::move(address), std::move(identity), std::move(slot));
   if (w.ok()) {
-    spdlog::info("worker {} registered: host {} device {} address {}", w->id, w->host, w->device,
-                 w->address.empty() ? "not known" : w->address);
+    spdlog::info(
+        "worker {} registered: host {} device {} address {}{}", w->id, w->host, w->device,
+        w->address.empty() ? "not known" : w->address,
+        w->identity.empty() ? std::string() : absl::StrCat(" identity '", w->identity, "'"));
+    // A worker it replaced (the same identity, host and device) is reported lost by the ticker.
+    WakeTicker(absl::InfinitePast());
   }
   return w;
+}
+
+absl::Status Coordinator::CheckRendezvousToken(const std::string& job_id, int64_t epoch,
+                                               const std::string& token) const {
+  absl::StatusOr<Job> job = jobs_.Get(job_id);
+  if (!job.ok()) return job.status();
+  if (epoch != job->epoch) return absl::OkStatus();  // the store answers ABORTED (stale epoch)
+  if (job->rendezvous_token.empty() || !ConstantTimeEquals(token, job->rendezvous_token)) {
+    return absl::PermissionDeniedError(absl::StrCat("the rendezvous of job ", job_id, " epoch ",
+                                                    epoch,
+                                                    " is open only to its ranks' workers: the call "
+                                                    "did not carry the epoch's rendezvous token"));
+  }
+  return absl::OkStatus();
 }
 
 WorkerChannel* Coordinator::ChannelOf(const std::string& worker_id) {

@@ -139,9 +139,16 @@ class Coordinator {
   absl::Duration heartbeat_interval() const { return heartbeat_interval_; }
 
   // Jobs.
-  absl::StatusOr<Job> RegisterJob(JobSpec spec);
+  // Owned by `owner`: the authenticated user's name ("" without authentication).
+  absl::StatusOr<Job> RegisterJob(JobSpec spec, std::string owner = "");
   // With live throughput while the job has a runtime.
   absl::StatusOr<Job> GetJob(const std::string& id) const;
+  // Who owns the job (Job::owner); NOT_FOUND for an unknown one.
+  absl::StatusOr<std::string> JobOwner(const std::string& id) const {
+    absl::StatusOr<Job> job = jobs_.Get(id);
+    if (!job.ok()) return job.status();
+    return job->owner;
+  }
   // Newest first; PENDING jobs with their waiting reason.
   std::vector<Job> ListJobs(const std::vector<JobState>& states) const;
   // Ends the job CANCELLED on the caller's thread (file I/O: closing its timeline).
@@ -158,7 +165,19 @@ class Coordinator {
   // Workers.
   absl::StatusOr<Worker> RegisterWorker(std::string host, std::string device,
                                         std::map<std::string, std::string> labels,
-                                        uint64_t incarnation = 0, std::string address = "");
+                                        uint64_t incarnation = 0, std::string address = "",
+                                        std::string identity = "", std::string slot = "");
+  // Whether `identity`, holding `secret`, may open the session of `worker_id`
+  // (WorkerRegistry::CheckSessionProof).
+  absl::Status CheckSessionProof(const std::string& worker_id, const std::string& identity,
+                                 const std::string& secret) {
+    return workers_.CheckSessionProof(worker_id, identity, secret);
+  }
+  // Whether a rendezvous call for `epoch` of `job_id` carrying `token` may use the job's store:
+  // PERMISSION_DENIED unless `token` is the epoch's (Job::rendezvous_token), NOT_FOUND for an
+  // unknown job. A call for another epoch is left to the store (ABORTED: stale).
+  absl::Status CheckRendezvousToken(const std::string& job_id, int64_t epoch,
+                                    const std::string& token) const;
   std::vector<Worker> ListWorkers() const { return workers_.List(); }
   // Attaches the worker's session. `channel` is borrowed until CloseSession(). NOT_FOUND for an
   // unknown worker (or one that another daemon `incarnation` registered), FAILED_PRECONDITION for

@@ -56,7 +56,8 @@ void Coordinator::RestoreJobs() {
     absl::Status restored;
     for (const RankInfo& r : job.ranks) {
       restored.Update(workers_.Restore(r.worker_id, r.host, r.device, job.id, r.rank,
-                                       now + resume_timeout_, r.address));
+                                       now + resume_timeout_, r.address, r.worker_identity,
+                                       r.worker_secret_sha256));
     }
     if (!restored.ok()) {  // a store that gives one worker two ranks: not resumable
       Finish(

@@ -38,6 +38,10 @@ struct RankInfo {
   std::string host;
   std::string device;
   std::string address;  // its worker's data plane address ("": not known)
+  // What its worker's registration bound (Worker::identity, Worker::secret_sha256), so that a
+  // restarted coordinator takes the worker's session back only from that identity and secret.
+  std::string worker_identity;
+  std::string worker_secret_sha256;
   int32_t local_rank = 0;
   int32_t local_size = 0;
   int32_t cross_rank = 0;
@@ -70,6 +74,12 @@ struct JobThroughput {
 
 struct Job {
   std::string id;
+  // Who submitted it (the authenticated user's name; "" without authentication). Only the owner
+  // and admins may read or cancel it.
+  std::string owner;
+  // The current epoch's rendezvous token, sent only to its ranks' workers: a rendezvous call must
+  // carry it. New each epoch.
+  std::string rendezvous_token;
   JobSpec spec;
   JobState state = JobState::kPending;
   std::string reason;

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/secret.h"
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
@@ -44,14 +45,19 @@ JobRegistry::JobRegistry(std::unique_ptr<JobStore> store, Clock* clock)
   }
 }
 
-absl::StatusOr<Job> JobRegistry::Register(JobSpec spec) {
+absl::StatusOr<Job> JobRegistry::Register(JobSpec spec, std::string owner) {
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  if (owner.size() > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("owner must be at most 256 bytes; got ", owner.size()));
+  }
   std::vector<std::shared_ptr<Watcher>> none;
   Job job;
   {
     absl::MutexLock lock(&mu_);
     job.id = absl::StrFormat("job-%06d", next_job_++);
     job.spec = std::move(spec);
+    job.owner = std::move(owner);
     job.state = JobState::kPending;
     job.create_time = clock_->Now();
     none = CommitLocked(job, absl::StrCat("registered: ", job.spec.np, " ranks"));
@@ -153,6 +159,7 @@ absl::StatusOr<Job> JobRegistry::Start(const std::string& id, std::vector<RankIn
     job.state = JobState::kStarting;
     job.ranks = std::move(ranks);
     ++job.epoch;
+    job.rendezvous_token = RandomSecret();
     watchers = CommitLocked(job, std::move(message));
     notify_mu_.Lock();
   }

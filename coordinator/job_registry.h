@@ -33,8 +33,8 @@ class JobRegistry {
   JobRegistry(std::unique_ptr<JobStore> store, Clock* clock);
 
   // Validates the spec (INVALID_ARGUMENT naming the field), fills in nothing else, and records a
-  // new PENDING job.
-  absl::StatusOr<Job> Register(JobSpec spec);
+  // new PENDING job owned by `owner` (at most 256 bytes).
+  absl::StatusOr<Job> Register(JobSpec spec, std::string owner = "");
 
   absl::StatusOr<Job> Get(const std::string& id) const;
   // Newest first; only jobs in `states` when it is not empty.

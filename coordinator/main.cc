@@ -18,7 +18,30 @@
 #include "coordinator/sqlite_job_store.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "address to serve gRPC on (host:port)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "address to serve gRPC on (host:port); an address other than loopback needs TLS "
+          "(--tls-cert, --tls-key, --tls-ca) or --insecure-allow-remote");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate of the coordinator, e.g. a Kubernetes TLS secret's tls.crt (env "
+          "RINGMASTER_TLS_CERT); reloaded when it changes");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM private key of --tls-cert, e.g. tls.key (env RINGMASTER_TLS_KEY)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle that client certificates must chain to, e.g. ca.crt (env "
+          "RINGMASTER_TLS_CA)");
+ABSL_FLAG(std::string, token_file, "",
+          "users' bearer tokens, in Kubernetes' static token file format: token,user,uid,"
+          "\"group1,group2\" per line; reloaded when it changes");
+ABSL_FLAG(std::string, admin_group, "ringmaster:admins",
+          "members of this group (a certificate's O, a token's group) may act on every job");
+ABSL_FLAG(std::string, worker_group, "ringmaster:workers",
+          "members of this group may register worker daemons (and may not submit jobs)");
+ABSL_FLAG(bool, insecure, false,
+          "plaintext without authentication, ignoring RINGMASTER_TLS_*: only on a loopback "
+          "--listen address");
+ABSL_FLAG(bool, insecure_allow_remote, false,
+          "allow plaintext without authentication on an address other than loopback (anyone who "
+          "reaches it may run commands on every worker); warned about every minute");
 ABSL_FLAG(std::string, log_level, "info",
           "trace, debug, info, warning, error, fatal or off (env HOROVOD_LOG_LEVEL); info logs "
           "jobs and workers coming and going");
@@ -55,7 +78,8 @@ void OnSignal(int) { g_stop = 1; }
 
 int main(int argc, char** argv) {
   constexpr char kUsage[] =
-      "ringmaster-coordinator [--listen ADDR:PORT] [--metrics-listen ADDR:PORT] "
+      "ringmaster-coordinator [--listen ADDR:PORT] [--tls-cert F --tls-key F --tls-ca F] "
+      "[--token-file F] [--insecure | --insecure-allow-remote] [--metrics-listen ADDR:PORT] "
       "[--log-level LEVEL] [--state-dir DIR] [--store etcd://HOST:PORT,...] [--artifacts-dir DIR]";
   ringmaster::HandleHelp(argc, argv, kUsage, "coordinator/main.cc");
   absl::SetProgramUsageMessage(kUsage);
@@ -132,7 +156,21 @@ int main(int argc, char** argv) {
     options.artifacts_dir = ringmaster::DefaultArtifactsDir(
         ringmaster::ArtifactsInstanceName(absl::GetFlag(FLAGS_listen)));
   }
-  ringmaster::CoordinatorServer server(std::move(options));
+  ringmaster::ServerSecurity security;
+  const bool insecure = absl::GetFlag(FLAGS_insecure) || absl::GetFlag(FLAGS_insecure_allow_remote);
+  if (!insecure) {
+    security.tls = ringmaster::TlsFilesFrom(
+        absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca));
+  } else if (!absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty() ||
+             !absl::GetFlag(FLAGS_tls_ca).empty()) {
+    std::fprintf(stderr, "ringmaster-coordinator: --insecure and --tls-* exclude each other\n");
+    return 2;
+  }
+  security.token_file = absl::GetFlag(FLAGS_token_file);
+  security.admin_group = absl::GetFlag(FLAGS_admin_group);
+  security.worker_group = absl::GetFlag(FLAGS_worker_group);
+  security.insecure_allow_remote = absl::GetFlag(FLAGS_insecure_allow_remote);
+  ringmaster::CoordinatorServer server(std::move(options), std::move(security));
   absl::StatusOr<int> port = server.Start(absl::GetFlag(FLAGS_listen));
   if (!port.ok()) {
     std::fprintf(stderr, "ringmaster-coordinator: %s\n",
@@ -153,8 +191,12 @@ int main(int argc, char** argv) {
     std::printf("ringmaster-coordinator metrics on port %d\n", *metrics_port);
   }
   std::fflush(stdout);
-  spdlog::info("listening on {} (port {}); jobs {}; artifacts in {}", absl::GetFlag(FLAGS_listen),
-               *port,
+  spdlog::info("listening on {} (port {}, {}); jobs {}; artifacts in {}",
+               absl::GetFlag(FLAGS_listen), *port,
+               insecure || absl::GetFlag(FLAGS_tls_cert).empty() &&
+                               std::getenv("RINGMASTER_TLS_CERT") == nullptr
+                   ? "plaintext"
+                   : "mutual TLS",
                state_dir.empty() ? std::string("in memory (no --state-dir)")
                                  : absl::StrCat("in ", state_dir, "/jobs.db"),
                server.coordinator().artifacts_dir());

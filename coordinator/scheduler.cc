@@ -100,6 +100,8 @@ absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& av
       r.host = w.host;
       r.device = w.device;
       r.address = w.address;
+      r.worker_identity = w.identity;
+      r.worker_secret_sha256 = w.secret_sha256;
       r.local_rank = local;
       r.local_size = n;
       ranks.push_back(std::move(r));

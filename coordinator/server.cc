@@ -1,15 +1,21 @@
 #include "coordinator/server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <chrono>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/bind_probe.h"
+#include "coordinator/service/auth.h"
 #include "coordinator/service/cluster_service.h"
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/rendezvous_service.h"
 #include "coordinator/service/worker_service.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "spdlog/spdlog.h"
 
 namespace ringmaster {
 
@@ -18,24 +24,64 @@ namespace ringmaster {
 // stalls, rendezvous timeouts, pending failures): it sleeps when there is nothing to do.
 constexpr absl::Duration kMaxTickPeriod = absl::Milliseconds(10);
 
-CoordinatorServer::CoordinatorServer(CoordinatorOptions options)
+bool IsLoopbackAddress(const std::string& address) {
+  std::string host = address;
+  if (absl::StartsWith(host, "[")) {
+    host = host.substr(
+        1, host.find(']') == std::string::npos ? std::string::npos : host.find(']') - 1);
+  } else if (const size_t colon = host.rfind(':'); colon != std::string::npos) {
+    host = host.substr(0, colon);
+  }
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+CoordinatorServer::CoordinatorServer(CoordinatorOptions options, ServerSecurity security)
     : executor_(std::make_unique<SerialExecutor>()),
       reads_(std::make_unique<SerialExecutor>()),
       coordinator_(std::make_unique<Coordinator>([&] {
         if (options.executor == nullptr) options.executor = executor_.get();
         return std::move(options);
       }())),
-      job_service_(std::make_unique<JobService>(*coordinator_, reads_.get())),
-      worker_service_(std::make_unique<WorkerService>(*coordinator_)),
-      rendezvous_service_(std::make_unique<RendezvousService>(*coordinator_)),
-      cluster_service_(std::make_unique<ClusterService>(*coordinator_)) {}
+      security_(std::move(security)) {}
 
 CoordinatorServer::~CoordinatorServer() { Stop(); }
 
 absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
+  AuthOptions auth{.required = security_.tls.enabled() || !security_.token_file.empty(),
+                   .tokens = nullptr,
+                   .admin_group = security_.admin_group,
+                   .worker_group = security_.worker_group};
+  if (security_.tls.enabled()) {
+    if (absl::Status s = CheckServerTlsFiles(security_.tls); !s.ok()) return s;
+  } else if (!IsLoopbackAddress(address)) {
+    if (!security_.insecure_allow_remote) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing to listen on ", address,
+          " without TLS: anyone who reaches it could run any command on every worker. Give "
+          "--tls-cert, --tls-key and --tls-ca (scripts/dev-ca.sh makes a first set), or listen on "
+          "loopback (--listen 127.0.0.1:50051), or accept the risk with "
+          "--insecure-allow-remote"));
+    }
+    insecure_remote_address_ = address;
+  }
+  if (!security_.token_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenFile>> tokens = TokenFile::Open(security_.token_file);
+    if (!tokens.ok()) return tokens.status();
+    auth.tokens = *std::move(tokens);
+  }
+  authenticator_ = std::make_unique<Authenticator>(std::move(auth));
+  job_service_ = std::make_unique<JobService>(*coordinator_, reads_.get(), authenticator_.get());
+  worker_service_ = std::make_unique<WorkerService>(*coordinator_, authenticator_.get());
+  rendezvous_service_ = std::make_unique<RendezvousService>(*coordinator_, authenticator_.get());
+  cluster_service_ = std::make_unique<ClusterService>(*coordinator_, authenticator_.get());
+
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, MakeServerCredentials(security_.tls), &port);
   // gRPC shares a port by default (SO_REUSEPORT): a second coordinator on a port in use would
   // listen too, and clients would reach one or the other at random.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -100,7 +146,15 @@ absl::StatusOr<int> CoordinatorServer::StartMetrics(const std::string& address) 
 }
 
 void CoordinatorServer::TickLoop() {
+  absl::Time warned = absl::InfinitePast();
   while (!stopping_.load(std::memory_order_acquire)) {
+    if (!insecure_remote_address_.empty() && absl::Now() - warned >= absl::Minutes(1)) {
+      warned = absl::Now();
+      spdlog::warn(
+          "serving plaintext without authentication on {} (--insecure-allow-remote): anyone who "
+          "reaches it may run any command on every worker; see docs/security.md",
+          insecure_remote_address_);
+    }
     coordinator_->Tick();
     last_tick_unix_ns_.store(absl::GetCurrentTimeNanos());
     coordinator_->WaitForTick(std::min(coordinator_->NextDeadline(), absl::Now() + kMaxTickPeriod));

@@ -11,7 +11,9 @@
 #include "absl/status/statusor.h"
 #include "common/executor.h"
 #include "common/metrics_server.h"
+#include "common/tls.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/principal.h"
 
 namespace grpc {
 class Server;
@@ -19,18 +21,35 @@ class Server;
 
 namespace ringmaster {
 
+class Authenticator;
 class ClusterService;
 class JobService;
 class WorkerService;
 class RendezvousService;
 
+// Who may reach the coordinator, and how they prove who they are (docs/security.md).
+struct ServerSecurity {
+  TlsFiles tls;            // !tls.enabled(): plaintext
+  std::string token_file;  // Kubernetes static token file of users' bearer tokens; "": none
+  std::string admin_group = kDefaultAdminGroup;
+  std::string worker_group = kDefaultWorkerGroup;
+  // Plaintext on an address other than loopback (anyone who reaches it may run commands on every
+  // worker): refused unless this is set, and then warned about in the log every minute.
+  bool insecure_allow_remote = false;
+};
+
+// Whether `address` ("host:port", "[v6]:port") names a loopback host: 127.0.0.0/8, ::1, localhost.
+bool IsLoopbackAddress(const std::string& address);
+
 class CoordinatorServer {
  public:
-  explicit CoordinatorServer(CoordinatorOptions options);
+  explicit CoordinatorServer(CoordinatorOptions options, ServerSecurity security = {});
   ~CoordinatorServer();  // Stop()s
 
   // Listens on `address` ("host:port"; port 0 picks one) and starts the ticker. Returns the port.
-  // UNAVAILABLE when the address cannot be bound.
+  // UNAVAILABLE when the address cannot be bound; INVALID_ARGUMENT for unusable TLS files or token
+  // file; FAILED_PRECONDITION for plaintext on a non-loopback address without
+  // insecure_allow_remote.
   absl::StatusOr<int> Start(const std::string& address);
 
   // Serves the coordinator's metrics at http://ADDRESS/metrics; returns the port.
@@ -53,6 +72,9 @@ class CoordinatorServer {
   // never delays ending a job. Before the coordinator too: its tasks read the coordinator's store.
   std::unique_ptr<SerialExecutor> reads_;
   std::unique_ptr<Coordinator> coordinator_;
+  const ServerSecurity security_;
+  // Made by Start(), with the services that borrow it.
+  std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<JobService> job_service_;
   std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<RendezvousService> rendezvous_service_;
@@ -62,6 +84,8 @@ class CoordinatorServer {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> serving_{false};           // the gRPC server is listening
   std::atomic<int64_t> last_tick_unix_ns_{0};  // the ticker's last round (/healthz)
+  // Set when serving plaintext on a non-loopback address: the ticker warns every minute.
+  std::string insecure_remote_address_;
   std::thread ticker_;
 };
 

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/secret.h"
 
 namespace ringmaster {
 namespace {
@@ -60,7 +61,12 @@ WorkerRegistry::WorkerRegistry(Clock* clock, absl::Duration lease, absl::Duratio
 
 absl::StatusOr<Worker> WorkerRegistry::Register(std::string host, std::string device,
                                                 std::map<std::string, std::string> labels,
-                                                uint64_t incarnation, std::string address) {
+                                                uint64_t incarnation, std::string address,
+                                                std::string identity, std::string slot) {
+  if (slot.size() > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot must be at most 256 bytes; got ", slot.size()));
+  }
   if (absl::Status s = ValidateWorkerPlacement(host, device); !s.ok()) return s;
   if (!address.empty() && (address.size() > 45 || address.find('\0') != std::string::npos ||
                            !IsNumericAddress(address))) {
@@ -78,8 +84,44 @@ absl::StatusOr<Worker> WorkerRegistry::Register(std::string host, std::string de
   w.labels = std::move(labels);
   w.last_heartbeat = clock_->Now();
   w.incarnation = incarnation;
+  w.identity = std::move(identity);
+  w.slot = std::move(slot);
+  const std::string secret = RandomSecret();
+  w.secret_sha256 = Sha256Hex(secret);
+  if (!w.identity.empty() && !w.slot.empty()) {
+    for (auto& [id, old] : workers_) {
+      if (old.state != WorkerState::kLost && old.replaced_by.empty() &&
+          old.identity == w.identity && old.host == w.host && old.slot == w.slot) {
+        old.replaced_by = w.id;
+      }
+    }
+  }
   workers_[w.id] = w;
+  w.secret = secret;
   return w;
+}
+
+absl::Status WorkerRegistry::CheckSessionProof(const std::string& id, const std::string& identity,
+                                               const std::string& secret) {
+  absl::MutexLock lock(&mu_);
+  auto w = FindLocked(id);
+  if (!w.ok()) return w.status();
+  if ((*w)->identity != identity) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker_id '", id, "' was registered by ",
+        (*w)->identity.empty() ? std::string("no identity")
+                               : absl::StrCat("'", (*w)->identity, "'"),
+        "; ",
+        identity.empty() ? std::string("a caller without one") : absl::StrCat("'", identity, "'"),
+        " may not open its session"));
+  }
+  if ((*w)->secret_sha256.empty()) return absl::OkStatus();  // restored from an older record
+  if (!ConstantTimeEquals(Sha256Hex(secret), (*w)->secret_sha256)) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the session secret for worker_id '", id,
+                     "' is not the one its registration issued: register again"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WorkerRegistry::CheckIncarnation(const std::string& id, uint64_t incarnation) {
@@ -186,7 +228,8 @@ void WorkerRegistry::Release(const std::string& id) {
 
 absl::Status WorkerRegistry::Restore(const std::string& id, std::string host, std::string device,
                                      const std::string& job_id, int32_t rank, absl::Time until,
-                                     std::string address) {
+                                     std::string address, std::string identity,
+                                     std::string secret_sha256) {
   absl::MutexLock lock(&mu_);
   if (workers_.contains(id)) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", id, " is known already"));
@@ -202,6 +245,8 @@ absl::Status WorkerRegistry::Restore(const std::string& id, std::string host, st
   w.last_heartbeat = clock_->Now();
   w.disconnected_since = clock_->Now();
   w.restored_until = until;
+  w.identity = std::move(identity);
+  w.secret_sha256 = std::move(secret_sha256);
   workers_[id] = std::move(w);
   return absl::OkStatus();
 }
@@ -219,8 +264,12 @@ std::vector<Worker> WorkerRegistry::ExpireLeases() {
   std::vector<Worker> lost;
   for (auto& [id, w] : workers_) {
     if (w.state == WorkerState::kLost) continue;
-    if (!w.connected && now < w.restored_until) continue;  // its daemon is still reattaching
-    if (!w.connected && w.restored_until != absl::InfinitePast()) {
+    if (!w.replaced_by.empty()) {
+      w.lost_reason = absl::StrCat("its identity '", w.identity, "' registered ", w.host, " ",
+                                   w.slot, " again, as ", w.replaced_by, " (its daemon restarted)");
+    } else if (!w.connected && now < w.restored_until) {
+      continue;  // its daemon is still reattaching
+    } else if (!w.connected && w.restored_until != absl::InfinitePast()) {
       w.lost_reason = "it did not reconnect after the coordinator restarted";
     } else if (now - w.last_heartbeat >= lease_) {
       w.lost_reason = absl::StrCat("no heartbeat for ", absl::FormatDuration(lease_));

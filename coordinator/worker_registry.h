@@ -39,6 +39,17 @@ struct Worker {
   absl::Time restored_until = absl::InfinitePast();
   // The daemon process that registered it (0: not known, e.g. restored: the first session's).
   uint64_t incarnation = 0;
+  // The authenticated identity that registered it (its certificate's CN; "" without
+  // authentication): only that identity may open its session.
+  std::string identity;
+  std::string slot;  // RegisterWorkerRequest.slot
+  // SHA-256 of the session secret issued at registration ("" for a worker restored from a record
+  // that has none). Only Register()'s return value carries the secret itself, in `secret`.
+  std::string secret_sha256;
+  std::string secret;
+  // Set when the same identity registered the same host and device again (its daemon restarted):
+  // the new worker's id. ExpireLeases() then reports this one lost.
+  std::string replaced_by;
 };
 
 absl::string_view WorkerStateName(WorkerState state);  // "IDLE", "BUSY", "LOST"
@@ -57,12 +68,21 @@ class WorkerRegistry {
   absl::Duration lease() const { return lease_; }
 
   // `address`: empty or a numeric IPv4/IPv6 address (INVALID_ARGUMENT naming the field otherwise).
+  // Issues a session secret (in the returned Worker's `secret`). A non-empty `identity` that
+  // already holds a live worker of the same host and non-empty `slot` replaces it (see
+  // Worker::replaced_by). `slot`: at most 256 bytes.
   absl::StatusOr<Worker> Register(std::string host, std::string device,
                                   std::map<std::string, std::string> labels,
-                                  uint64_t incarnation = 0, std::string address = "");
+                                  uint64_t incarnation = 0, std::string address = "",
+                                  std::string identity = "", std::string slot = "");
   // A session of the worker from daemon `incarnation`: NOT_FOUND when the worker was registered
   // by another daemon (two daemons must never share an id); a restored worker takes the first.
   absl::Status CheckIncarnation(const std::string& id, uint64_t incarnation);
+  // A session opened by `identity` with `secret`: NOT_FOUND for an unknown id, PERMISSION_DENIED
+  // when the worker is bound to another identity, UNAUTHENTICATED when the secret is not the one
+  // its registration issued.
+  absl::Status CheckSessionProof(const std::string& id, const std::string& identity,
+                                 const std::string& secret);
 
   // NOT_FOUND for an unknown id; FAILED_PRECONDITION once the worker's lease has expired.
   absl::StatusOr<Worker> Get(const std::string& id) const;
@@ -83,9 +103,11 @@ class WorkerRegistry {
   // After a coordinator restart: a worker that served rank `rank` of running job `job_id`, known
   // again (busy, not connected) so that its daemon's session reattaches; it is lost unless it
   // connects by `until`. FAILED_PRECONDITION when the id is known already.
+  // `identity` and `secret_sha256` are what its registration bound (RankInfo keeps them).
   absl::Status Restore(const std::string& id, std::string host, std::string device,
                        const std::string& job_id, int32_t rank, absl::Time until,
-                       std::string address = "");
+                       std::string address = "", std::string identity = "",
+                       std::string secret_sha256 = "");
   // New workers are numbered after `id` ("worker-NNNNNN"; others are ignored): no id is used twice.
   void ReserveId(const std::string& id);
 

@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ccache pkg-config git clang-format
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
-  libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libssl-dev openssl
   libgtest-dev libgmock-dev
   libgloo-dev libcpp-httplib-dev prometheus libsqlite3-dev sqlite3 etcd-server etcd-client
   python3 python3-grpc-tools python3-grpcio python3-protobuf python3-pytest

@@ -169,12 +169,14 @@ grpc::Status CoordinatorSession::RunSession(bool* accepted) {
   std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream;
   bool opened = false;
   std::string worker_id;
+  std::string secret;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return grpc::Status::CANCELLED;
     context_ = &context;
     stream = stub_->Session(&context);
     worker_id = worker_id_;
+    secret = session_secret_;
   }
   {
     // Outside mu_, so the watchdog can cancel it: a coordinator that accepted the connection may
@@ -183,6 +185,7 @@ grpc::Status CoordinatorSession::RunSession(bool* accepted) {
     v1::WorkerMessage open;
     open.mutable_open()->set_worker_id(worker_id);
     open.mutable_open()->set_incarnation(incarnation_);
+    open.mutable_open()->set_secret(secret);
     listener_->OnSessionOpen(open.mutable_open());
     write_started_ns_.store(MonotonicNanos());
     opened = stream->Write(open);
@@ -247,8 +250,11 @@ void CoordinatorSession::Run() {
         spdlog::log(backoff >= absl::Milliseconds(800) ? spdlog::level::warn : spdlog::level::info,
                     "registering with the coordinator failed: {}; retrying in {}",
                     s.error_message(), absl::FormatDuration(backoff));
-        if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-          // A bad --host-name or --device will not get better by retrying.
+        if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+            s.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
+            s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+          // A bad --host-name or --device, or a certificate that is not a worker's, will not get
+          // better by retrying.
           listener_->OnSessionLost(FromGrpc(s), true);
           return;
         }
@@ -258,17 +264,23 @@ void CoordinatorSession::Run() {
       }
       absl::MutexLock lock(&mu_);
       worker_id_ = response.worker_id();
+      session_secret_ = response.session_secret();
       heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
       spdlog::info("registered as {}", worker_id_);
     }
     bool accepted = false;
     grpc::Status status = RunSession(&accepted);
     if (stopping_) return;
+    // Unknown, lost, or not this daemon's to open (another identity's, a stale secret): a new
+    // registration gives it a worker id of its own.
     const bool reregister = status.error_code() == grpc::StatusCode::NOT_FOUND ||
-                            status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+                            status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+                            status.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
+                            status.error_code() == grpc::StatusCode::UNAUTHENTICATED;
     if (reregister) {
       absl::MutexLock lock(&mu_);
       worker_id_.clear();
+      session_secret_.clear();
     }
     spdlog::warn("session with the coordinator ended: {} {}", static_cast<int>(status.error_code()),
                  status.error_message());

@@ -95,6 +95,7 @@ class CoordinatorSession {
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  std::string session_secret_ ABSL_GUARDED_BY(mu_);  // issued with worker_id_
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream_

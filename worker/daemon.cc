@@ -137,11 +137,12 @@ absl::Status Daemon::Start() {
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   channel_ =
-      grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(), args);
+      grpc::CreateCustomChannel(options_.coordinator, MakeChannelCredentials(options_.tls), args);
   v1::RegisterWorkerRequest registration;
   registration.set_host(options_.host_name);
   registration.set_device(options_.device);
   if (address.ok()) registration.set_address(address->address);
+  registration.set_slot(options_.socket_path);  // kept across restarts: a restart replaces it
   session_ = std::make_unique<CoordinatorSession>(channel_, registration, this);
   session_->Start();
   session_started_.store(true);
@@ -256,7 +257,7 @@ void Daemon::OnSessionOpen(v1::SessionOpen* open) {
     finishers_.Start([channel = channel_, job] {
       // With the journal: a stop of the job cancels this too (recording its keys again is a no-op).
       RendezvousClient client(channel, job->assignment.job().id(), job->assignment.epoch(),
-                              job->rendezvous);
+                              job->rendezvous, job->assignment.rendezvous_token());
       if (absl::Status s = client.Republish(*job->rendezvous); !s.ok()) {
         spdlog::warn("job {} rank {}: rendezvous keys not published again: {}",
                      job->assignment.job().id(), job->assignment.rank(), s.ToString());
@@ -358,7 +359,8 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     GlooBackendOptions g;
     g.rank = assignment.rank();
     g.size = spec.spec().np();
-    g.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch(), journal);
+    g.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch(), journal,
+                                                 assignment.rendezvous_token());
     g.prefix = absl::StrCat("gloo/", index, "/");
     g.iface = iface;
     g.hostname = hostname;
@@ -452,6 +454,9 @@ absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
   env["RINGMASTER_COORDINATOR"] = options_.coordinator;
   env["RINGMASTER_JOB_ID"] = spec.id();
   env["RINGMASTER_EPOCH"] = absl::StrCat(job->assignment.epoch());
+  // The job's own processes may meet through the coordinator's rendezvous (a raw Gloo context, a
+  // benchmark's baseline): the epoch's token lets them, and only for this job.
+  env["RINGMASTER_RENDEZVOUS_TOKEN"] = job->assignment.rendezvous_token();
   // Where this host's data plane listens: a rank that opens connections of its own (a raw Gloo
   // context, a benchmark's baseline) binds it too.
   if (!me.address().empty()) env["RINGMASTER_ADDRESS"] = me.address();
@@ -626,7 +631,7 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
     n.size = assignment.job().spec().np();
     n.device = device;
     n.store = std::make_shared<RendezvousClient>(channel, assignment.job().id(), assignment.epoch(),
-                                                 journal);
+                                                 journal, assignment.rendezvous_token());
     n.prefix = "nccl/0/";
     n.where = where;
     n.timeout = timeout;

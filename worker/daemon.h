@@ -21,6 +21,7 @@
 #include "common/metrics_server.h"
 #include "common/shared_memory.h"
 #include "common/thread_list.h"
+#include "common/tls.h"
 #include "grpcpp/channel.h"
 #include "worker/child_process.h"
 #include "worker/coordinator_session.h"
@@ -41,6 +42,9 @@ struct DaemonOptions {
   // The data plane's network interface (Gloo, NCCL's bootstrap); "": the one that holds the
   // address of the route to the coordinator.
   std::string iface;
+  // How the daemon reaches the coordinator: mutual TLS with these files (a certificate of the
+  // workers group), or plaintext when none is named.
+  TlsFiles tls;
   size_t arena_bytes = size_t{1} << 30;
   absl::Duration stop_grace = absl::Seconds(5);
   absl::Duration collective_timeout = absl::Seconds(30);

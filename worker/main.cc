@@ -39,6 +39,15 @@ ABSL_FLAG(absl::Duration, coordinator_grace, absl::Minutes(5),
           "stop the rank being served once the coordinator has been unreachable this long (e.g. "
           "30s, 5m); until then the rank keeps running and the worker keeps reconnecting");
 ABSL_FLAG(std::string, log_level, "warning", "trace, debug, info, warning, error, fatal, off");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate of this worker (O=ringmaster:workers), e.g. a Kubernetes TLS secret's "
+          "tls.crt (env RINGMASTER_TLS_CERT); reloaded when it changes");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM private key of --tls-cert, e.g. tls.key (env RINGMASTER_TLS_KEY)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle the coordinator's certificate must chain to, e.g. ca.crt (env "
+          "RINGMASTER_TLS_CA)");
+ABSL_FLAG(bool, insecure, false, "plaintext to the coordinator, ignoring RINGMASTER_TLS_*");
 
 namespace {
 
@@ -55,7 +64,8 @@ std::string Env(const char* name) {
 int main(int argc, char** argv) {
   constexpr char kUsage[] =
       "ringmaster-worker --coordinator ADDR:PORT [--device cpu|cuda:N] [--host-name NAME] "
-      "[--socket PATH] [--iface IFACE] [--metrics-listen ADDR:PORT]";
+      "[--socket PATH] [--iface IFACE] [--metrics-listen ADDR:PORT] "
+      "[--tls-cert F --tls-key F --tls-ca F | --insecure]";
   ringmaster::HandleHelp(argc, argv, kUsage, "worker/main.cc");
   absl::SetProgramUsageMessage(kUsage);
   // Debian's Abseil is built with mutex deadlock detection on; it costs every lock a graph update.
@@ -107,6 +117,18 @@ int main(int argc, char** argv) {
   if (options.coordinator_grace <= absl::ZeroDuration()) {
     std::fprintf(stderr, "ringmaster-worker: --coordinator-grace must be positive\n");
     return 2;
+  }
+  if (!absl::GetFlag(FLAGS_insecure)) {
+    options.tls = ringmaster::TlsFilesFrom(
+        absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca));
+    if (options.tls.enabled()) {
+      // A worker proves who it is by its certificate: it needs one (tokens are for users).
+      absl::Status s = ringmaster::CheckServerTlsFiles(options.tls);
+      if (!s.ok()) {
+        std::fprintf(stderr, "ringmaster-worker: %s\n", std::string(s.message()).c_str());
+        return 2;
+      }
+    }
   }
 
   ringmaster::Daemon daemon(std::move(options));

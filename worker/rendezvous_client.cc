@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/time/clock.h"
+#include "common/rpc_metadata.h"
 #include "grpcpp/client_context.h"
 
 namespace ringmaster {
@@ -83,11 +84,17 @@ void RendezvousJournal::End(grpc::ClientContext* context) {
 }
 
 RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> channel, std::string job_id,
-                                   int64_t epoch, std::shared_ptr<RendezvousJournal> journal)
+                                   int64_t epoch, std::shared_ptr<RendezvousJournal> journal,
+                                   std::string token)
     : stub_(v1::RendezvousService::NewStub(std::move(channel))),
       job_id_(std::move(job_id)),
       epoch_(epoch),
-      journal_(std::move(journal)) {}
+      journal_(std::move(journal)),
+      token_(std::move(token)) {}
+
+void RendezvousClient::Authorize(grpc::ClientContext& context) const {
+  if (!token_.empty()) context.AddMetadata(kRendezvousTokenMetadata, token_);
+}
 
 absl::Status RendezvousClient::SetOnce(const std::string& key, const std::string& value) {
   v1::SetRequest request;
@@ -98,6 +105,7 @@ absl::Status RendezvousClient::SetOnce(const std::string& key, const std::string
   return Retrying(journal_.get(), absl::Now() + kRetryFor, kCallDeadline,
                   [&](grpc::ClientContext& context) {
                     v1::SetResponse response;
+                    Authorize(context);
                     return stub_->Set(&context, request, &response);
                   });
 }
@@ -120,9 +128,11 @@ absl::StatusOr<std::string> RendezvousClient::Get(const std::string& key) {
   request.set_epoch(epoch_);
   request.set_key(key);
   v1::GetResponse response;
-  absl::Status s = Retrying(
-      journal_.get(), absl::Now() + kRetryFor, kCallDeadline,
-      [&](grpc::ClientContext& context) { return stub_->Get(&context, request, &response); });
+  absl::Status s = Retrying(journal_.get(), absl::Now() + kRetryFor, kCallDeadline,
+                            [&](grpc::ClientContext& context) {
+                              Authorize(context);
+                              return stub_->Get(&context, request, &response);
+                            });
   if (!s.ok()) return s;
   return response.value();
 }
@@ -141,6 +151,7 @@ absl::StatusOr<std::vector<std::string>> RendezvousClient::Wait(
                               const absl::Duration left =
                                   std::max(absl::Milliseconds(1), until - absl::Now());
                               request.set_timeout_ms(absl::ToInt64Milliseconds(left));
+                              Authorize(context);
                               return stub_->Wait(&context, request, &response);
                             });
   if (!s.ok()) return s;

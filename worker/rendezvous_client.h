@@ -47,9 +47,10 @@ class RendezvousClient : public KeyValueStore {
   // How long Set and Get keep retrying a coordinator that cannot be reached.
   static constexpr absl::Duration kRetryFor = absl::Seconds(60);
 
-  // `journal` (may be null) records every key set.
+  // `journal` (may be null) records every key set. `token` is the epoch's rendezvous token
+  // (JobAssignment.rendezvous_token): every call carries it.
   RendezvousClient(std::shared_ptr<grpc::Channel> channel, std::string job_id, int64_t epoch,
-                   std::shared_ptr<RendezvousJournal> journal = nullptr);
+                   std::shared_ptr<RendezvousJournal> journal = nullptr, std::string token = "");
 
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key) override;
@@ -64,8 +65,12 @@ class RendezvousClient : public KeyValueStore {
 
   std::unique_ptr<v1::RendezvousService::Stub> stub_;
   const std::string job_id_;
+  // The metadata every call carries.
+  void Authorize(grpc::ClientContext& context) const;
+
   const int64_t epoch_;
   const std::shared_ptr<RendezvousJournal> journal_;
+  const std::string token_;
 };
 
 }  // namespace ringmaster

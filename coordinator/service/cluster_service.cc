@@ -4,19 +4,26 @@
 #include <tuple>
 #include <vector>
 
+#include "coordinator/service/grpc_status.h"
 #include "coordinator/service/proto_convert.h"
 
 namespace ringmaster {
 
+const Authenticator ClusterService::kNoAuthentication;
+
 grpc::ServerUnaryReactor* ClusterService::ListWorkers(grpc::CallbackServerContext* context,
                                                       const v1::ListWorkersRequest* request,
                                                       v1::ListWorkersResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::StatusOr<Principal> caller = auth_.Authenticate(*context); !caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   std::vector<Worker> workers = coordinator_.ListWorkers();
   std::sort(workers.begin(), workers.end(), [](const Worker& a, const Worker& b) {
     return std::tie(a.host, a.device, a.id) < std::tie(b.host, b.device, b.id);
   });
   for (const Worker& w : workers) ToProto(w, response->add_workers());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

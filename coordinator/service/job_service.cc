@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/service/grpc_status.h"
 #include "coordinator/service/proto_convert.h"
@@ -18,6 +19,20 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl:
   return reactor;
 }
 
+// A job as a caller sees it: its environment's values redacted, no secrets.
+void ToClient(const Job& in, v1::Job* out) {
+  ToProto(in, out);
+  RedactForClient(out);
+}
+
+// A stream refused before it started (the caller may not read it).
+template <typename T>
+class RefusedWriter : public grpc::ServerWriteReactor<T> {
+ public:
+  explicit RefusedWriter(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 // Streams a job's events. The registry's watcher may fire on any thread, even after the client went
 // away, so it reaches the reactor only through `State`, which OnDone() closes.
 class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
@@ -29,7 +44,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
     absl::StatusOr<int64_t> watch =
         coordinator_.WatchJob(job_id_, [state](const Job& job, const JobEvent& event) {
           v1::WatchJobResponse message;
-          ToProto(job, message.mutable_job());
+          ToClient(job, message.mutable_job());
           ToProto(event, message.mutable_event());
           state->Push(std::move(message), IsTerminal(job.state));
         });
@@ -44,7 +59,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
       return;
     }
     v1::WatchJobResponse first;
-    ToProto(*job, first.mutable_job());
+    ToClient(*job, first.mutable_job());
     state_->PushFront(std::move(first), IsTerminal(job->state));
   }
 
@@ -318,27 +333,50 @@ class ArtifactReactor : public grpc::ServerWriteReactor<v1::GetArtifactResponse>
 
 }  // namespace
 
+const Authenticator JobService::kNoAuthentication;
+
+absl::Status JobService::AuthorizeJob(const grpc::CallbackServerContext& context,
+                                      const std::string& job_id) const {
+  absl::StatusOr<Principal> caller = auth_.Authenticate(context);
+  if (!caller.ok()) return caller.status();
+  absl::StatusOr<std::string> owner = coordinator_.JobOwner(job_id);
+  if (!owner.ok()) return owner.status();
+  return MayAccessJob(*caller, job_id, *owner, auth_.options().admin_group);
+}
+
 grpc::ServerUnaryReactor* JobService::RegisterJob(grpc::CallbackServerContext* context,
                                                   const v1::RegisterJobRequest* request,
                                                   v1::RegisterJobResponse* response) {
+  absl::StatusOr<Principal> caller = auth_.Authenticate(*context);
+  if (!caller.ok()) return Done(context, caller.status());
+  if (caller->worker && !caller->admin) {
+    return Done(context, absl::PermissionDeniedError(absl::StrCat(
+                             caller->Describe(), " is a worker identity (group ",
+                             auth_.options().worker_group, "); workers may not register jobs")));
+  }
   JobSpec spec;
   if (absl::Status s = FromProto(request->spec(), &spec); !s.ok()) return Done(context, s);
-  absl::StatusOr<Job> job = coordinator_.RegisterJob(std::move(spec));
-  if (job.ok()) ToProto(*job, response->mutable_job());
+  absl::StatusOr<Job> job = coordinator_.RegisterJob(std::move(spec), caller->name);
+  if (job.ok()) ToClient(*job, response->mutable_job());
   return Done(context, job.status());
 }
 
 grpc::ServerUnaryReactor* JobService::GetJob(grpc::CallbackServerContext* context,
                                              const v1::GetJobRequest* request,
                                              v1::GetJobResponse* response) {
+  if (absl::Status s = AuthorizeJob(*context, request->job_id()); !s.ok()) {
+    return Done(context, s);
+  }
   absl::StatusOr<Job> job = coordinator_.GetJob(request->job_id());
-  if (job.ok()) ToProto(*job, response->mutable_job());
+  if (job.ok()) ToClient(*job, response->mutable_job());
   return Done(context, job.status());
 }
 
 grpc::ServerUnaryReactor* JobService::ListJobs(grpc::CallbackServerContext* context,
                                                const v1::ListJobsRequest* request,
                                                v1::ListJobsResponse* response) {
+  absl::StatusOr<Principal> caller = auth_.Authenticate(*context);
+  if (!caller.ok()) return Done(context, caller.status());
   std::vector<JobState> states;
   for (int s : request->states()) {
     JobState state;
@@ -347,18 +385,25 @@ grpc::ServerUnaryReactor* JobService::ListJobs(grpc::CallbackServerContext* cont
     }
     states.push_back(state);
   }
-  for (const Job& job : coordinator_.ListJobs(states)) ToProto(job, response->add_jobs());
+  for (const Job& job : coordinator_.ListJobs(states)) {
+    // Each user sees their own jobs; admins see all.
+    if (!caller->admin && (caller->worker || job.owner != caller->name)) continue;
+    ToClient(job, response->add_jobs());
+  }
   return Done(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* JobService::CancelJob(grpc::CallbackServerContext* context,
                                                 const v1::CancelJobRequest* request,
                                                 v1::CancelJobResponse* response) {
+  if (absl::Status s = AuthorizeJob(*context, request->job_id()); !s.ok()) {
+    return Done(context, s);
+  }
   // Cancelling closes the job's files: the coordinator's executor does it and finishes the call.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   coordinator_.CancelJob(request->job_id(), request->reason(),
                          [reactor, response](absl::StatusOr<Job> job) {
-                           if (job.ok()) ToProto(*job, response->mutable_job());
+                           if (job.ok()) ToClient(*job, response->mutable_job());
                            reactor->Finish(ToGrpcStatus(job.status()));
                          });
   return reactor;
@@ -366,12 +411,18 @@ grpc::ServerUnaryReactor* JobService::CancelJob(grpc::CallbackServerContext* con
 
 grpc::ServerWriteReactor<v1::WatchJobResponse>* JobService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  if (absl::Status s = AuthorizeJob(*context, request->job_id()); !s.ok()) {
+    return new RefusedWriter<v1::WatchJobResponse>(s);
+  }
   return new WatchReactor(coordinator_, request->job_id());
 }
 
 grpc::ServerUnaryReactor* JobService::ListArtifacts(grpc::CallbackServerContext* context,
                                                     const v1::ListArtifactsRequest* request,
                                                     v1::ListArtifactsResponse* response) {
+  if (absl::Status s = AuthorizeJob(*context, request->job_id()); !s.ok()) {
+    return Done(context, s);
+  }
   // Listing reads the job's directory: on the I/O executor, not this callback thread.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   io_.Post([this, reactor, job_id = request->job_id(), response] {
@@ -390,11 +441,17 @@ grpc::ServerUnaryReactor* JobService::ListArtifacts(grpc::CallbackServerContext*
 
 grpc::ServerWriteReactor<v1::GetArtifactResponse>* JobService::GetArtifact(
     grpc::CallbackServerContext* context, const v1::GetArtifactRequest* request) {
+  if (absl::Status s = AuthorizeJob(*context, request->job_id()); !s.ok()) {
+    return new RefusedWriter<v1::GetArtifactResponse>(s);
+  }
   return new ArtifactReactor(coordinator_, io_, *request);
 }
 
 grpc::ServerWriteReactor<v1::GetLogsResponse>* JobService::GetLogs(
     grpc::CallbackServerContext* context, const v1::GetLogsRequest* request) {
+  if (absl::Status s = AuthorizeJob(*context, request->job_id()); !s.ok()) {
+    return new RefusedWriter<v1::GetLogsResponse>(s);
+  }
   return new LogsReactor(coordinator_, *request);
 }
 

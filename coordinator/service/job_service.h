@@ -4,6 +4,7 @@
 
 #include "common/executor.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/service/auth.h"
 #include "ringmaster/v1/job.grpc.pb.h"
 
 namespace ringmaster {
@@ -12,8 +13,15 @@ class JobService final : public v1::JobService::CallbackService {
  public:
   // `coordinator` is borrowed and must outlive the service. `io` runs the artifact calls' file I/O
   // (borrowed; it must run every task posted before the service goes); null: Executor::Inline().
-  explicit JobService(Coordinator& coordinator, Executor* io = nullptr)
-      : coordinator_(coordinator), io_(io != nullptr ? *io : Executor::Inline()) {}
+  // `auth` (borrowed) says who calls; null: nobody authenticates (everyone is the operator).
+  // A job belongs to the user who registered it: other users get PERMISSION_DENIED on it, and
+  // ListJobs shows each user their own (admins see and act on all); worker identities may not
+  // register jobs. Environment values are redacted in every reply.
+  explicit JobService(Coordinator& coordinator, Executor* io = nullptr,
+                      const Authenticator* auth = nullptr)
+      : coordinator_(coordinator),
+        io_(io != nullptr ? *io : Executor::Inline()),
+        auth_(auth != nullptr ? *auth : kNoAuthentication) {}
 
   grpc::ServerUnaryReactor* RegisterJob(grpc::CallbackServerContext* context,
                                         const v1::RegisterJobRequest* request,
@@ -38,8 +46,15 @@ class JobService final : public v1::JobService::CallbackService {
       grpc::CallbackServerContext* context, const v1::GetArtifactRequest* request) override;
 
  private:
+  static const Authenticator kNoAuthentication;
+
+  // The caller, allowed to act on job `job_id`: UNAUTHENTICATED, NOT_FOUND or PERMISSION_DENIED.
+  absl::Status AuthorizeJob(const grpc::CallbackServerContext& context,
+                            const std::string& job_id) const;
+
   Coordinator& coordinator_;
   Executor& io_;
+  const Authenticator& auth_;
 };
 
 }  // namespace ringmaster

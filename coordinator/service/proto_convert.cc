@@ -89,6 +89,8 @@ absl::Status FromProto(v1::JobState in, JobState* out) {
 
 absl::Status FromProto(const v1::Job& in, Job* out) {
   out->id = in.id();
+  out->owner = in.owner();
+  out->rendezvous_token = in.rendezvous_token();
   if (absl::Status s = FromProto(in.spec(), &out->spec); !s.ok()) return s;
   if (absl::Status s = FromProto(in.state(), &out->state); !s.ok()) return s;
   out->reason = in.reason();
@@ -103,6 +105,8 @@ absl::Status FromProto(const v1::Job& in, Job* out) {
     o.host = r.host();
     o.device = r.device();
     o.address = r.address();
+    o.worker_identity = r.worker_identity();
+    o.worker_secret_sha256 = r.worker_secret_sha256();
     o.local_rank = r.local_rank();
     o.local_size = r.local_size();
     o.cross_rank = r.cross_rank();
@@ -146,6 +150,8 @@ void ToProto(const Worker& in, v1::WorkerInfo* out) {
 
 void ToProto(const Job& in, v1::Job* out) {
   out->set_id(in.id);
+  out->set_owner(in.owner);
+  out->set_rendezvous_token(in.rendezvous_token);
   ToProto(in.spec, out->mutable_spec());
   out->set_state(ToProto(in.state));
   out->set_reason(in.reason);
@@ -159,6 +165,8 @@ void ToProto(const Job& in, v1::Job* out) {
     o->set_host(r.host);
     o->set_device(r.device);
     o->set_address(r.address);
+    o->set_worker_identity(r.worker_identity);
+    o->set_worker_secret_sha256(r.worker_secret_sha256);
     o->set_local_rank(r.local_rank);
     o->set_local_size(r.local_size);
     o->set_cross_rank(r.cross_rank);
@@ -403,6 +411,12 @@ absl::StatusOr<std::shared_ptr<CycleBroadcast>> CycleFromProto(const v1::Respons
 void ToProto(const RankNotice& in, v1::ResponseList* out) {
   for (uint32_t id : in.resend_ids) out->add_resend_ids(id);
   for (const Response& r : in.errors) ToProto(r, out->add_rank_errors());
+}
+
+void RedactForClient(v1::Job* job) {
+  job->clear_rendezvous_token();
+  for (auto& [name, value] : *job->mutable_spec()->mutable_env()) value = kRedacted;
+  for (v1::RankInfo& r : *job->mutable_ranks()) r.clear_worker_secret_sha256();
 }
 
 }  // namespace ringmaster

@@ -22,7 +22,12 @@ namespace ringmaster {
 // Fills in Horovod's defaults for unset knobs. INVALID_ARGUMENT names a bad enum field.
 absl::Status FromProto(const v1::JobSpec& in, JobSpec* out);
 void ToProto(const JobSpec& in, v1::JobSpec* out);
+// Everything, secrets included: for the store and for the job's assignments.
 void ToProto(const Job& in, v1::Job* out);
+// What a JobService caller sees of a job: env values replaced by kRedacted, the rendezvous token
+// and the workers' secret digests cleared.
+inline constexpr char kRedacted[] = "<redacted>";
+void RedactForClient(v1::Job* job);
 void ToProto(const JobEvent& in, v1::JobEvent* out);
 void ToProto(const Worker& in, v1::WorkerInfo* out);
 v1::JobState ToProto(JobState state);

@@ -3,14 +3,18 @@
 #pragma once
 
 #include "coordinator/coordinator.h"
+#include "coordinator/service/auth.h"
 #include "ringmaster/v1/rendezvous.grpc.pb.h"
 
 namespace ringmaster {
 
 class RendezvousService final : public v1::RendezvousService::CallbackService {
  public:
-  // `coordinator` is borrowed and must outlive the service.
-  explicit RendezvousService(Coordinator& coordinator) : coordinator_(coordinator) {}
+  // `coordinator` is borrowed and must outlive the service; so is `auth` (null: nobody
+  // authenticates). A call must come from an authenticated caller and carry the job epoch's
+  // rendezvous token (metadata kRendezvousTokenMetadata), which only the job's workers receive.
+  explicit RendezvousService(Coordinator& coordinator, const Authenticator* auth = nullptr)
+      : coordinator_(coordinator), auth_(auth != nullptr ? *auth : kNoAuthentication) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const v1::SetRequest* request,
                                 v1::SetResponse* response) override;
@@ -21,7 +25,13 @@ class RendezvousService final : public v1::RendezvousService::CallbackService {
                                  v1::WaitResponse* response) override;
 
  private:
+  static const Authenticator kNoAuthentication;
+
+  absl::Status Authorize(const grpc::CallbackServerContext& context, const std::string& job_id,
+                         int64_t epoch) const;
+
   Coordinator& coordinator_;
+  const Authenticator& auth_;
 };
 
 }  // namespace ringmaster

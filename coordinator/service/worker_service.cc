@@ -25,13 +25,29 @@ using Outbound = std::shared_ptr<const v1::CoordinatorMessage>;
 class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>,
                        public WorkerChannel {
  public:
-  explicit SessionReactor(Coordinator& coordinator) : coordinator_(coordinator) { StartRead(&in_); }
+  // `caller`: who opened the stream; an error ends it at once.
+  SessionReactor(Coordinator& coordinator, absl::StatusOr<Principal> caller)
+      : coordinator_(coordinator) {
+    if (!caller.ok()) {
+      absl::MutexLock lock(&mu_);
+      finishing_ = true;
+      final_status_ = ToGrpcStatus(caller.status());
+      FinishLocked();
+      return;
+    }
+    identity_ = caller->name;
+    StartRead(&in_);
+  }
 
   // WorkerChannel. Called by the coordinator (with its lock held): queue only.
   void SendAssignment(const Job& job, int rank) override {
     auto message = std::make_shared<v1::CoordinatorMessage>();
     v1::JobAssignment* a = message->mutable_assignment();
     ToProto(job, a->mutable_job());
+    // The token goes in its own field; no worker needs another's secret digest.
+    a->mutable_job()->clear_rendezvous_token();
+    for (v1::RankInfo& r : *a->mutable_job()->mutable_ranks()) r.clear_worker_secret_sha256();
+    a->set_rendezvous_token(job.rendezvous_token);
     a->set_rank(rank);
     a->set_epoch(job.epoch);
     Enqueue(std::move(message));
@@ -129,6 +145,12 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
       if (m.open().resume_size() > kMaxResumeEntries) {
         return absl::InvalidArgumentError(absl::StrCat("open.resume has ", m.open().resume_size(),
                                                        " entries; at most ", kMaxResumeEntries));
+      }
+      if (absl::Status s =
+              coordinator_.CheckSessionProof(m.open().worker_id(), identity_, m.open().secret());
+          !s.ok()) {
+        spdlog::warn("session for {} refused: {}", m.open().worker_id(), s.ToString());
+        return s;
       }
       if (absl::Status s =
               coordinator_.OpenSession(m.open().worker_id(), this, m.open().incarnation());
@@ -263,6 +285,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
 
   Coordinator& coordinator_;
   v1::WorkerMessage in_;
+  std::string identity_;   // the authenticated caller ("" without authentication)
   std::string worker_id_;  // set once the session is open; read only by reactor callbacks
 
   absl::Mutex mu_;
@@ -275,26 +298,42 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
 
 }  // namespace
 
+const Authenticator WorkerService::kNoAuthentication;
+
 grpc::ServerUnaryReactor* WorkerService::RegisterWorker(grpc::CallbackServerContext* context,
                                                         const v1::RegisterWorkerRequest* request,
                                                         v1::RegisterWorkerResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<Principal> caller = auth_.Authenticate(*context);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  if (!caller->worker) {
+    reactor->Finish(ToGrpcStatus(absl::PermissionDeniedError(
+        absl::StrCat(caller->Describe(),
+                     " may not register a worker: only a worker identity may (a "
+                     "certificate with O=",
+                     auth_.options().worker_group, ", or a token in that group)"))));
+    return reactor;
+  }
   absl::StatusOr<Worker> worker = coordinator_.RegisterWorker(
       request->host(), request->device(), {request->labels().begin(), request->labels().end()},
-      request->incarnation(), request->address());
+      request->incarnation(), request->address(), caller->name, request->slot());
   if (worker.ok()) {
     response->set_worker_id(worker->id);
+    response->set_session_secret(worker->secret);
     response->set_lease_ms(absl::ToInt64Milliseconds(coordinator_.lease()));
     response->set_heartbeat_interval_ms(
         absl::ToInt64Milliseconds(coordinator_.heartbeat_interval()));
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(worker.status()));
   return reactor;
 }
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerService::Session(
     grpc::CallbackServerContext* context) {
-  return new SessionReactor(coordinator_);
+  return new SessionReactor(coordinator_, auth_.Authenticate(*context));
 }
 
 }  // namespace ringmaster

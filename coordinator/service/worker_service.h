@@ -3,14 +3,19 @@
 #pragma once
 
 #include "coordinator/coordinator.h"
+#include "coordinator/service/auth.h"
 #include "ringmaster/v1/worker.grpc.pb.h"
 
 namespace ringmaster {
 
 class WorkerService final : public v1::WorkerService::CallbackService {
  public:
-  // `coordinator` is borrowed and must outlive the service.
-  explicit WorkerService(Coordinator& coordinator) : coordinator_(coordinator) {}
+  // `coordinator` is borrowed and must outlive the service; so is `auth` (null: nobody
+  // authenticates). Only a worker identity may register a worker; the worker is bound to that
+  // identity and to the session secret its registration returns, and a session for it opens only
+  // with both.
+  explicit WorkerService(Coordinator& coordinator, const Authenticator* auth = nullptr)
+      : coordinator_(coordinator), auth_(auth != nullptr ? *auth : kNoAuthentication) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
                                            const v1::RegisterWorkerRequest* request,
@@ -19,7 +24,10 @@ class WorkerService final : public v1::WorkerService::CallbackService {
       grpc::CallbackServerContext* context) override;
 
  private:
+  static const Authenticator kNoAuthentication;
+
   Coordinator& coordinator_;
+  const Authenticator& auth_;
 };
 
 }  // namespace ringmaster

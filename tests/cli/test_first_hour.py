@@ -155,10 +155,14 @@ def submit(cluster, coordinator, *args, **kw):
 @pytest.mark.parametrize("binary,flags", [
     ("ringmaster-coordinator", ["--listen", "--metrics-listen", "--log-level", "--artifacts-dir",
                                 "--lease-seconds", "--heartbeat-interval-seconds",
-                                "--start-timeout", "--state-dir", "--resume-timeout", "--store"]),
+                                "--start-timeout", "--state-dir", "--resume-timeout", "--store",
+                                "--tls-cert", "--tls-key", "--tls-ca", "--token-file",
+                                "--admin-group", "--worker-group", "--insecure",
+                                "--insecure-allow-remote"]),
     ("ringmaster-worker", ["--coordinator", "--device", "--host-name", "--socket", "--iface",
                            "--metrics-listen", "--arena-mb", "--collective-timeout-seconds", "--log-level",
-                           "--coordinator-grace"]),
+                           "--coordinator-grace", "--tls-cert", "--tls-key", "--tls-ca",
+                           "--insecure"]),
 ])
 def test_daemons_help_lists_their_own_flags_with_dashes(binary, flags):
     r = subprocess.run([str(BIN / binary), "--help"], capture_output=True, text=True, timeout=10)

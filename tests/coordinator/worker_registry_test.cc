@@ -135,6 +135,65 @@ TEST_F(WorkerRegistryTest, TheDataPlaneAddressIsKeptAndMustBeNumeric) {
   EXPECT_EQ(registry_.List().size(), 3u);
 }
 
+TEST_F(WorkerRegistryTest, ASessionProofIsTheRegisteringIdentityAndItsIssuedSecret) {
+  absl::StatusOr<Worker> w = registry_.Register("host-a", "cpu", {}, 0, "", "host-a-cert");
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->secret.size(), 64u);
+  EXPECT_EQ(w->secret_sha256.size(), 64u);
+  EXPECT_NE(w->secret, w->secret_sha256);
+  EXPECT_TRUE(registry_.Get(w->id)->secret.empty());  // only the registration's reply has it
+  EXPECT_TRUE(registry_.CheckSessionProof(w->id, "host-a-cert", w->secret).ok());
+  absl::Status s = registry_.CheckSessionProof(w->id, "host-a-cert", std::string(64, 'f'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(s.message(),
+            "the session secret for worker_id 'worker-000001' is not the one its "
+            "registration issued: register again");
+  s = registry_.CheckSessionProof(w->id, "host-b-cert", w->secret);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(s.message(),
+            "worker_id 'worker-000001' was registered by 'host-a-cert'; "
+            "'host-b-cert' may not open its session");
+  s = registry_.CheckSessionProof(w->id, "", w->secret);
+  EXPECT_EQ(s.message(),
+            "worker_id 'worker-000001' was registered by 'host-a-cert'; a caller "
+            "without one may not open its session");
+  EXPECT_EQ(registry_.CheckSessionProof("worker-000009", "host-a-cert", w->secret).code(),
+            absl::StatusCode::kNotFound);
+  // Two registrations never share a secret.
+  absl::StatusOr<Worker> w2 = registry_.Register("host-a", "cuda:0", {}, 0, "", "host-a-cert");
+  EXPECT_NE(w2->secret, w->secret);
+}
+
+TEST_F(WorkerRegistryTest, TheSameIdentityHostAndSlotRegisteringAgainReplacesTheOldWorker) {
+  const std::string slot = "/run/ringmaster/cpu0.sock";
+  absl::StatusOr<Worker> old_worker = registry_.Register("host-a", "cpu", {}, 0, "", "id-a", slot);
+  // Another slot of the host (a second CPU daemon), another identity, another host, no slot, no
+  // identity: none of them is the same daemon.
+  absl::StatusOr<Worker> other_slot =
+      registry_.Register("host-a", "cpu", {}, 0, "", "id-a", "/run/ringmaster/cpu1.sock");
+  absl::StatusOr<Worker> other_identity =
+      registry_.Register("host-a", "cpu", {}, 0, "", "id-b", slot);
+  absl::StatusOr<Worker> other_host = registry_.Register("host-b", "cpu", {}, 0, "", "id-a", slot);
+  absl::StatusOr<Worker> no_slot = registry_.Register("host-a", "cpu", {}, 0, "", "id-a");
+  absl::StatusOr<Worker> anonymous = registry_.Register("host-a", "cpu", {}, 0, "", "", slot);
+  EXPECT_TRUE(registry_.ExpireLeases().empty());
+  absl::StatusOr<Worker> again = registry_.Register("host-a", "cpu", {}, 0, "", "id-a", slot);
+  std::vector<Worker> lost = registry_.ExpireLeases();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].id, old_worker->id);
+  EXPECT_EQ(lost[0].lost_reason,
+            absl::StrCat("its identity 'id-a' registered host-a /run/ringmaster/cpu0.sock again, "
+                         "as ",
+                         again->id, " (its daemon restarted)"));
+  EXPECT_EQ(registry_.Get(old_worker->id).status().code(), absl::StatusCode::kFailedPrecondition);
+  for (const auto* w : {&other_slot, &other_identity, &other_host, &no_slot, &anonymous}) {
+    EXPECT_TRUE(registry_.Get((*w)->id).ok()) << (*w)->id;
+  }
+  EXPECT_EQ(
+      registry_.Register("h", "cpu", {}, 0, "", "id", std::string(257, 's')).status().message(),
+      "slot must be at most 256 bytes; got 257");
+}
+
 TEST_F(WorkerRegistryTest, UnknownWorkerIsNotFound) {
   EXPECT_EQ(registry_.Get("worker-000042").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry_.Get("worker-000042").status().message(),

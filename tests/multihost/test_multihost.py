@@ -11,6 +11,7 @@ bounded; every namespace, link and process a test made is removed when it ends, 
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -22,6 +23,24 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("RINGMASTER_BIN_DIR", REPO / "build" / "bin")).resolve()
 PORT = 50051
 TERMINAL = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"}
+
+
+def make_certs(directory, coordinator_ip):
+    """scripts/dev-ca.sh's CA and pairs, the coordinator's naming `coordinator_ip`."""
+    subprocess.run(["bash", str(REPO / "scripts" / "dev-ca.sh"), str(directory),
+                    "--san", f"IP:{coordinator_ip}"], check=True, capture_output=True, timeout=60)
+    return directory
+
+
+def tls_flags(ca, pair):
+    return ["--tls-cert", str(ca / pair / "tls.crt"), "--tls-key", str(ca / pair / "tls.key"),
+            "--tls-ca", str(ca / "ca.crt")]
+
+
+def tls_env(ca, pair):
+    return {"RINGMASTER_TLS_CERT": str(ca / pair / "tls.crt"),
+            "RINGMASTER_TLS_KEY": str(ca / pair / "tls.key"),
+            "RINGMASTER_TLS_CA": str(ca / "ca.crt")}
 
 
 
@@ -37,16 +56,20 @@ class Cluster:
         self.env["TMPDIR"] = str(tmp)
         c = hosts[0]
         self.address = f"{c.address}:{PORT}"
+        # Mutual TLS across the hosts, as a deployment runs: the coordinator's certificate names
+        # its host's address; the workers hold the workers' certificate, the CLI a user's.
+        self.ca = make_certs(tmp / "ca", c.address)
         self.coordinator_log = tmp / "coordinator.log"
         self.coordinator = c.popen([str(BIN / "ringmaster-coordinator"), "--listen", self.address,
-                                    "--log-level", "info"], self.coordinator_log, env=self.env)
+                                    *tls_flags(self.ca, "coordinator"), "--log-level", "info"],
+                                   self.coordinator_log, env=self.env)
         wait_for(lambda: "listening on" in self.coordinator_log.read_text(errors="replace")
                  or self.coordinator.poll() is not None, 20, "the coordinator")
         assert self.coordinator.poll() is None, self.coordinator_log.read_text()
         self.workers = {}  # host name -> [log paths]
         for h in hosts.hosts[1:]:
             name = self.host_name(h)
-            env = dict(self.env, **(worker_env or {}).get(name, {}))
+            env = dict(self.env, **tls_env(self.ca, "worker"), **(worker_env or {}).get(name, {}))
             for slot in range(slots):
                 log = tmp / f"{name}-w{slot}.log"
                 h.popen([str(BIN / "ringmaster-worker"), "--coordinator", self.address,
@@ -62,8 +85,8 @@ class Cluster:
         return f"host-{chr(ord('a') + h.index - 1)}"
 
     def cli(self, *args, timeout=30):
-        r = self.hosts[0].run([str(BIN / "ringmaster"), "--coordinator", self.address, *args],
-                              timeout=timeout, env=self.env)
+        r = self.hosts[0].run([str(BIN / "ringmaster"), "--coordinator", self.address,
+                               *tls_flags(self.ca, "user"), *args], timeout=timeout, env=self.env)
         assert r.returncode == 0, f"ringmaster {' '.join(args)}: {r.stderr}"
         return r.stdout
 

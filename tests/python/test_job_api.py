@@ -287,7 +287,8 @@ def test_register_job_fills_defaults(pb, py_job):
     assert spec.np == 2
     assert spec.processes_per_host == 1
     assert list(spec.command) == ["python3", "train.py"]
-    assert dict(spec.env) == {"A": "1"}
+    # Values are secrets: a reply names the variables and redacts their values (docs/security.md).
+    assert dict(spec.env) == {"A": "<redacted>"}
 
     knobs = spec.knobs
     for field in (

@@ -315,16 +315,24 @@ TEST_F(ServiceTest, RendezvousRelaysTheNcclIdAndTimesOutWithTheMissingKeys) {
   auto a0 = w0.WaitAssignment(kWait);
   ASSERT_TRUE(a0.ok() && w1.WaitAssignment(kWait).ok());
   const int64_t epoch = a0->epoch();
+  // Every rendezvous call carries the epoch's token, which only the job's workers were sent.
+  const std::string token = a0->rendezvous_token();
+  ASSERT_EQ(token.size(), 64u);
+  auto ctx = [&token] {
+    std::unique_ptr<grpc::ClientContext> c = Ctx();
+    c->AddMetadata("x-ringmaster-rendezvous-token", token);
+    return c;
+  };
   // Rank 1 waits for the id that rank 0's worker generates.
   v1::WaitResponse waited;
   grpc::Status wait_status;
-  std::thread waiter([&] {
+  std::thread waiter([&, ctx] {
     v1::WaitRequest w;
     w.set_job_id(job.id());
     w.set_epoch(epoch);
     w.add_keys("nccl/unique_id");
     w.set_timeout_ms(5000);
-    wait_status = rendezvous_->Wait(Ctx().get(), w, &waited);
+    wait_status = rendezvous_->Wait(ctx().get(), w, &waited);
   });
   v1::SetRequest set;
   set.set_job_id(job.id());
@@ -332,7 +340,7 @@ TEST_F(ServiceTest, RendezvousRelaysTheNcclIdAndTimesOutWithTheMissingKeys) {
   set.set_key("nccl/unique_id");
   set.set_value(std::string(128, '\x7f'));
   v1::SetResponse set_response;
-  ASSERT_TRUE(rendezvous_->Set(Ctx().get(), set, &set_response).ok());
+  ASSERT_TRUE(rendezvous_->Set(ctx().get(), set, &set_response).ok());
   waiter.join();
   ASSERT_TRUE(wait_status.ok()) << wait_status.error_message();
   EXPECT_THAT(waited.values(), ::testing::ElementsAre(std::string(128, '\x7f')));
@@ -343,12 +351,12 @@ TEST_F(ServiceTest, RendezvousRelaysTheNcclIdAndTimesOutWithTheMissingKeys) {
   w.add_keys("nccl/unique_id");
   w.add_keys("gloo/rank_1");
   w.set_timeout_ms(200);
-  grpc::Status s = rendezvous_->Wait(Ctx().get(), w, &waited);
+  grpc::Status s = rendezvous_->Wait(ctx().get(), w, &waited);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(s.error_message(), "rendezvous wait timed out; keys not set: gloo/rank_1");
 
   set.set_epoch(epoch + 1);
-  s = rendezvous_->Set(Ctx().get(), set, &set_response);
+  s = rendezvous_->Set(ctx().get(), set, &set_response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_EQ(s.error_message(), absl::StrCat("epoch ", epoch + 1, " of job ", job.id(),
                                             " is stale; the job is at epoch ", epoch));

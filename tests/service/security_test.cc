@@ -1,0 +1,568 @@
+// The coordinator's security on an in-process server with real TLS channels: certificates made by
+// scripts/dev-ca.sh, bearer tokens from a token file. Each test is an attack from the issue, with
+// the exact status a caller gets and a check that nothing changed.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "bench/sim_worker.h"
+#include "common/tls.h"
+#include "coordinator/server.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "ringmaster/v1/cluster.grpc.pb.h"
+#include "ringmaster/v1/job.grpc.pb.h"
+#include "ringmaster/v1/rendezvous.grpc.pb.h"
+#include "ringmaster/v1/worker.grpc.pb.h"
+
+namespace ringmaster {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+std::string Sh(const std::string& command) {
+  const int rc = std::system(command.c_str());
+  EXPECT_EQ(rc, 0) << command;
+  return command;
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  // Replaced by rename, as Kubernetes updates a mounted secret: a reader never sees half a file.
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << text;
+  std::filesystem::rename(tmp, path);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Certificates for the whole suite: dev-ca.sh's coordinator, worker, user and admin pairs, a second
+// user (bob), a second worker identity (host-b), and a pair from another CA (stranger).
+class Certs {
+ public:
+  static const std::string& Dir() {
+    static const std::string dir = [] {
+      std::string d = absl::StrCat(std::filesystem::temp_directory_path().string(),
+                                   "/ringmaster-security-test-", getpid());
+      std::filesystem::remove_all(d);
+      const std::string script = absl::StrCat(RINGMASTER_SOURCE_DIR, "/scripts/dev-ca.sh");
+      Sh(absl::StrCat("bash ", script, " ", d, " >/dev/null"));
+      Sh(absl::StrCat("bash ", script, " ", d, " --issue bob --cn bob >/dev/null"));
+      Sh(absl::StrCat("bash ", script, " ", d,
+                      " --issue host-b --cn host-b --group ringmaster:workers >/dev/null"));
+      Sh(absl::StrCat("bash ", script, " ", d, "/other-ca >/dev/null"));
+      return d;
+    }();
+    return dir;
+  }
+  // The pair NAME, trusting the coordinator's CA.
+  static TlsFiles Pair(const std::string& name) {
+    return TlsFiles{.cert = absl::StrCat(Dir(), "/", name, "/tls.crt"),
+                    .key = absl::StrCat(Dir(), "/", name, "/tls.key"),
+                    .ca = absl::StrCat(Dir(), "/ca.crt")};
+  }
+  // A user certificate from another CA (its holder trusts the coordinator's CA).
+  static TlsFiles Stranger() {
+    return TlsFiles{.cert = absl::StrCat(Dir(), "/other-ca/user/tls.crt"),
+                    .key = absl::StrCat(Dir(), "/other-ca/user/tls.key"),
+                    .ca = absl::StrCat(Dir(), "/ca.crt")};
+  }
+  static TlsFiles CaOnly() { return TlsFiles{.ca = absl::StrCat(Dir(), "/ca.crt")}; }
+};
+
+std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token = "") {
+  auto c = std::make_unique<grpc::ClientContext>();
+  c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!token.empty()) c->AddMetadata("authorization", "Bearer " + token);
+  return c;
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tokens_ = absl::StrCat(Certs::Dir(), "/tokens-",
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name(), ".csv");
+    WriteFile(tokens_, "tok-alice,alice,1001,\"team-a\"\ntok-root,root,0,\"ringmaster:admins\"\n");
+    ServerSecurity security;
+    security.tls = Certs::Pair("coordinator");
+    security.token_file = tokens_;
+    Start(std::move(security));
+  }
+
+  void Start(ServerSecurity security) {
+    server_ = std::make_unique<CoordinatorServer>(CoordinatorOptions{}, std::move(security));
+    absl::StatusOr<int> port = server_->Start("127.0.0.1:0");
+    ASSERT_TRUE(port.ok()) << port.status();
+    target_ = absl::StrCat("localhost:", *port);
+  }
+
+  void TearDown() override {
+    sims_.clear();
+    server_->Stop();
+  }
+
+  // A fresh channel (its own connection: a rotated certificate is used for new ones).
+  std::shared_ptr<grpc::Channel> Channel(const TlsFiles& tls) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    return grpc::CreateCustomChannel(target_, MakeChannelCredentials(tls), args);
+  }
+  std::unique_ptr<v1::JobService::Stub> Jobs(const TlsFiles& tls) {
+    return v1::JobService::NewStub(Channel(tls));
+  }
+
+  SimWorker& AddWorker(const std::string& pair, const std::string& host) {
+    sims_.push_back(std::make_unique<SimWorker>(Channel(Certs::Pair(pair)), host));
+    absl::Status s = sims_.back()->Connect();
+    EXPECT_TRUE(s.ok()) << s;
+    return *sims_.back();
+  }
+
+  static v1::RegisterJobRequest JobRequest(int np) {
+    v1::RegisterJobRequest request;
+    request.mutable_spec()->set_name("secure");
+    request.mutable_spec()->set_np(np);
+    request.mutable_spec()->add_command("train");
+    (*request.mutable_spec()->mutable_env())["AWS_SECRET_ACCESS_KEY"] = "hunter2";
+    return request;
+  }
+
+  grpc::Status Submit(v1::JobService::Stub& stub, v1::Job* job, int np = 1,
+                      const std::string& token = "") {
+    v1::RegisterJobResponse response;
+    grpc::Status s = stub.RegisterJob(Ctx(token).get(), JobRequest(np), &response);
+    *job = response.job();
+    return s;
+  }
+
+  grpc::Status GetJob(v1::JobService::Stub& stub, const std::string& id, v1::Job* job,
+                      const std::string& token = "") {
+    v1::GetJobRequest request;
+    request.set_job_id(id);
+    v1::GetJobResponse response;
+    grpc::Status s = stub.GetJob(Ctx(token).get(), request, &response);
+    *job = response.job();
+    return s;
+  }
+
+  // Opens a session for `worker_id` with `secret`; OK once the coordinator accepted it.
+  static grpc::Status TryOpen(v1::WorkerService::Stub& stub, const std::string& worker_id,
+                              const std::string& secret) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = stub.Session(&context);
+    v1::WorkerMessage open;
+    open.mutable_open()->set_worker_id(worker_id);
+    open.mutable_open()->set_secret(secret);
+    stream->Write(open);
+    v1::CoordinatorMessage m;
+    if (stream->Read(&m) && m.has_accepted()) {
+      context.TryCancel();
+      stream->Finish();
+      return grpc::Status::OK;
+    }
+    return stream->Finish();
+  }
+
+  std::string tokens_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::string target_;
+  std::vector<std::unique_ptr<SimWorker>> sims_;
+};
+
+TEST_F(SecurityTest, APlaintextClientCannotTalkToATlsCoordinator) {
+  auto plain = Jobs(TlsFiles{});
+  v1::Job job;
+  grpc::Status s = Submit(*plain, &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  // Nothing was registered: an admin sees no job.
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(Jobs(Certs::Pair("admin"))->ListJobs(Ctx().get(), {}, &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+}
+
+TEST_F(SecurityTest, ACertificateFromAnotherCaIsRefusedAtTheHandshake) {
+  v1::Job job;
+  grpc::Status s = Submit(*Jobs(Certs::Stranger()), &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(SecurityTest, ACallerWithoutCertificateOrTokenIsUnauthenticated) {
+  v1::Job job;
+  grpc::Status s = Submit(*Jobs(Certs::CaOnly()), &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(s.error_message(),
+            "this coordinator requires authentication: a client certificate (--tls-cert, "
+            "--tls-key) or a bearer token (--token or RINGMASTER_TOKEN)");
+  s = Submit(*Jobs(Certs::CaOnly()), &job, 1, "tok-guessed");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(s.error_message(), "the bearer token is not in the coordinator's token file");
+}
+
+TEST_F(SecurityTest, JobsBelongToTheirSubmitterAndOthersAreDenied) {
+  auto user = Jobs(Certs::Pair("user"));
+  auto bob = Jobs(Certs::Pair("bob"));
+  auto admin = Jobs(Certs::Pair("admin"));
+  v1::Job job;
+  ASSERT_TRUE(Submit(*user, &job).ok());
+  EXPECT_EQ(job.owner(), "user");
+  const std::string denied =
+      absl::StrCat("job ", job.id(),
+                   " belongs to user 'user'; user 'bob' may not see or change it (members of group "
+                   "ringmaster:admins may)");
+
+  v1::Job seen;
+  grpc::Status s = GetJob(*bob, job.id(), &seen);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(), denied);
+
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job.id());
+  v1::CancelJobResponse cancelled;
+  s = bob->CancelJob(Ctx().get(), cancel, &cancelled);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(), denied);
+
+  v1::GetLogsRequest logs;
+  logs.set_job_id(job.id());
+  logs.set_all_ranks(true);
+  auto log_context = Ctx();
+  auto reader = bob->GetLogs(log_context.get(), logs);
+  v1::GetLogsResponse chunk;
+  EXPECT_FALSE(reader->Read(&chunk));
+  s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(), denied);
+
+  v1::ListArtifactsRequest artifacts;
+  artifacts.set_job_id(job.id());
+  v1::ListArtifactsResponse listed;
+  s = bob->ListArtifacts(Ctx().get(), artifacts, &listed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(), denied);
+
+  v1::GetArtifactRequest artifact;
+  artifact.set_job_id(job.id());
+  artifact.set_name("timeline.json");
+  auto artifact_context = Ctx();
+  auto artifact_reader = bob->GetArtifact(artifact_context.get(), artifact);
+  v1::GetArtifactResponse data;
+  EXPECT_FALSE(artifact_reader->Read(&data));
+  s = artifact_reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+
+  v1::WatchJobRequest watch;
+  watch.set_job_id(job.id());
+  auto watch_context = Ctx();
+  auto watcher = bob->WatchJob(watch_context.get(), watch);
+  v1::WatchJobResponse event;
+  EXPECT_FALSE(watcher->Read(&event));
+  EXPECT_EQ(watcher->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+
+  // Bob lists only his own jobs (none); the owner and an admin see it.
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(bob->ListJobs(Ctx().get(), {}, &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+  ASSERT_TRUE(user->ListJobs(Ctx().get(), {}, &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  ASSERT_TRUE(admin->ListJobs(Ctx().get(), {}, &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+
+  // Bob's cancel changed nothing; the admin's cancels it, and says so.
+  ASSERT_TRUE(GetJob(*user, job.id(), &seen).ok());
+  EXPECT_EQ(seen.state(), v1::JOB_STATE_PENDING);
+  cancel.set_reason("by the admin");
+  s = admin->CancelJob(Ctx().get(), cancel, &cancelled);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(cancelled.job().state(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(SecurityTest, EnvironmentValuesAreRedactedForClientsAndSentToTheJobsWorkers) {
+  SimWorker& w = AddWorker("worker", "host-a");
+  auto user = Jobs(Certs::Pair("user"));
+  v1::Job job;
+  ASSERT_TRUE(Submit(*user, &job).ok());
+  EXPECT_EQ(job.spec().env().at("AWS_SECRET_ACCESS_KEY"), "<redacted>");
+  EXPECT_TRUE(job.rendezvous_token().empty());
+  absl::StatusOr<v1::JobAssignment> a = w.WaitAssignment(kWait);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->job().spec().env().at("AWS_SECRET_ACCESS_KEY"), "hunter2");
+  EXPECT_EQ(a->rendezvous_token().size(), 64u);
+  v1::Job seen;
+  ASSERT_TRUE(GetJob(*user, job.id(), &seen).ok());
+  EXPECT_EQ(seen.spec().env().at("AWS_SECRET_ACCESS_KEY"), "<redacted>");
+  ASSERT_EQ(seen.ranks_size(), 1);
+  EXPECT_EQ(seen.ranks(0).worker_identity(), "ringmaster-worker");
+  EXPECT_TRUE(seen.ranks(0).worker_secret_sha256().empty());
+  EXPECT_TRUE(seen.rendezvous_token().empty());
+}
+
+TEST_F(SecurityTest, WorkersMayNotSubmitAndUsersMayNotRegisterWorkers) {
+  v1::Job job;
+  grpc::Status s = Submit(*Jobs(Certs::Pair("worker")), &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "worker 'ringmaster-worker' is a worker identity (group ringmaster:workers); workers "
+            "may not register jobs");
+
+  auto workers = v1::WorkerService::NewStub(Channel(Certs::Pair("user")));
+  v1::RegisterWorkerRequest request;
+  request.set_host("host-x");
+  request.set_device("cpu");
+  v1::RegisterWorkerResponse response;
+  s = workers->RegisterWorker(Ctx().get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "user 'user' may not register a worker: only a worker identity may (a certificate "
+            "with O=ringmaster:workers, or a token in that group)");
+  v1::ListWorkersResponse listed;
+  ASSERT_TRUE(v1::ClusterService::NewStub(Channel(Certs::Pair("admin")))
+                  ->ListWorkers(Ctx().get(), {}, &listed)
+                  .ok());
+  EXPECT_EQ(listed.workers_size(), 0);
+}
+
+TEST_F(SecurityTest, ASessionNeedsTheIssuedSecretAndTheIdentityThatRegistered) {
+  SimWorker& real = AddWorker("worker", "host-a");
+  ASSERT_EQ(real.secret().size(), 64u);
+  auto user = Jobs(Certs::Pair("user"));
+  v1::Job job;
+  ASSERT_TRUE(Submit(*user, &job).ok());
+  ASSERT_TRUE(real.WaitAssignment(kWait).ok());
+
+  // The same identity without the secret: refused, the real worker keeps its job.
+  auto same = v1::WorkerService::NewStub(Channel(Certs::Pair("worker")));
+  grpc::Status s = TryOpen(*same, real.worker_id(), "0000");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(s.error_message(),
+            absl::StrCat("the session secret for worker_id '", real.worker_id(),
+                         "' is not the one its registration issued: register again"));
+  // Another worker identity with the right secret (stolen): refused too.
+  auto other = v1::WorkerService::NewStub(Channel(Certs::Pair("host-b")));
+  s = TryOpen(*other, real.worker_id(), real.secret());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            absl::StrCat("worker_id '", real.worker_id(),
+                         "' was registered by 'ringmaster-worker'; 'host-b' may not open its "
+                         "session"));
+  // A guessed id that is not registered.
+  s = TryOpen(*same, "worker-000099", real.secret());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+
+  v1::Job seen;
+  ASSERT_TRUE(GetJob(*user, job.id(), &seen).ok());
+  EXPECT_EQ(seen.state(), v1::JOB_STATE_STARTING);
+  ASSERT_EQ(seen.ranks_size(), 1);
+  EXPECT_EQ(seen.ranks(0).worker_id(), real.worker_id());
+  v1::ListWorkersResponse listed;
+  ASSERT_TRUE(v1::ClusterService::NewStub(Channel(Certs::Pair("admin")))
+                  ->ListWorkers(Ctx().get(), {}, &listed)
+                  .ok());
+  ASSERT_EQ(listed.workers_size(), 1);
+  EXPECT_EQ(listed.workers(0).state(), v1::WORKER_STATE_BUSY);
+}
+
+TEST_F(SecurityTest, TheSameIdentityRegisteringAgainReplacesItsOldWorker) {
+  SimWorker& old_worker = AddWorker("worker", "host-a");
+  auto user = Jobs(Certs::Pair("user"));
+  v1::Job job;
+  ASSERT_TRUE(Submit(*user, &job).ok());
+  ASSERT_TRUE(old_worker.WaitAssignment(kWait).ok());
+  SimWorker& restarted = AddWorker("worker", "host-a");  // its daemon restarted
+  EXPECT_NE(restarted.worker_id(), old_worker.worker_id());
+  v1::Job seen;
+  const absl::Time deadline = absl::Now() + kWait;
+  while (absl::Now() < deadline && GetJob(*user, job.id(), &seen).ok() &&
+         seen.state() != v1::JOB_STATE_FAILED) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(seen.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(seen.reason(),
+            absl::StrCat("worker ", old_worker.worker_id(),
+                         " serving rank 0 on host host-a was lost: its identity "
+                         "'ringmaster-worker' registered host-a host-a:cpu again, as ",
+                         restarted.worker_id(), " (its daemon restarted)"));
+  // The old session was ended, telling it to register again; the new one serves on.
+  grpc::Status ended = old_worker.Close();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(ended.error_message(), HasSubstr("registered host-a host-a:cpu again"));
+  v1::ListWorkersResponse listed;
+  ASSERT_TRUE(v1::ClusterService::NewStub(Channel(Certs::Pair("admin")))
+                  ->ListWorkers(Ctx().get(), {}, &listed)
+                  .ok());
+  ASSERT_EQ(listed.workers_size(), 2);
+  EXPECT_EQ(listed.workers(0).state(), v1::WORKER_STATE_LOST);
+  EXPECT_EQ(listed.workers(1).worker_id(), restarted.worker_id());
+  EXPECT_EQ(listed.workers(1).state(), v1::WORKER_STATE_IDLE);
+}
+
+TEST_F(SecurityTest, RendezvousIsOpenOnlyToTheJobsWorkers) {
+  SimWorker& member = AddWorker("worker", "host-a");
+  SimWorker& outsider = AddWorker("host-b", "host-b");
+  auto user = Jobs(Certs::Pair("user"));
+  v1::Job job;
+  ASSERT_TRUE(Submit(*user, &job).ok());
+  absl::StatusOr<v1::JobAssignment> a = member.WaitAssignment(kWait);
+  ASSERT_TRUE(a.ok()) << a.status();
+  (void)outsider;
+
+  v1::SetRequest set;
+  set.set_job_id(job.id());
+  set.set_epoch(a->epoch());
+  set.set_key("nccl/unique_id");
+  set.set_value("forged");
+  v1::SetResponse set_response;
+  const std::string denied =
+      absl::StrCat("the rendezvous of job ", job.id(), " epoch ", a->epoch(),
+                   " is open only to its ranks' workers: the call did not carry the epoch's "
+                   "rendezvous token");
+  // The job's owner, and a worker not in the job: neither holds the token.
+  for (const char* pair : {"user", "host-b"}) {
+    auto rdv = v1::RendezvousService::NewStub(Channel(Certs::Pair(pair)));
+    grpc::Status s = rdv->Set(Ctx().get(), set, &set_response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << pair;
+    EXPECT_EQ(s.error_message(), denied) << pair;
+    auto wrong = Ctx();
+    wrong->AddMetadata("x-ringmaster-rendezvous-token", std::string(64, '0'));
+    s = rdv->Set(wrong.get(), set, &set_response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << pair;
+  }
+  // Nothing was set; the member, with the token, sets and reads it.
+  auto rdv = v1::RendezvousService::NewStub(Channel(Certs::Pair("worker")));
+  auto with_token = [&] {
+    std::unique_ptr<grpc::ClientContext> c = Ctx();
+    c->AddMetadata("x-ringmaster-rendezvous-token", a->rendezvous_token());
+    return c;
+  };
+  v1::GetRequest get;
+  get.set_job_id(job.id());
+  get.set_epoch(a->epoch());
+  get.set_key("nccl/unique_id");
+  v1::GetResponse got;
+  EXPECT_EQ(rdv->Get(with_token().get(), get, &got).error_code(), grpc::StatusCode::NOT_FOUND);
+  set.set_value("real");
+  ASSERT_TRUE(rdv->Set(with_token().get(), set, &set_response).ok());
+  ASSERT_TRUE(rdv->Get(with_token().get(), get, &got).ok());
+  EXPECT_EQ(got.value(), "real");
+}
+
+TEST_F(SecurityTest, BearerTokensAuthenticateUsersAndTheFileIsReloaded) {
+  auto tokens_only = Jobs(Certs::CaOnly());
+  v1::Job job;
+  ASSERT_TRUE(Submit(*tokens_only, &job, 1, "tok-alice").ok());
+  EXPECT_EQ(job.owner(), "alice");
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(tokens_only->ListJobs(Ctx("tok-root").get(), {}, &list).ok());
+  EXPECT_EQ(list.jobs_size(), 1);  // root is in ringmaster:admins
+
+  // carol is added: her token works once the file is read again (checked every second).
+  WriteFile(tokens_, "tok-alice,alice,1001,\"team-a\"\ntok-carol,carol,1002\n");
+  grpc::Status s;
+  const absl::Time deadline = absl::Now() + kWait;
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    s = tokens_only->ListJobs(Ctx("tok-carol").get(), {}, &list);
+  } while (!s.ok() && absl::Now() < deadline);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(list.jobs_size(), 0);  // alice's job is not carol's
+  // root was removed with the rewrite.
+  s = tokens_only->ListJobs(Ctx("tok-root").get(), {}, &list);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // A malformed rewrite keeps the last good contents.
+  WriteFile(tokens_, "tok-alice\n");
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_TRUE(tokens_only->ListJobs(Ctx("tok-carol").get(), {}, &list).ok());
+}
+
+TEST(SecurityRotation, ANewCaBundleIsTrustedWithoutARestart) {
+  const std::string dir = absl::StrCat(Certs::Dir(), "/rotation");
+  std::filesystem::create_directories(dir);
+  const std::string ca = dir + "/ca.crt";
+  WriteFile(ca, ReadFile(Certs::Dir() + "/ca.crt"));
+  ServerSecurity security;
+  security.tls = Certs::Pair("coordinator");
+  security.tls.ca = ca;
+  CoordinatorServer server(CoordinatorOptions{}, std::move(security));
+  absl::StatusOr<int> port = server.Start("127.0.0.1:0");
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto list = [&] {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto stub = v1::JobService::NewStub(grpc::CreateCustomChannel(
+        absl::StrCat("localhost:", *port), MakeChannelCredentials(Certs::Stranger()), args));
+    v1::ListJobsResponse response;
+    return stub->ListJobs(Ctx().get(), {}, &response);
+  };
+  EXPECT_EQ(list().error_code(), grpc::StatusCode::UNAVAILABLE);
+  // The other CA joins the bundle (as a rotation to a new CA starts): new connections take it.
+  WriteFile(ca, ReadFile(Certs::Dir() + "/ca.crt") + ReadFile(Certs::Dir() + "/other-ca/ca.crt"));
+  grpc::Status s;
+  const absl::Time deadline = absl::Now() + kWait;
+  do {
+    absl::SleepFor(absl::Milliseconds(200));
+    s = list();
+  } while (!s.ok() && absl::Now() < deadline);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  server.Stop();
+}
+
+TEST(SecurityDefaults, PlaintextOnANonLoopbackAddressIsRefusedUnlessAllowed) {
+  {
+    CoordinatorServer server(CoordinatorOptions{});
+    absl::StatusOr<int> port = server.Start("0.0.0.0:0");
+    EXPECT_EQ(port.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(port.status().message(),
+              "refusing to listen on 0.0.0.0:0 without TLS: anyone who reaches it could run any "
+              "command on every worker. Give --tls-cert, --tls-key and --tls-ca "
+              "(scripts/dev-ca.sh makes a first set), or listen on loopback (--listen "
+              "127.0.0.1:50051), or accept the risk with --insecure-allow-remote");
+  }
+  {
+    ServerSecurity security;
+    security.insecure_allow_remote = true;
+    CoordinatorServer server(CoordinatorOptions{}, security);
+    EXPECT_TRUE(server.Start("0.0.0.0:0").ok());
+  }
+  {
+    ServerSecurity security;
+    security.tls = Certs::Pair("coordinator");
+    CoordinatorServer server(CoordinatorOptions{}, security);
+    EXPECT_TRUE(server.Start("0.0.0.0:0").ok());
+  }
+  {
+    ServerSecurity security;
+    security.tls = Certs::Pair("coordinator");
+    security.tls.key = "/nonexistent/tls.key";
+    CoordinatorServer server(CoordinatorOptions{}, security);
+    absl::StatusOr<int> port = server.Start("127.0.0.1:0");
+    EXPECT_EQ(port.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(port.status().message(),
+              "--tls-key /nonexistent/tls.key: cannot be read: No such file or directory");
+  }
+}
+
+TEST(SecurityDefaults, LoopbackAddresses) {
+  EXPECT_TRUE(IsLoopbackAddress("127.0.0.1:50051"));
+  EXPECT_TRUE(IsLoopbackAddress("127.3.2.1:1"));
+  EXPECT_TRUE(IsLoopbackAddress("localhost:50051"));
+  EXPECT_TRUE(IsLoopbackAddress("[::1]:50051"));
+  EXPECT_FALSE(IsLoopbackAddress("0.0.0.0:50051"));
+  EXPECT_FALSE(IsLoopbackAddress("[::]:50051"));
+  EXPECT_FALSE(IsLoopbackAddress(":50051"));
+  EXPECT_FALSE(IsLoopbackAddress("10.0.0.1:50051"));
+  EXPECT_FALSE(IsLoopbackAddress("coordinator.example.com:50051"));
+}
+
+}  // namespace
+}  // namespace ringmaster
