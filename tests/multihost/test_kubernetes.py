@@ -64,6 +64,25 @@ def test_the_overlays_render_with_probes_security_and_monitoring():
             assert "requests" in c["resources"]
     service = find(cpu, "Service", "ringmaster-coordinator")
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"grpc": 50051, "metrics": 9400}
+    # Mutual TLS everywhere, from Secrets (tls.crt, tls.key, ca.crt as cert-manager writes them).
+    pod = find(cpu, "Deployment", "ringmaster-coordinator")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert {"--tls-cert=/etc/ringmaster/tls/tls.crt", "--tls-key=/etc/ringmaster/tls/tls.key",
+            "--tls-ca=/etc/ringmaster/tls/ca.crt"} <= set(args), args
+    assert {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"]}["tls"] == \
+        "ringmaster-coordinator-tls"
+    for doc, kind, name, secret in [(cpu, "DaemonSet", "ringmaster-worker", "ringmaster-worker-tls"),
+                                    (render(K8S / "overlays" / "gpu"), "DaemonSet",
+                                     "ringmaster-worker", "ringmaster-worker-tls"),
+                                    (render(K8S / "example"), "Job", "ringmaster-collectives-check",
+                                     "ringmaster-user-tls")]:
+        pod = find(doc, kind, name)["spec"]["template"]["spec"]
+        assert {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"]}["tls"] == secret
+        for c in pod["containers"]:
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            assert env["RINGMASTER_TLS_CA"] == "/etc/ringmaster/tls/ca.crt", (name, c["name"])
+            assert {"name": "tls", "mountPath": "/etc/ringmaster/tls", "readOnly": True} in \
+                c["volumeMounts"], (name, c["name"])
 
     gpu = render(K8S / "overlays" / "gpu")
     pod = find(gpu, "DaemonSet", "ringmaster-worker")["spec"]["template"]["spec"]
@@ -89,6 +108,12 @@ def test_the_overlays_render_with_probes_security_and_monitoring():
 
 
 
+# The Secrets the manifests mount, and the scripts/dev-ca.sh pair each holds in the test (an operator
+# makes them as docs/security.md shows).
+SECRET_PAIRS = {"ringmaster-coordinator-tls": "coordinator", "ringmaster-worker-tls": "worker",
+                "ringmaster-user-tls": "user"}
+
+
 class Pod:
     """One pod's container, run as the kubelet would on the node `host`."""
 
@@ -104,10 +129,16 @@ class Pod:
                 field = e["valueFrom"]["fieldRef"]["fieldPath"]
                 env[e["name"]] = {"spec.nodeName": host.name, "status.podIP": host.address}[field]
         mounts = {}
+        volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
         for m in container.get("volumeMounts", []):
             d = tmp / name / m["name"]
             d.mkdir(parents=True, exist_ok=True)
             mounts[m["mountPath"]] = str(d)
+            # A Secret volume holds what the Secret holds: here the pair dev-ca.sh made for it.
+            if secret := volumes.get(m["name"], {}).get("secret"):
+                pair = SECRET_PAIRS[secret["secretName"]]
+                for f in ("tls.crt", "tls.key", "ca.crt"):
+                    shutil.copy(tmp / "ca" / pair / f, d / f)
 
         paths = {**IMAGE_PATHS, **mounts}
         # One pass, each path where a word or a flag's value starts (a mount's directory is itself
@@ -121,7 +152,8 @@ class Pod:
 
         self.argv = [localize(w) for w in container["command"] + container.get("args", [])]
         self.env = {"PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin", "TMPDIR": mounts.get("/tmp", str(tmp)),
-                    **env}
+                    **{k: pattern.sub(lambda m: m.group(1) + paths[m.group(2)], v)
+                       for k, v in env.items()}}
         self.log = tmp / f"{name}.log"
 
     def start(self):
@@ -150,6 +182,8 @@ def hosts():
 
 
 def test_the_cpu_overlay_runs_as_rendered_and_the_example_job_succeeds(hosts, tmp_path):
+    subprocess.run(["bash", str(REPO / "scripts" / "dev-ca.sh"), str(tmp_path / "ca")], check=True,
+                   capture_output=True, timeout=60)
     docs = render(K8S / "overlays" / "cpu")
     coordinator = find(docs, "Deployment", "ringmaster-coordinator")["spec"]["template"]["spec"]
     worker = find(docs, "DaemonSet", "ringmaster-worker")["spec"]["template"]["spec"]
@@ -167,7 +201,10 @@ def test_the_cpu_overlay_runs_as_rendered_and_the_example_job_succeeds(hosts, tm
         w.wait_probes()
 
     def cli(*args):
-        r = hosts[0].run([str(BIN / "ringmaster"), "--coordinator", f"{service}:50051", *args])
+        ca = tmp_path / "ca"
+        r = hosts[0].run([str(BIN / "ringmaster"), "--coordinator", f"{service}:50051",
+                          "--tls-ca", str(ca / "ca.crt"), "--tls-cert", str(ca / "user" / "tls.crt"),
+                          "--tls-key", str(ca / "user" / "tls.key"), *args])
         assert r.returncode == 0, r.stderr
         return r.stdout
 

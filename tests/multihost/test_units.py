@@ -66,6 +66,27 @@ def exec_start(unit, env, instance=""):
     return argv
 
 
+def unit_environment(unit, credentials):
+    """Environment= assignments, with %d (the credentials directory) expanded."""
+    env = {}
+    for value in service_section(unit).get("Environment", []):
+        for assignment in value.split():
+            key, v = assignment.split("=", 1)
+            env[key] = v.replace("%d", str(credentials))
+    return env
+
+
+def load_credentials(unit, directory, pair):
+    """What LoadCredential= copies into the credentials directory: here from dev-ca.sh's `pair`
+    (the unit names /etc/ringmaster/tls/FILE)."""
+    directory.mkdir(parents=True)
+    for value in service_section(unit).get("LoadCredential", []):
+        name, path = value.split(":", 1)
+        assert path == f"/etc/ringmaster/tls/{name}", value
+        shutil.copy(pair / name, directory / name)
+    assert sorted(p.name for p in directory.iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
+
+
 def environment_files(unit, instance=""):
     """(path, optional) for each EnvironmentFile=, %i expanded."""
     files = []
@@ -115,8 +136,13 @@ def test_the_units_exec_start_lines_with_their_environment_files_run_a_job(hosts
     # The coordinator: its environment file as shipped, the listen address set to its host's.
     unit = UNITS / "ringmaster-coordinator.service"
     assert environment_files(unit) == [("/etc/ringmaster/coordinator.env", True)]
+    ca = tmp_path / "ca"
+    subprocess.run(["bash", str(REPO / "scripts" / "dev-ca.sh"), str(ca), "--san",
+                    f"IP:{coordinator_host.address}"], check=True, capture_output=True, timeout=60)
+    load_credentials(unit, tmp_path / "coordinator-credentials", ca / "coordinator")
     env = read_env_file(UNITS / "coordinator.env")
     env["RINGMASTER_LISTEN"] = address
+    env.update(unit_environment(unit, tmp_path / "coordinator-credentials"))
     os.makedirs(tmp_path / "coordinator-state")
     log = tmp_path / "coordinator.log"
     argv = localize(exec_start(unit, env), tmp_path, "coordinator")
@@ -132,16 +158,21 @@ def test_the_units_exec_start_lines_with_their_environment_files_run_a_job(hosts
     shared["RINGMASTER_COORDINATOR"] = address
     for h in hosts.hosts[1:]:
         os.makedirs(tmp_path / f"{h.name}-run")
+        credentials = tmp_path / f"{h.name}-credentials"
+        load_credentials(unit, credentials, ca / "worker")
         for slot in range(2):
             instance = f"cpu{slot}"
-            env = dict(shared, RINGMASTER_WORKER_INSTANCE_FLAGS=f"--metrics-listen 0.0.0.0:{9401 + slot}")
+            env = dict(shared, RINGMASTER_WORKER_INSTANCE_FLAGS=f"--metrics-listen 0.0.0.0:{9401 + slot}",
+                       **unit_environment(unit, credentials))
             argv = localize(exec_start(unit, env, instance), tmp_path, h.name)
             h.popen(argv, tmp_path / f"{h.name}-{instance}.log",
                     env={"PATH": PATH, "TMPDIR": str(tmp_path), **env})
 
     def cli(*args):
-        r = coordinator_host.run([str(BIN / "ringmaster"), "--coordinator", address, *args],
-                                 env={"PATH": PATH})
+        r = coordinator_host.run([str(BIN / "ringmaster"), "--coordinator", address,
+                                  "--tls-ca", str(ca / "ca.crt"), "--tls-cert",
+                                  str(ca / "user" / "tls.crt"), "--tls-key",
+                                  str(ca / "user" / "tls.key"), *args], env={"PATH": PATH})
         assert r.returncode == 0, r.stderr
         return r.stdout
 
