@@ -1,6 +1,7 @@
 #include "cli/job_flags.h"
 
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 
 #include "absl/status/status.h"
@@ -26,6 +27,23 @@ std::string ArtifactName(const std::string& value,
   return name;
 }
 
+// An environment file as Docker reads one: KEY=VALUE per line (the value as written, '=' and
+// quotes included), blank lines and lines starting with '#' skipped. A usage error names the line.
+void ReadEnvFile(const std::string& path, v1::JobSpec* spec) {
+  std::ifstream in(path);
+  if (!in) Usage(absl::StrCat("--env-file ", path, ": cannot be read"));
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    const absl::string_view text = absl::StripAsciiWhitespace(line);
+    if (text.empty() || text[0] == '#') continue;
+    const size_t eq = text.find('=');
+    if (eq == 0 || eq == absl::string_view::npos) {
+      Usage(absl::StrCat("--env-file ", path, " line ", number, ": expected KEY=VALUE"));
+    }
+    (*spec->mutable_env())[std::string(text.substr(0, eq))] = std::string(text.substr(eq + 1));
+  }
+}
+
 }  // namespace
 
 const char kJobOptionsHelp[] = R"(job options:
@@ -34,6 +52,9 @@ const char kJobOptionsHelp[] = R"(job options:
   --name NAME                     job name (default: the command's base name)
   --env KEY=VALUE                 environment for the training processes (repeatable; wins over
                                   what is inherited)
+  --env-file FILE                 KEY=VALUE lines for the environment (Docker's format; '#'
+                                  comments): secrets stay out of the command line. Values are
+                                  redacted in every reply and never logged
   --working-dir DIR               working directory of the training processes (default: the
                                   current directory)
   --label KEY=VALUE               job label (repeatable)
@@ -125,6 +146,8 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
     } else if (flag == "--env") {
       auto [k, v] = KeyValue(flag, args.Value(flag));
       (*spec.mutable_env())[k] = v;
+    } else if (flag == "--env-file") {
+      ReadEnvFile(args.Value(flag), &spec);
     } else if (flag == "--label") {
       auto [k, v] = KeyValue(flag, args.Value(flag));
       (*spec.mutable_labels())[k] = v;

@@ -118,7 +118,8 @@ absl::Status Daemon::Start() {
     if (!metrics.ok()) return metrics.status();
     metrics_server_ = *std::move(metrics);
   }
-  absl::StatusOr<std::unique_ptr<LocalServer>> local = LocalServer::Start(o.socket_path, this);
+  absl::StatusOr<std::unique_ptr<LocalServer>> local =
+      LocalServer::Start(o.socket_path, this, SocketAccess{.mode = 0660, .group = o.socket_group});
   if (!local.ok()) return local.status();
   local_ = *std::move(local);
   grpc::ChannelArguments args;
@@ -484,6 +485,7 @@ absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
       ChildProcess::Start(argv, env, spec.spec().working_dir(), output);
   if (!child.ok()) return child.status();
   job->child = *std::move(child);
+  job->child_pid.store(job->child->pid());
   job->started = true;
   SendRankUpdate(*job, v1::RANK_STATE_STARTED, 0, "");
   job->waiter = std::thread([this, job] {
@@ -660,7 +662,43 @@ absl::Status Daemon::OnReadyEvents(const v1::LocalReadyEvents& events) {
   return job->gpu->OpenReadyEvents({events.handles().begin(), events.handles().end()});
 }
 
-absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHello& hello) {
+namespace {
+
+// Whether `pid` is `ancestor` or one of its descendants (by /proc's parent links, at most 64 up).
+bool DescendsFrom(pid_t pid, pid_t ancestor) {
+  for (int i = 0; i < 64 && pid > 1; ++i) {
+    if (pid == ancestor) return true;
+    FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r");
+    if (f == nullptr) return false;
+    char line[512];
+    const size_t n = std::fread(line, 1, sizeof(line) - 1, f);
+    std::fclose(f);
+    line[n] = '\0';
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it.
+    const char* close = std::strrchr(line, ')');
+    int parent = 0;
+    char state = 0;
+    if (close == nullptr || std::sscanf(close + 1, " %c %d", &state, &parent) != 2) return false;
+    pid = parent;
+  }
+  return pid == ancestor;
+}
+
+}  // namespace
+
+absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHello& hello,
+                                                              const PeerCredentials& peer) {
+  // The kernel's word, not the hello's: a process of another user must not get the job's arena,
+  // nor may a process claim another's pid.
+  if (peer.uid != geteuid() && peer.uid != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "uid ", peer.uid, " may not attach: this daemon serves the processes of its own user (uid ",
+        geteuid(), ") and root"));
+  }
+  if (hello.pid() > 0 && hello.pid() != peer.pid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "hello.pid ", hello.pid(), " is not the connecting process's (pid ", peer.pid, ")"));
+  }
   std::shared_ptr<Job> job = ServingJob();
   if (job == nullptr || job->stopped) {
     return absl::UnavailableError("no job is assigned to this worker yet");
@@ -671,7 +709,17 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   // the arena.
   absl::ReleasableMutexLock lock(&job->attach_mu);
   if (job->closing) return absl::UnavailableError("no job is assigned to this worker yet");
-  const int pid = hello.pid() > 0 ? hello.pid() : -1;
+  const int pid = peer.pid > 0 ? peer.pid : -1;
+  // A rank the daemon launched is served to that process or one it started, nothing else.
+  if (!spec.spec().command().empty()) {
+    const pid_t child = job->child_pid.load();
+    if (child == 0) return absl::UnavailableError("the rank's process is starting");
+    if (!DescendsFrom(pid, child)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("pid ", pid, " is not rank ", me.rank(), "'s process (pid ", child,
+                       ") nor one it started: only the job's own processes may attach"));
+    }
+  }
   if (job->attached_connections > 0 && (job->attached_pid != pid || pid == -1)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", me.rank(), " of job ", spec.id(), " already has a training process attached",

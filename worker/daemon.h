@@ -39,6 +39,9 @@ struct DaemonOptions {
   std::string device = "cpu";
   std::string host_name;    // default: gethostname()
   std::string socket_path;  // default: /tmp/ringmaster-worker-<pid>.sock
+  // The socket's group (mode 0660): processes of another user in it may connect, but only the
+  // daemon's own user (or root) is welcomed. "": the daemon's primary group.
+  std::string socket_group;
   // The data plane's network interface (Gloo, NCCL's bootstrap); "": the one that holds the
   // address of the route to the coordinator.
   std::string iface;
@@ -75,7 +78,8 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   void OnSessionOpen(v1::SessionOpen* open) override;
 
   // LocalServer::Handler
-  absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello) override;
+  absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello,
+                                  const PeerCredentials& peer) override;
   void OnEnqueue(const v1::LocalEnqueue& enqueue,
                  std::function<void(const v1::LocalCompletion&)> reply) override;
   void OnRelease(const v1::LocalRelease& release) override;
@@ -102,6 +106,7 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     absl::Mutex send_mu;
     std::unique_ptr<Engine> engine;
     std::unique_ptr<ChildProcess> child;
+    std::atomic<pid_t> child_pid{0};  // child's, once started (OnHello reads it unlocked)
     std::thread waiter;
     std::atomic<bool> started{false};
     std::atomic<bool> stopped{false};

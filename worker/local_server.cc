@@ -1,6 +1,7 @@
 #include "worker/local_server.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -19,9 +20,10 @@ namespace ringmaster {
 
 class LocalConnection {
  public:
-  explicit LocalConnection(int fd) : fd_(fd) {}
+  LocalConnection(int fd, PeerCredentials peer) : fd_(fd), peer_(peer) {}
   ~LocalConnection() { close(fd_); }
   int fd() const { return fd_; }
+  const PeerCredentials& peer() const { return peer_; }
 
   void Send(const v1::LocalReply& reply, int pass_fd = -1) {
     absl::MutexLock lock(&mu_);
@@ -37,12 +39,23 @@ class LocalConnection {
 
  private:
   const int fd_;
+  const PeerCredentials peer_;
   absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& path,
-                                                                Handler* handler) {
+                                                                Handler* handler,
+                                                                const SocketAccess& access) {
+  gid_t group_id = static_cast<gid_t>(-1);
+  if (!access.group.empty()) {
+    const struct group* g = getgrnam(access.group.c_str());
+    if (g == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--socket-group '", access.group, "' is not a group on this host"));
+    }
+    group_id = g->gr_gid;
+  }
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -97,6 +110,18 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::strin
     close(lock_fd);
     return s;
   }
+  // Only the daemon's user and its group may connect, whatever the umask said (the arena goes to
+  // whoever attaches).
+  if (chmod(path.c_str(), access.mode) != 0 ||
+      (group_id != static_cast<gid_t>(-1) &&
+       chown(path.c_str(), static_cast<uid_t>(-1), group_id) != 0)) {
+    absl::Status s = absl::UnavailableError(
+        absl::StrCat("cannot set the mode or group of ", path, ": ", std::strerror(errno)));
+    close(fd);
+    close(lock_fd);
+    unlink(path.c_str());
+    return s;
+  }
   struct stat bound {};
   stat(path.c_str(), &bound);
   auto server = std::unique_ptr<LocalServer>(new LocalServer(path, fd, handler));
@@ -124,7 +149,13 @@ void LocalServer::AcceptLoop() {
     // a write that cannot proceed for 10 s fails and closes the connection.
     timeval send_timeout{10, 0};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
-    auto connection = std::make_shared<LocalConnection>(fd);
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    PeerCredentials peer;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      peer = PeerCredentials{.pid = cred.pid, .uid = cred.uid, .gid = cred.gid};
+    }
+    auto connection = std::make_shared<LocalConnection>(fd, peer);
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     connections_.push_back(connection);
@@ -147,7 +178,8 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
           connection->Send(reply);
           break;
         }
-        absl::StatusOr<Handler::Welcome> welcome = handler_->OnHello(request.hello());
+        absl::StatusOr<Handler::Welcome> welcome =
+            handler_->OnHello(request.hello(), connection->peer());
         if (welcome.ok()) {
           *reply.mutable_welcome() = welcome->message;
           connection->Send(reply, welcome->arena_fd);

@@ -23,6 +23,19 @@ namespace ringmaster {
 
 class LocalConnection;
 
+// Who is on the other end of a connection, as the kernel says (SO_PEERCRED), not as it claims.
+struct PeerCredentials {
+  pid_t pid = -1;
+  uid_t uid = static_cast<uid_t>(-1);
+  gid_t gid = static_cast<gid_t>(-1);
+};
+
+// Who may connect: the socket file's mode, and its group ("": the daemon's own).
+struct SocketAccess {
+  mode_t mode = 0660;
+  std::string group;
+};
+
 class LocalServer {
  public:
   class Handler {
@@ -34,8 +47,10 @@ class LocalServer {
       // its own descriptor (a dup), so the job's arena may go meanwhile.
       int arena_fd = -1;
     };
-    // The welcome for a new training process, or an error to send it (e.g. no job yet).
-    virtual absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello) = 0;
+    // The welcome for a new training process, or an error to send it (e.g. no job yet, or a
+    // `peer` that may not attach).
+    virtual absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello,
+                                            const PeerCredentials& peer) = 0;
     // `reply` may be called from any thread, once per enqueue, even after the connection closed.
     virtual void OnEnqueue(const v1::LocalEnqueue& enqueue,
                            std::function<void(const v1::LocalCompletion&)> reply) = 0;
@@ -53,8 +68,10 @@ class LocalServer {
   // Listens on `path`, holding `path`.lock (flock) until Stop(). A socket file there that nobody
   // answers on (a dead daemon's) is replaced; FAILED_PRECONDITION when another server holds the
   // lock or answers there, or the path is not a socket. `handler` is borrowed.
+  // The socket file gets `access` (INVALID_ARGUMENT for an unknown group).
   static absl::StatusOr<std::unique_ptr<LocalServer>> Start(const std::string& path,
-                                                            Handler* handler);
+                                                            Handler* handler,
+                                                            const SocketAccess& access = {});
   ~LocalServer();  // Stop()s
 
   // Closes the listener and every connection, joins the threads, removes the socket file (only if

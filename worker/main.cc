@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA bundle the coordinator's certificate must chain to, e.g. ca.crt (env "
           "RINGMASTER_TLS_CA)");
 ABSL_FLAG(bool, insecure, false, "plaintext to the coordinator, ignoring RINGMASTER_TLS_*");
+ABSL_FLAG(std::string, socket_group, "",
+          "group of the --socket file (mode 0660; default: the daemon's group): its members may "
+          "connect, and only processes of the daemon's own user are welcomed");
 
 namespace {
 
@@ -98,6 +101,7 @@ int main(int argc, char** argv) {
   }
   options.host_name = absl::GetFlag(FLAGS_host_name);
   options.socket_path = absl::GetFlag(FLAGS_socket);
+  options.socket_group = absl::GetFlag(FLAGS_socket_group);
   options.iface = absl::GetFlag(FLAGS_iface);
   if (options.iface.empty()) options.iface = Env("HOROVOD_GLOO_IFACE");
   const int64_t arena_mb = absl::GetFlag(FLAGS_arena_mb);

@@ -6,6 +6,10 @@
 #include "worker/daemon.h"
 
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -19,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/framing.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "ringmaster/client.h"
@@ -208,6 +213,102 @@ class DaemonTest : public ::testing::Test {
   std::unique_ptr<Daemon> daemon_;
   std::thread runner_;
 };
+
+// A connection to the daemon's socket: -errno when it cannot connect.
+int ConnectTo(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int error = errno;
+    close(fd);
+    return -error;
+  }
+  return fd;
+}
+
+// Says hello on a new connection, claiming `pid`; the reply's completion (the error) or "welcome".
+std::string RawHello(const std::string& path, int pid) {
+  const int fd = ConnectTo(path);
+  if (fd < 0) return absl::StrCat("connect: errno ", -fd);
+  v1::LocalRequest hello;
+  hello.mutable_hello()->set_pid(pid);
+  v1::LocalReply reply;
+  std::string out;
+  if (!WriteFrame(fd, hello).ok() || !ReadFrame(fd, &reply).ok()) {
+    out = "no reply";
+  } else if (reply.has_welcome()) {
+    out = "welcome";
+  } else {
+    out = absl::StrCat(reply.completion().code(), ": ", reply.completion().message());
+  }
+  close(fd);
+  return out;
+}
+
+// In a child process of uid and gid 65534 (nobody): `RawHello(path, getpid())` or the connect
+// error, written to `result`.
+std::string HelloAsNobody(const std::string& path) {
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return "pipe";
+  const pid_t child = fork();
+  if (child == 0) {
+    close(pipe_fds[0]);
+    std::string r = setgid(65534) == 0 && setuid(65534) == 0 ? RawHello(path, getpid())
+                                                             : std::string("setuid failed");
+    (void)!write(pipe_fds[1], r.data(), r.size());
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  std::string result;
+  char buffer[512];
+  for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof(buffer))) > 0;) result.append(buffer, n);
+  close(pipe_fds[0]);
+  waitpid(child, nullptr, 0);
+  return result;
+}
+
+TEST_F(DaemonTest, TheSocketIsTheDaemonsUserAndGroupsOnly) {
+  struct stat st {};
+  ASSERT_EQ(stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a process as another user";
+  Assign({});
+  // Another user cannot even connect...
+  EXPECT_EQ(HelloAsNobody(socket_), absl::StrCat("connect: errno ", EACCES));
+  // ...and where the socket is opened to it (a shared --socket-group), it is still not welcomed:
+  // the kernel says who it is.
+  ASSERT_EQ(chmod(socket_.c_str(), 0666), 0);
+  EXPECT_EQ(HelloAsNobody(socket_),
+            absl::StrCat("7: uid 65534 may not attach: this daemon serves the processes of its "
+                         "own user (uid ",
+                         geteuid(), ") and root"));
+}
+
+TEST_F(DaemonTest, AHelloMustCarryTheConnectingProcesssOwnPid) {
+  Assign({});
+  EXPECT_EQ(RawHello(socket_, 1),
+            absl::StrCat("7: hello.pid 1 is not the connecting process's (pid ", getpid(), ")"));
+  // The same process with its own pid is welcomed, and only then does the rank start.
+  EXPECT_EQ(RawHello(socket_, getpid()), "welcome");
+  std::optional<v1::RankUpdate> started = coordinator_.NextUpdate();
+  ASSERT_TRUE(started.has_value());
+  EXPECT_EQ(started->state(), v1::RANK_STATE_STARTED);
+}
+
+TEST_F(DaemonTest, OnlyTheLaunchedProcessOrItsChildrenMayAttachToItsRank) {
+  Assign({"/bin/sleep", "30"});
+  std::optional<v1::RankUpdate> started = coordinator_.NextUpdate();
+  ASSERT_TRUE(started.has_value());
+  const std::string reply = RawHello(socket_, getpid());
+  EXPECT_TRUE(
+      absl::StartsWith(reply, absl::StrCat("7: pid ", getpid(), " is not rank 0's process (pid ")))
+      << reply;
+  EXPECT_TRUE(
+      absl::EndsWith(reply, ") nor one it started: only the job's own processes may attach"))
+      << reply;
+}
 
 TEST_F(DaemonTest, RegistersItsHostAndDevice) {
   std::vector<v1::RegisterWorkerRequest> r = coordinator_.registrations();

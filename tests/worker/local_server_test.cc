@@ -23,7 +23,8 @@ namespace {
 
 class RecordingHandler : public LocalServer::Handler {
  public:
-  absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello) override {
+  absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello,
+                                  const PeerCredentials& peer) override {
     absl::MutexLock lock(&mu_);
     if (hello.pid() == 666) return absl::FailedPreconditionError("not you");
     Welcome w;
