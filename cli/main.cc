@@ -339,9 +339,16 @@ int Jobs(const Global& g, v1::JobService::Stub& stub, Args& args) {
     }
     request.add_states(state);
   }
+  // Every page, each within the call's limits.
   v1::ListJobsResponse response;
-  grpc::Status status = stub.ListJobs(Context(g).get(), request, &response);
-  if (!status.ok()) Fail(g, status);
+  for (int pages = 0; pages < 10'000; ++pages) {
+    v1::ListJobsResponse one;
+    grpc::Status status = stub.ListJobs(Context(g).get(), request, &one);
+    if (!status.ok()) Fail(g, status);
+    for (v1::Job& job : *one.mutable_jobs()) *response.add_jobs() = std::move(job);
+    if (one.next_page_token().empty()) break;
+    request.set_page_token(one.next_page_token());
+  }
   if (g.json) {
     std::printf("%s\n", Json(response).c_str());
     return 0;

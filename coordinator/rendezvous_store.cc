@@ -32,7 +32,22 @@ absl::Status RendezvousStore::Set(const std::string& scope, const std::string& k
   std::vector<std::pair<WaitCallback, std::vector<std::string>>> ready;
   {
     absl::MutexLock lock(&mu_);
-    data_[scope][key] = std::move(value);
+    absl::flat_hash_map<std::string, std::string>& keys = data_[scope];
+    Usage& usage = usage_[scope];
+    auto existing = keys.find(key);
+    const size_t old_bytes = existing == keys.end() ? 0 : key.size() + existing->second.size();
+    if (existing == keys.end() && keys.size() >= kMaxScopeKeys) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the rendezvous of ", scope, " holds ", keys.size(),
+                       " keys, the most one job epoch may; key '", key.substr(0, 64), "' not set"));
+    }
+    if (usage.bytes - old_bytes + key.size() + value.size() > kMaxScopeBytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the rendezvous of ", scope, " would hold more than ", kMaxScopeBytes >> 20,
+                       " MiB, the most one job epoch may; key '", key.substr(0, 64), "' not set"));
+    }
+    usage.bytes = usage.bytes - old_bytes + key.size() + value.size();
+    keys[key] = std::move(value);
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       std::optional<std::vector<std::string>> values;
       if (it->scope == scope) values = CollectLocked(scope, it->keys);
@@ -41,6 +56,7 @@ absl::Status RendezvousStore::Set(const std::string& scope, const std::string& k
         continue;
       }
       ready.emplace_back(std::move(it->done), *std::move(values));
+      --usage_[it->scope].waiters;
       it = waiters_.erase(it);
     }
   }
@@ -92,9 +108,19 @@ void RendezvousStore::Wait(const std::string& scope, std::vector<std::string> ke
     absl::MutexLock lock(&mu_);
     values = CollectLocked(scope, keys);
     if (!values) {
-      waiters_.push_back(Waiter{scope, std::move(keys), deadline, std::move(done)});
-      return;
+      Usage& usage = usage_[scope];
+      if (usage.waiters < kMaxScopeWaiters) {
+        ++usage.waiters;
+        waiters_.push_back(Waiter{scope, std::move(keys), deadline, std::move(done)});
+        return;
+      }
     }
+  }
+  if (!values) {
+    done(absl::ResourceExhaustedError(absl::StrCat("the rendezvous of ", scope, " has ",
+                                                   kMaxScopeWaiters,
+                                                   " waits parked, the most one job epoch may")));
+    return;
   }
   done(*std::move(values));
 }
@@ -116,6 +142,7 @@ void RendezvousStore::ExpireWaiters(absl::Time now) {
       expired.emplace_back(std::move(it->done), absl::DeadlineExceededError(absl::StrCat(
                                                     "rendezvous wait timed out; keys not set: ",
                                                     absl::StrJoin(missing, ", "))));
+      --usage_[it->scope].waiters;
       it = waiters_.erase(it);
     }
   }
@@ -127,6 +154,7 @@ void RendezvousStore::DropScope(const std::string& scope, const std::string& rea
   {
     absl::MutexLock lock(&mu_);
     data_.erase(scope);
+    usage_.erase(scope);
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->scope != scope) {
         ++it;
@@ -144,6 +172,7 @@ void RendezvousStore::AbortAll(const std::string& reason) {
   {
     absl::MutexLock lock(&mu_);
     waiters.swap(waiters_);
+    for (auto& [scope, usage] : usage_) usage.waiters = 0;
   }
   for (Waiter& w : waiters) w.done(absl::UnavailableError(reason));
 }

@@ -26,18 +26,26 @@ class RendezvousStore {
   static constexpr size_t kMaxKeyBytes = 1024;
   static constexpr size_t kMaxValueBytes = 4 << 20;
   static constexpr size_t kMaxWaitKeys = 4096;
+  // What one job epoch may hold: keys, bytes of keys and values, and parked waits. Far above what
+  // Gloo and NCCL need for kMaxNp ranks per communicator; a caller past them is refused with
+  // RESOURCE_EXHAUSTED and nothing changes.
+  static constexpr size_t kMaxScopeKeys = size_t{1} << 16;
+  static constexpr size_t kMaxScopeBytes = size_t{1} << 30;
+  static constexpr size_t kMaxScopeWaiters = 16384;
 
   // The scope of one job epoch.
   static std::string Scope(const std::string& job_id, int64_t epoch);
 
-  // INVALID_ARGUMENT for an empty or over-long key or an over-long value.
+  // INVALID_ARGUMENT for an empty or over-long key or an over-long value; RESOURCE_EXHAUSTED when
+  // the scope would pass kMaxScopeKeys or kMaxScopeBytes.
   absl::Status Set(const std::string& scope, const std::string& key, std::string value);
   // NOT_FOUND when the key is not set.
   absl::StatusOr<std::string> Get(const std::string& scope, const std::string& key) const;
 
   // Calls `done` with the values of `keys` once all are set (possibly before returning), or with
   // DEADLINE_EXCEEDED naming the missing keys when ExpireWaiters() passes `deadline`, or ABORTED
-  // when the scope is dropped. `done` must not block.
+  // when the scope is dropped, or at once RESOURCE_EXHAUSTED when the scope has kMaxScopeWaiters
+  // waits parked. `done` must not block.
   void Wait(const std::string& scope, std::vector<std::string> keys, absl::Time deadline,
             WaitCallback done);
 
@@ -66,6 +74,11 @@ class RendezvousStore {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, std::string>> data_
       ABSL_GUARDED_BY(mu_);
+  struct Usage {
+    size_t bytes = 0;    // of its keys and values
+    size_t waiters = 0;  // parked in waiters_
+  };
+  absl::flat_hash_map<std::string, Usage> usage_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -75,6 +75,17 @@ absl::StatusOr<Worker> WorkerRegistry::Register(std::string host, std::string de
                                                    "' is not a numeric IPv4 or IPv6 address"));
   }
   if (labels.size() > 64) return absl::InvalidArgumentError("labels has more than 64 entries");
+  for (const auto& [key, value] : labels) {
+    if (key.empty() || key.size() > 63) {
+      return absl::InvalidArgumentError(absl::StrCat("labels key '",
+                                                     absl::CHexEscape(key.substr(0, 64)),
+                                                     "' must be 1..63 bytes; got ", key.size()));
+    }
+    if (value.size() > 256) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "labels['", absl::CHexEscape(key), "'] must be at most 256 bytes; got ", value.size()));
+    }
+  }
   absl::MutexLock lock(&mu_);
   Worker w;
   w.id = absl::StrFormat("worker-%06d", next_id_++);

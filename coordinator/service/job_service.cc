@@ -385,10 +385,37 @@ grpc::ServerUnaryReactor* JobService::ListJobs(grpc::CallbackServerContext* cont
     }
     states.push_back(state);
   }
+  constexpr int kDefaultPage = 100, kMaxPage = 1000;
+  constexpr size_t kMaxReplyBytes = size_t{4} << 20;
+  if (request->page_size() < 0 || request->page_size() > kMaxPage) {
+    return Done(context,
+                absl::InvalidArgumentError(absl::StrCat("page_size ", request->page_size(),
+                                                        " is out of bounds [0, ", kMaxPage, "]")));
+  }
+  const int page = request->page_size() == 0 ? kDefaultPage : request->page_size();
+  // Newest first, ids increasing with age: the page starts after the token's job (a job id).
+  bool started = request->page_token().empty();
+  size_t bytes = 0;
   for (const Job& job : coordinator_.ListJobs(states)) {
     // Each user sees their own jobs; admins see all.
     if (!caller->admin && (caller->worker || job.owner != caller->name)) continue;
-    ToClient(job, response->add_jobs());
+    if (!started) {
+      started = job.id == request->page_token();
+      continue;
+    }
+    if (response->jobs_size() == page || (response->jobs_size() > 0 && bytes >= kMaxReplyBytes)) {
+      response->set_next_page_token(response->jobs(response->jobs_size() - 1).id());
+      break;
+    }
+    v1::Job* out = response->add_jobs();
+    ToClient(job, out);
+    bytes += out->ByteSizeLong();
+  }
+  if (!started) {
+    return Done(context, absl::InvalidArgumentError(absl::StrCat(
+                             "page_token '", request->page_token().substr(0, 64),
+                             "' is not a job of this listing (it ended, or the listing changed): "
+                             "list again from the first page")));
   }
   return Done(context, absl::OkStatus());
 }

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -190,6 +191,60 @@ TEST(RendezvousStoreTest, CallbackMayUseTheStore) {
   });
   ASSERT_TRUE(store.Set("s", "a", "hi").ok());
   EXPECT_EQ(seen, "hi!");
+}
+
+}  // namespace
+}  // namespace ringmaster
+
+namespace ringmaster {
+namespace {
+
+TEST(RendezvousStoreBoundsTest, AJobEpochHoldsAtMostItsKeysBytesAndWaits) {
+  RendezvousStore store;
+  const std::string scope = RendezvousStore::Scope("job-000001", 1);
+  for (size_t i = 0; i < RendezvousStore::kMaxScopeKeys; ++i) {
+    ASSERT_TRUE(store.Set(scope, absl::StrCat("k", i), "v").ok()) << i;
+  }
+  absl::Status s = store.Set(scope, "one-more", "v");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "the rendezvous of job-000001/1 holds 65536 keys, the most one job epoch "
+            "may; key 'one-more' not set");
+  EXPECT_EQ(store.Get(scope, "one-more").status().code(), absl::StatusCode::kNotFound);
+  // A key already there may be set again; another job's epoch is not affected.
+  EXPECT_TRUE(store.Set(scope, "k7", "w").ok());
+  EXPECT_EQ(*store.Get(scope, "k7"), "w");
+  const std::string other = RendezvousStore::Scope("job-000002", 1);
+  EXPECT_TRUE(store.Set(other, "k", "v").ok());
+
+  // Bytes: 256 values of 4 MiB fill 1 GiB; the next one is refused.
+  const std::string big(RendezvousStore::kMaxValueBytes, 'x');
+  for (int i = 0; i < 255; ++i) ASSERT_TRUE(store.Set(other, absl::StrCat("b", i), big).ok()) << i;
+  s = store.Set(other, "b255", big);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "the rendezvous of job-000002/1 would hold more than 1024 MiB, the most "
+            "one job epoch may; key 'b255' not set");
+  // Dropping the scope gives it all back.
+  store.DropScope(other, "ended");
+  EXPECT_TRUE(store.Set(other, "b255", big).ok());
+
+  // Waits: kMaxScopeWaiters parked, then refused at once.
+  int aborted = 0;
+  const absl::Time later = absl::Now() + absl::Hours(1);
+  for (size_t i = 0; i < RendezvousStore::kMaxScopeWaiters; ++i) {
+    store.Wait(scope, {"never"}, later, [&](absl::StatusOr<std::vector<std::string>> v) {
+      if (v.status().code() == absl::StatusCode::kAborted) ++aborted;
+    });
+  }
+  absl::Status refused;
+  store.Wait(scope, {"never"}, later,
+             [&](absl::StatusOr<std::vector<std::string>> v) { refused = v.status(); });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.message(),
+            "the rendezvous of job-000001/1 has 16384 waits parked, the most one job epoch may");
+  store.DropScope(scope, "ended");
+  EXPECT_EQ(aborted, 16384);
 }
 
 }  // namespace

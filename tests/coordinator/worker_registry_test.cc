@@ -135,6 +135,20 @@ TEST_F(WorkerRegistryTest, TheDataPlaneAddressIsKeptAndMustBeNumeric) {
   EXPECT_EQ(registry_.List().size(), 3u);
 }
 
+TEST_F(WorkerRegistryTest, LabelsAreBoundedAndNothingIsRegisteredPastTheBounds) {
+  absl::StatusOr<Worker> w =
+      registry_.Register("h", "cpu", {{"zone", std::string(10 << 20, 'x')}});  // a 10 MB label
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.status().message(), "labels['zone'] must be at most 256 bytes; got 10485760");
+  w = registry_.Register("h", "cpu", {{std::string(64, 'k'), "v"}});
+  EXPECT_EQ(w.status().message(),
+            absl::StrCat("labels key '", std::string(64, 'k'), "' must be 1..63 bytes; got 64"));
+  w = registry_.Register("h", "cpu", {{"", "v"}});
+  EXPECT_EQ(w.status().message(), "labels key '' must be 1..63 bytes; got 0");
+  EXPECT_TRUE(registry_.List().empty());
+  EXPECT_TRUE(registry_.Register("h", "cpu", {{std::string(63, 'k'), std::string(256, 'v')}}).ok());
+}
+
 TEST_F(WorkerRegistryTest, ASessionProofIsTheRegisteringIdentityAndItsIssuedSecret) {
   absl::StatusOr<Worker> w = registry_.Register("host-a", "cpu", {}, 0, "", "host-a-cert");
   ASSERT_TRUE(w.ok()) << w.status();

@@ -1,5 +1,6 @@
 // The coordinator's gRPC services on an in-process server with real channels: simulated workers
 // hold real Session streams and negotiate multi-step jobs end to end.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -360,6 +361,46 @@ TEST_F(ServiceTest, RendezvousRelaysTheNcclIdAndTimesOutWithTheMissingKeys) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_EQ(s.error_message(), absl::StrCat("epoch ", epoch + 1, " of job ", job.id(),
                                             " is stale; the job is at epoch ", epoch));
+}
+
+TEST_F(ServiceTest, ListJobsPagesNewestFirstWithinItsBounds) {
+  for (int i = 0; i < 250; ++i) Submit(1);
+  std::vector<std::string> ids;
+  v1::ListJobsRequest request;
+  std::vector<int> sizes;
+  for (int pages = 0; pages < 10; ++pages) {
+    v1::ListJobsResponse page;
+    grpc::Status s = jobs_->ListJobs(Ctx().get(), request, &page);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    sizes.push_back(page.jobs_size());
+    for (const v1::Job& j : page.jobs()) ids.push_back(j.id());
+    if (page.next_page_token().empty()) break;
+    EXPECT_EQ(page.next_page_token(), ids.back());
+    request.set_page_token(page.next_page_token());
+  }
+  EXPECT_EQ(sizes, (std::vector<int>{100, 100, 50}));
+  ASSERT_EQ(ids.size(), 250u);
+  EXPECT_EQ(ids.front(), "job-000250");
+  EXPECT_EQ(ids.back(), "job-000001");
+  EXPECT_TRUE(std::is_sorted(ids.rbegin(), ids.rend()));
+
+  request.Clear();
+  request.set_page_size(7);
+  v1::ListJobsResponse page;
+  ASSERT_TRUE(jobs_->ListJobs(Ctx().get(), request, &page).ok());
+  EXPECT_EQ(page.jobs_size(), 7);
+  EXPECT_EQ(page.next_page_token(), "job-000244");
+  request.set_page_size(1001);
+  grpc::Status s = jobs_->ListJobs(Ctx().get(), request, &page);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "page_size 1001 is out of bounds [0, 1000]");
+  request.set_page_size(0);
+  request.set_page_token("job-999999");
+  s = jobs_->ListJobs(Ctx().get(), request, &page);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(),
+            "page_token 'job-999999' is not a job of this listing (it ended, or the listing "
+            "changed): list again from the first page");
 }
 
 class LeaseTest : public ServiceTest {
