@@ -56,6 +56,11 @@ struct NegotiatorStats {
 
 class Negotiator {
  public:
+  // The most tensors one job may have in negotiation at once (submitted by some ranks, not yet by
+  // all). A model's step has hundreds; past this, a new name is an error to the rank that sent
+  // it, so a rank that never stops sending names no other rank sends cannot grow the coordinator.
+  static constexpr size_t kMaxPending = 65536;
+
   explicit Negotiator(NegotiatorOptions options);
 
   Negotiator(const Negotiator&) = delete;

@@ -805,6 +805,30 @@ TEST_F(NegotiatorTest, MismatchedTensorDoesNotFuseWithHealthyOnes) {
 
 // ---- Rank-only errors ----
 
+TEST_F(NegotiatorTest, ARankCannotGrowThePendingTableBeyondItsBound) {
+  Negotiator n(Options(2));
+  std::vector<TensorRequest> batch;
+  for (size_t i = 0; i < Negotiator::kMaxPending; ++i) batch.push_back(Allreduce(absl::StrCat("t", i)));
+  Submit(n, 0, std::move(batch));
+  EXPECT_FALSE(Poll(n).has_value());  // all waiting for rank 1
+  Submit(n, 0, {Allreduce("one-more")});
+  std::optional<CycleOutput> out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->notices[0].errors, SizeIs(1));
+  EXPECT_EQ(out->notices[0].errors[0].error_message,
+            "Tensor 'one-more' was not accepted: 65536 tensors are in negotiation in this job, the "
+            "most one job may (did the other ranks submit the tensors rank 0 (node-a) "
+            "submitted?)");
+  // Rank 1 completing one makes room again; its own names already pending are always taken.
+  Submit(n, 1, {Allreduce("t0")});
+  clock_.Advance(absl::Seconds(1));  // past the cycle time: others are still partly submitted
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_THAT(Names(*out), ElementsAre(ElementsAre("t0")));
+  Submit(n, 0, {Allreduce("one-more")});
+  EXPECT_FALSE(Poll(n).has_value());  // accepted: pending, waiting for rank 1
+}
+
 TEST_F(NegotiatorTest, DuplicateInFlightNameIsAnErrorForThatRankOnly) {
   Negotiator n(Options(2));
   Submit(n, 0, {Allreduce("a")});
