@@ -42,6 +42,11 @@ std::string ArtifactStore::PathOf(const std::string& job_id, const std::string& 
   return absl::StrCat(JobDir(job_id), "/", name);
 }
 
+void ArtifactStore::Remove(const std::string& job_id) const {
+  std::error_code error;
+  fs::remove_all(JobDir(job_id), error);
+}
+
 absl::Status ArtifactStore::Reset(const std::string& job_id) const {
   std::error_code error;
   // The root and its parent (the user's directory of every coordinator's roots) are private to

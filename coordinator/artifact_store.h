@@ -35,6 +35,8 @@ class ArtifactStore {
 
   // Empties (creating) the job's directory: called when the job starts.
   absl::Status Reset(const std::string& job_id) const;
+  // Removes the job's directory and what it holds.
+  void Remove(const std::string& job_id) const;
 
   // The path to write artifact `name` of the job to.
   std::string PathOf(const std::string& job_id, const std::string& name) const;

@@ -70,6 +70,11 @@ struct CoordinatorOptions {
   absl::Duration resume_timeout = absl::Minutes(1);
   // How often Tick() expires leases, checks stalls and expires rendezvous waiters.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);
+  // Ended jobs are kept this long after they ended, and at most this many, then removed with their
+  // logs and artifacts (the oldest first; checked every `retention_check` on the executor).
+  absl::Duration job_retention = absl::Hours(24 * 7);
+  int64_t max_ended_jobs = 10'000;
+  absl::Duration retention_check = absl::Minutes(1);
   // Output kept per rank (oldest dropped first), and by all jobs together (ended jobs' logs
   // dropped, oldest first, beyond it).
   int64_t log_bytes_per_rank = int64_t{4} << 20;
@@ -325,6 +330,9 @@ class Coordinator {
   void NoteFirstCycleAfterRestore(JobRuntime& runtime);
   // Fails the restoring jobs whose ranks did not all reattach within the resume timeout.
   void FailJobsThatDidNotResume(absl::Time now);
+  // Removes the ended jobs past the retention, with their logs and artifacts. On the executor
+  // (store writes, file removal).
+  void EvictEndedJobs(absl::Time now);
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
@@ -332,6 +340,9 @@ class Coordinator {
   MetricsRegistry metrics_;
   const absl::Duration heartbeat_interval_;
   const absl::Duration housekeeping_interval_;
+  const absl::Duration job_retention_;
+  const int64_t max_ended_jobs_;
+  const absl::Duration retention_check_;
   const absl::Duration failure_settle_;
   const absl::Duration start_timeout_;
   const absl::Duration resume_timeout_;
@@ -370,6 +381,7 @@ class Coordinator {
   absl::flat_hash_map<std::string, absl::Time> resume_deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, WorkerChannel*> channels_ ABSL_GUARDED_BY(mu_);
   absl::Time last_housekeeping_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_retention_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace ringmaster

@@ -94,7 +94,29 @@ absl::Time Coordinator::NextDeadline() const {
   return next;
 }
 
+void Coordinator::EvictEndedJobs(absl::Time now) {
+  const std::vector<std::string> evicted = jobs_.Evict(now, job_retention_, max_ended_jobs_);
+  for (const std::string& id : evicted) {
+    logs_.Remove(id);
+    artifacts_.Remove(id);
+  }
+  if (!evicted.empty()) {
+    spdlog::info("removed {} ended jobs past the retention ({} or {} ended jobs), the oldest {}",
+                 evicted.size(), absl::FormatDuration(job_retention_), max_ended_jobs_,
+                 evicted.front());
+  }
+}
+
 void Coordinator::Housekeeping(absl::Time now) {
+  bool check_retention = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (now - last_retention_check_ >= retention_check_) {
+      last_retention_check_ = now;
+      check_retention = true;
+    }
+  }
+  if (check_retention) slow_.Post([this, now] { EvictEndedJobs(now); });
   // Before leases: a restored worker that did not come back is lost at the same deadline, and the
   // job's reason should name every rank missing.
   FailJobsThatDidNotResume(now);

@@ -72,6 +72,18 @@ class EtcdJobStore final : public JobStore {
     return Decode(out.kvs(0));
   }
 
+  absl::Status Delete(const std::string& id) override {
+    etcdserverpb::DeleteRangeRequest r;
+    r.set_key(jobs_ + id);
+    etcdserverpb::DeleteRangeResponse out;
+    absl::Status s = Call([&](etcdserverpb::KV::Stub& kv, grpc::ClientContext& c) {
+      return kv.DeleteRange(&c, r, &out);
+    });
+    if (!s.ok())
+      return absl::UnavailableError(absl::StrCat("deleting job ", id, ": ", s.message()));
+    return absl::OkStatus();
+  }
+
   std::vector<Job> List() const override {
     std::vector<Job> jobs;
     if (absl::Status s = ListAll(&jobs); !s.ok()) {

@@ -74,6 +74,29 @@ absl::StatusOr<Job> JobRegistry::LoadLocked(const std::string& id) const {
   return store_->Get(id);
 }
 
+std::vector<std::string> JobRegistry::Evict(absl::Time now, absl::Duration retention,
+                                            int64_t max_ended) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Job> jobs = store_->List();  // oldest first
+  std::vector<std::string> evicted;
+  if (jobs.empty()) return evicted;
+  int64_t ended = 0;
+  for (const Job& job : jobs) ended += IsTerminal(job.state) ? 1 : 0;
+  for (size_t i = 0; i + 1 < jobs.size(); ++i) {  // never the newest
+    const Job& job = jobs[i];
+    if (!IsTerminal(job.state)) continue;
+    if (job.update_time > now - retention && ended <= max_ended) continue;
+    if (absl::Status s = store_->Delete(job.id); !s.ok()) {
+      spdlog::warn("job {} not evicted: {}", job.id, s.ToString());
+      continue;
+    }
+    --ended;
+    watchers_.erase(job.id);
+    evicted.push_back(job.id);
+  }
+  return evicted;
+}
+
 absl::StatusOr<Job> JobRegistry::Get(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   return LoadLocked(id);

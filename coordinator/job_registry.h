@@ -37,6 +37,10 @@ class JobRegistry {
   absl::StatusOr<Job> Register(JobSpec spec, std::string owner = "");
 
   absl::StatusOr<Job> Get(const std::string& id) const;
+  // Removes ended jobs that ended at or before `now - retention`, and the oldest ended ones beyond
+  // `max_ended` ended jobs; returns their ids. The newest job is always kept: it carries the
+  // highest id, from which a restarted coordinator numbers new jobs (an id is never used twice).
+  std::vector<std::string> Evict(absl::Time now, absl::Duration retention, int64_t max_ended);
   // Newest first; only jobs in `states` when it is not empty.
   std::vector<Job> List(const std::vector<JobState>& states) const;
 

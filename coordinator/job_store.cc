@@ -33,6 +33,16 @@ class InMemoryJobStore : public JobStore {
     return jobs_;
   }
 
+  absl::Status Delete(const std::string& id) override {
+    absl::MutexLock lock(&mu_);
+    auto it = index_.find(id);
+    if (it == index_.end()) return absl::OkStatus();
+    jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(it->second));
+    index_.clear();
+    for (size_t i = 0; i < jobs_.size(); ++i) index_[jobs_[i].id] = i;
+    return absl::OkStatus();
+  }
+
  private:
   mutable absl::Mutex mu_;
   std::vector<Job> jobs_ ABSL_GUARDED_BY(mu_);  // in creation order

@@ -21,6 +21,8 @@ class JobStore {
   virtual absl::StatusOr<Job> Get(const std::string& id) const = 0;
   // Every job, oldest first.
   virtual std::vector<Job> List() const = 0;
+  // Removes the job with `id` (OK when there is none).
+  virtual absl::Status Delete(const std::string& id) = 0;
 
   static std::unique_ptr<JobStore> InMemory();
 };

@@ -148,6 +148,22 @@ void LogStore::EndDue() {
   for (const auto& s : notify) (*s)();
 }
 
+void LogStore::Remove(const std::string& job_id) {
+  std::vector<std::shared_ptr<Subscriber>> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return;
+    notify = EndLocked(job_id, it->second);
+    for (auto& [rank, r] : it->second.ranks) total_bytes_ -= r.bytes;
+    jobs_.erase(it);
+    ended_order_.erase(std::remove(ended_order_.begin(), ended_order_.end(), job_id),
+                       ended_order_.end());
+    if (journal_ != nullptr) journal_->Remove(job_id);
+  }
+  for (const auto& s : notify) (*s)();
+}
+
 void LogStore::EvictLocked() {
   while (total_bytes_ > max_total_bytes_ && !ended_order_.empty()) {
     auto it = jobs_.find(ended_order_.front());

@@ -85,6 +85,8 @@ class LogStore {
   // shorter linger wins); creates the log when the job never had output.
   void End(const std::string& job_id, absl::Duration linger = absl::ZeroDuration());
   void EndDue();
+  // Forgets the job's log (and its journal file): the job was removed. Its followers finish.
+  void Remove(const std::string& job_id);
 
   // Chunks of `rank` (or kAllRanks) with after < seq <= until, oldest first, up to `max_bytes` of
   // data (at least one chunk when any is left). A job without output reads as empty.

@@ -64,6 +64,10 @@ ABSL_FLAG(
     "$TMPDIR/ringmaster-artifacts-UID/HOST-PORT of --listen, or .../pid-PID for port 0; TMPDIR "
     "defaulting to /tmp)");
 
+ABSL_FLAG(absl::Duration, job_retention, absl::Hours(24 * 7),
+          "an ended job is kept (with its logs and artifacts) this long after it ended, e.g. 24h");
+ABSL_FLAG(int64_t, max_ended_jobs, 10000,
+          "at most this many ended jobs are kept; the oldest go first");
 ABSL_FLAG(std::string, state_dir, "",
           "keep jobs (specs, states, reasons, events, assignments) in a SQLite database in this "
           "directory, so they survive a restart (artifacts default to DIR/artifacts); empty: in "
@@ -109,6 +113,14 @@ int main(int argc, char** argv) {
   options.start_timeout = absl::GetFlag(FLAGS_start_timeout);
   if (options.start_timeout <= absl::ZeroDuration()) {
     std::fprintf(stderr, "ringmaster-coordinator: --start-timeout must be positive\n");
+    return 2;
+  }
+  options.job_retention = absl::GetFlag(FLAGS_job_retention);
+  options.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
+  if (options.job_retention <= absl::ZeroDuration() || options.max_ended_jobs < 1) {
+    std::fprintf(stderr,
+                 "ringmaster-coordinator: --job-retention must be positive and --max-ended-jobs "
+                 "at least 1\n");
     return 2;
   }
   options.resume_timeout = absl::GetFlag(FLAGS_resume_timeout);

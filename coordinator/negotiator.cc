@@ -231,10 +231,11 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
   }
   if (pending_.size() >= kMaxPending && !pending_.contains(request.name)) {
     RankError(rank, request.name,
-              absl::StrCat("Tensor '", request.name.substr(0, 256), "' was not accepted: ",
-                           pending_.size(), " tensors are in negotiation in this job, the most one "
-                           "job may (did the other ranks submit the tensors ", RankName(rank),
-                           " submitted?)"));
+              absl::StrCat("Tensor '", request.name.substr(0, 256),
+                           "' was not accepted: ", pending_.size(),
+                           " tensors are in negotiation in this job, the most one "
+                           "job may (did the other ranks submit the tensors ",
+                           RankName(rank), " submitted?)"));
     return;
   }
   auto [it, inserted] = pending_.try_emplace(request.name);

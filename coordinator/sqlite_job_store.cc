@@ -56,6 +56,19 @@ class SqliteJobStore final : public JobStore {
     return job;
   }
 
+  absl::Status Delete(const std::string& id) override {
+    absl::MutexLock lock(&mu_);
+    sqlite3_stmt* del = nullptr;
+    int rc = sqlite3_prepare_v2(db_, "DELETE FROM jobs WHERE id = ?1", -1, &del, nullptr);
+    if (rc == SQLITE_OK) {
+      sqlite3_bind_text(del, 1, id.data(), static_cast<int>(id.size()), SQLITE_STATIC);
+      rc = sqlite3_step(del);
+    }
+    sqlite3_finalize(del);
+    if (rc != SQLITE_DONE) return Error("deleting job " + id);
+    return absl::OkStatus();
+  }
+
   std::vector<Job> List() const override {
     absl::MutexLock lock(&mu_);
     std::vector<Job> jobs;

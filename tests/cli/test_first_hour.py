@@ -158,7 +158,7 @@ def submit(cluster, coordinator, *args, **kw):
                                 "--start-timeout", "--state-dir", "--resume-timeout", "--store",
                                 "--tls-cert", "--tls-key", "--tls-ca", "--token-file",
                                 "--admin-group", "--worker-group", "--insecure",
-                                "--insecure-allow-remote"]),
+                                "--insecure-allow-remote", "--job-retention", "--max-ended-jobs"]),
     ("ringmaster-worker", ["--coordinator", "--device", "--host-name", "--socket", "--iface",
                            "--metrics-listen", "--arena-mb", "--collective-timeout-seconds", "--log-level",
                            "--coordinator-grace", "--tls-cert", "--tls-key", "--tls-ca",

@@ -28,6 +28,7 @@ class SharedStore : public JobStore {
   absl::Status Put(const Job& job) override { return store_->Put(job); }
   absl::StatusOr<Job> Get(const std::string& id) const override { return store_->Get(id); }
   std::vector<Job> List() const override { return store_->List(); }
+  absl::Status Delete(const std::string& id) override { return store_->Delete(id); }
 
  private:
   std::shared_ptr<JobStore> store_;

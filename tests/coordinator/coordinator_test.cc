@@ -1253,3 +1253,47 @@ TEST(CoordinatorExecutorTest, SlowWorkWaitsForTheExecutorAndACancelledPlacementS
 
 }  // namespace
 }  // namespace ringmaster
+
+namespace ringmaster {
+namespace {
+
+TEST(CoordinatorRetentionTest, EndedJobsAreRemovedPastTheirRetentionAndCountButIdsAreNeverReused) {
+  FakeClock clock;
+  CoordinatorOptions o;
+  o.clock = &clock;
+  o.artifacts_dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
+                                 "/coordinator_retention_test_", getpid());
+  o.job_retention = absl::Hours(1);
+  o.max_ended_jobs = 2;
+  o.retention_check = absl::Seconds(1);
+  Coordinator coordinator(std::move(o));
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<Job> job = coordinator.RegisterJob(Spec(1));
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_TRUE(coordinator.CancelJob(job->id, "done").ok());
+    clock.Advance(absl::Seconds(1));
+  }
+  coordinator.Tick();  // 4 ended, 2 kept: the two oldest go
+  auto ids = [&] {
+    std::vector<std::string> out;
+    for (const Job& j : coordinator.ListJobs({})) out.push_back(j.id);
+    return out;
+  };
+  EXPECT_THAT(ids(), ElementsAre("job-000004", "job-000003"));
+  EXPECT_EQ(coordinator.GetJob("job-000001").status().code(), absl::StatusCode::kNotFound);
+  // An hour on, job-000003 has passed its retention; the newest job is kept whatever its age, so
+  // that a restarted coordinator numbers on from it.
+  clock.Advance(absl::Hours(2));
+  coordinator.Tick();
+  EXPECT_THAT(ids(), ElementsAre("job-000004"));
+  absl::StatusOr<Job> next = coordinator.RegisterJob(Spec(1));
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->id, "job-000005");
+  std::error_code error;
+  std::filesystem::remove_all(absl::StrCat(std::filesystem::temp_directory_path().string(),
+                                           "/coordinator_retention_test_", getpid()),
+                              error);
+}
+
+}  // namespace
+}  // namespace ringmaster

@@ -808,7 +808,8 @@ TEST_F(NegotiatorTest, MismatchedTensorDoesNotFuseWithHealthyOnes) {
 TEST_F(NegotiatorTest, ARankCannotGrowThePendingTableBeyondItsBound) {
   Negotiator n(Options(2));
   std::vector<TensorRequest> batch;
-  for (size_t i = 0; i < Negotiator::kMaxPending; ++i) batch.push_back(Allreduce(absl::StrCat("t", i)));
+  for (size_t i = 0; i < Negotiator::kMaxPending; ++i)
+    batch.push_back(Allreduce(absl::StrCat("t", i)));
   Submit(n, 0, std::move(batch));
   EXPECT_FALSE(Poll(n).has_value());  // all waiting for rank 1
   Submit(n, 0, {Allreduce("one-more")});
