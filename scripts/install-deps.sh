@@ -6,7 +6,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ccache pkg-config git clang-format
+  build-essential cmake ccache pkg-config git clang-format clang
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libssl-dev openssl
   libgtest-dev libgmock-dev
