@@ -73,6 +73,8 @@ struct CoordinatorOptions {
   // Ended jobs are kept this long after they ended, and at most this many, then removed with their
   // logs and artifacts (the oldest first; checked every `retention_check` on the executor).
   absl::Duration job_retention = absl::Hours(24 * 7);
+  // At most this many jobs that have not ended (RegisterJob: RESOURCE_EXHAUSTED past it).
+  int64_t max_active_jobs = 1000;
   int64_t max_ended_jobs = 10'000;
   absl::Duration retention_check = absl::Minutes(1);
   // Output kept per rank (oldest dropped first), and by all jobs together (ended jobs' logs

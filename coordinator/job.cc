@@ -97,6 +97,19 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return absl::InvalidArgumentError("spec.working_dir is longer than 4096 bytes");
   }
   if (absl::Status s = ValidateMap(spec.labels, "labels", 64, 63, 256); !s.ok()) return s;
+  // Each field has its bound; together they are bounded too, so that the jobs the coordinator
+  // holds (--max-active-jobs of them) have a bounded size.
+  size_t bytes = spec.name.size() + spec.working_dir.size();
+  for (const std::string& arg : spec.command) bytes += arg.size();
+  for (const auto& [k, v] : spec.env) bytes += k.size() + v.size();
+  for (const auto& [k, v] : spec.labels) bytes += k.size() + v.size();
+  if (bytes > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec holds ", bytes,
+                     " bytes of command, env, labels, name and working_dir; at "
+                     "most ",
+                     kMaxSpecBytes));
+  }
   if (absl::Status s = ValidateKnobs(spec.knobs); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec.", s.message()));
   }

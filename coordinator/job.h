@@ -96,6 +96,8 @@ struct Job {
 };
 
 inline constexpr int32_t kMaxNp = 4096;
+// The most bytes of strings one job spec may hold (command, env, labels, name, working_dir).
+inline constexpr size_t kMaxSpecBytes = size_t{256} << 10;
 
 bool IsTerminal(JobState state);
 absl::string_view JobStateName(JobState state);  // "PENDING", ...

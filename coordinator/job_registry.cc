@@ -32,8 +32,8 @@ bool Allowed(JobState from, JobState to) {
 
 }  // namespace
 
-JobRegistry::JobRegistry(std::unique_ptr<JobStore> store, Clock* clock)
-    : clock_(clock), store_(std::move(store)) {
+JobRegistry::JobRegistry(std::unique_ptr<JobStore> store, Clock* clock, int64_t max_active)
+    : clock_(clock), store_(std::move(store)), max_active_(max_active) {
   // A durable store may hold jobs of an earlier run: ids go on after the highest one. Pending jobs
   // wait to be placed as before; the coordinator resumes those that were starting or running.
   absl::MutexLock lock(&mu_);
@@ -42,6 +42,7 @@ JobRegistry::JobRegistry(std::unique_ptr<JobStore> store, Clock* clock)
     if (absl::StartsWith(job.id, "job-") && absl::SimpleAtoi(job.id.substr(4), &number)) {
       next_job_ = std::max(next_job_, number + 1);
     }
+    if (!IsTerminal(job.state)) active_.insert(job.id);
   }
 }
 
@@ -55,6 +56,12 @@ absl::StatusOr<Job> JobRegistry::Register(JobSpec spec, std::string owner) {
   Job job;
   {
     absl::MutexLock lock(&mu_);
+    if (static_cast<int64_t>(active_.size()) >= max_active_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the coordinator holds ", active_.size(),
+          " jobs that have not ended, the most it takes (--max-active-jobs): wait for some to end, "
+          "or cancel some"));
+    }
     job.id = absl::StrFormat("job-%06d", next_job_++);
     job.spec = std::move(spec);
     job.owner = std::move(owner);
@@ -121,6 +128,12 @@ std::vector<std::shared_ptr<JobRegistry::Watcher>> JobRegistry::CommitLocked(Job
                                                                              std::string message) {
   job.update_time = clock_->Now();
   job.events.push_back(JobEvent{job.update_time, job.state, std::move(message)});
+  if (IsTerminal(job.state)) {
+    active_.erase(job.id);
+    for (auto& [name, value] : job.spec.env) value.clear();  // no rank needs them any more
+  } else {
+    active_.insert(job.id);
+  }
   // The in-memory store cannot fail; a durable one's error is logged here and refuses a
   // registration (Register checks last_put_).
   last_put_ = store_->Put(job);

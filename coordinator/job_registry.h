@@ -15,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
@@ -30,10 +31,13 @@ class JobRegistry {
   using Watcher = std::function<void(const Job& job, const JobEvent& event)>;
 
   // `clock` is borrowed and must outlive the registry.
-  JobRegistry(std::unique_ptr<JobStore> store, Clock* clock);
+  // At most `max_active` jobs that have not ended are held: Register refuses more.
+  JobRegistry(std::unique_ptr<JobStore> store, Clock* clock, int64_t max_active = 1000);
 
   // Validates the spec (INVALID_ARGUMENT naming the field), fills in nothing else, and records a
-  // new PENDING job owned by `owner` (at most 256 bytes).
+  // new PENDING job owned by `owner` (at most 256 bytes). RESOURCE_EXHAUSTED when max_active jobs
+  // have not ended. A job that ends keeps its environment's names, not their values (secrets are
+  // kept no longer than needed).
   absl::StatusOr<Job> Register(JobSpec spec, std::string owner = "");
 
   absl::StatusOr<Job> Get(const std::string& id) const;
@@ -78,6 +82,8 @@ class JobRegistry {
   absl::Mutex notify_mu_ ABSL_ACQUIRED_AFTER(mu_);
   const std::unique_ptr<JobStore> store_ ABSL_PT_GUARDED_BY(mu_);
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
+  const int64_t max_active_;
+  absl::flat_hash_set<std::string> active_ ABSL_GUARDED_BY(mu_);  // jobs not ended
   absl::Status last_put_ ABSL_GUARDED_BY(mu_);  // how the last CommitLocked's write went
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<std::string, absl::flat_hash_map<int64_t, std::shared_ptr<Watcher>>> watchers_

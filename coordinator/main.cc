@@ -66,6 +66,9 @@ ABSL_FLAG(
 
 ABSL_FLAG(absl::Duration, job_retention, absl::Hours(24 * 7),
           "an ended job is kept (with its logs and artifacts) this long after it ended, e.g. 24h");
+ABSL_FLAG(int64_t, max_active_jobs, 1000,
+          "at most this many jobs that have not ended are taken; more are refused "
+          "(RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, max_ended_jobs, 10000,
           "at most this many ended jobs are kept; the oldest go first");
 ABSL_FLAG(std::string, state_dir, "",
@@ -117,10 +120,12 @@ int main(int argc, char** argv) {
   }
   options.job_retention = absl::GetFlag(FLAGS_job_retention);
   options.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
-  if (options.job_retention <= absl::ZeroDuration() || options.max_ended_jobs < 1) {
+  options.max_active_jobs = absl::GetFlag(FLAGS_max_active_jobs);
+  if (options.job_retention <= absl::ZeroDuration() || options.max_ended_jobs < 1 ||
+      options.max_active_jobs < 1) {
     std::fprintf(stderr,
-                 "ringmaster-coordinator: --job-retention must be positive and --max-ended-jobs "
-                 "at least 1\n");
+                 "ringmaster-coordinator: --job-retention must be positive, --max-ended-jobs and "
+                 "--max-active-jobs at least 1\n");
     return 2;
   }
   options.resume_timeout = absl::GetFlag(FLAGS_resume_timeout);

@@ -431,3 +431,46 @@ TEST(JobStateNameTest, NamesAndTerminality) {
 
 }  // namespace
 }  // namespace ringmaster
+
+namespace ringmaster {
+namespace {
+
+TEST(JobRegistryBoundsTest, AtMostMaxActiveJobsAndTheSlotsComeBackWhenJobsEnd) {
+  FakeClock clock;
+  JobRegistry registry(JobStore::InMemory(), &clock, /*max_active=*/3);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(registry.Register(ValidSpec())->id);
+  absl::StatusOr<Job> refused = registry.Register(ValidSpec());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.status().message(),
+            "the coordinator holds 3 jobs that have not ended, the most it takes "
+            "(--max-active-jobs): wait for some to end, or cancel some");
+  EXPECT_EQ(registry.List({}).size(), 3u);  // nothing recorded
+  ASSERT_TRUE(registry.Transition(ids[0], JobState::kCancelled, "cancelled").ok());
+  absl::StatusOr<Job> next = registry.Register(ValidSpec());
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->id, "job-000004");
+}
+
+TEST(JobRegistryBoundsTest, ASpecIsBoundedAsAWholeAndAnEndedJobKeepsNoEnvironmentValues) {
+  FakeClock clock;
+  JobRegistry registry(JobStore::InMemory(), &clock);
+  JobSpec big = ValidSpec();
+  for (int i = 0; i < 5; ++i) big.env[absl::StrCat("V", i)] = std::string(60000, 'x');
+  absl::StatusOr<Job> refused = registry.Register(big);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::StartsWith("spec holds 30"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::EndsWith(" bytes of command, env, labels, name and working_dir; at most "
+                                  "262144"));
+  JobSpec spec = ValidSpec();
+  spec.env["AWS_SECRET_ACCESS_KEY"] = "hunter2";
+  absl::StatusOr<Job> job = registry.Register(spec);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(registry.Get(job->id)->spec.env.at("AWS_SECRET_ACCESS_KEY"), "hunter2");
+  ASSERT_TRUE(registry.Transition(job->id, JobState::kCancelled, "cancelled").ok());
+  EXPECT_EQ(registry.Get(job->id)->spec.env.at("AWS_SECRET_ACCESS_KEY"), "");
+}
+
+}  // namespace
+}  // namespace ringmaster
