@@ -527,8 +527,10 @@ absl::StatusOr<std::unique_ptr<Client>> Handshake(int fd, bool* retry) {
     if (status.ok()) status = absl::InternalError("the worker answered the hello with no welcome");
   }
   if (!status.ok()) {
-    // Refused for good (another process holds this rank): waiting would not change that.
-    *retry = status.code() != absl::StatusCode::kFailedPrecondition;
+    // Refused for good (another process holds this rank; this process may not attach): waiting
+    // would not change that.
+    *retry = status.code() != absl::StatusCode::kFailedPrecondition &&
+             status.code() != absl::StatusCode::kPermissionDenied;
     close(fd);
     return status;
   }

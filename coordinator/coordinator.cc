@@ -100,20 +100,6 @@ absl::StatusOr<Worker> Coordinator::RegisterWorker(std::string host, std::string
   return w;
 }
 
-absl::Status Coordinator::CheckRendezvousToken(const std::string& job_id, int64_t epoch,
-                                               const std::string& token) const {
-  absl::StatusOr<Job> job = jobs_.Get(job_id);
-  if (!job.ok()) return job.status();
-  if (epoch != job->epoch) return absl::OkStatus();  // the store answers ABORTED (stale epoch)
-  if (job->rendezvous_token.empty() || !ConstantTimeEquals(token, job->rendezvous_token)) {
-    return absl::PermissionDeniedError(absl::StrCat("the rendezvous of job ", job_id, " epoch ",
-                                                    epoch,
-                                                    " is open only to its ranks' workers: the call "
-                                                    "did not carry the epoch's rendezvous token"));
-  }
-  return absl::OkStatus();
-}
-
 WorkerChannel* Coordinator::ChannelOf(const std::string& worker_id) {
   auto it = channels_.find(worker_id);
   return it == channels_.end() ? nullptr : it->second;

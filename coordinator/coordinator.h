@@ -180,11 +180,6 @@ class Coordinator {
                                  const std::string& secret) {
     return workers_.CheckSessionProof(worker_id, identity, secret);
   }
-  // Whether a rendezvous call for `epoch` of `job_id` carrying `token` may use the job's store:
-  // PERMISSION_DENIED unless `token` is the epoch's (Job::rendezvous_token), NOT_FOUND for an
-  // unknown job. A call for another epoch is left to the store (ABORTED: stale).
-  absl::Status CheckRendezvousToken(const std::string& job_id, int64_t epoch,
-                                    const std::string& token) const;
   std::vector<Worker> ListWorkers() const { return workers_.List(); }
   // Attaches the worker's session. `channel` is borrowed until CloseSession(). NOT_FOUND for an
   // unknown worker (or one that another daemon `incarnation` registered), FAILED_PRECONDITION for
@@ -247,13 +242,18 @@ class Coordinator {
   }
 
   // Rendezvous, scoped by job and epoch: NOT_FOUND (job), ABORTED (stale epoch),
-  // FAILED_PRECONDITION (job not starting or running).
+  // FAILED_PRECONDITION (job not starting or running), PERMISSION_DENIED when `token` is given and
+  // is not the epoch's (Job::rendezvous_token, which only the job's workers are sent). Every check
+  // is made on one reading of the job, so a call cannot slip between an epoch change and its
+  // token check. In-process callers (tests) pass no token.
   absl::Status RendezvousSet(const std::string& job_id, int64_t epoch, const std::string& key,
-                             std::string value);
+                             std::string value, const std::string* token = nullptr);
   absl::StatusOr<std::string> RendezvousGet(const std::string& job_id, int64_t epoch,
-                                            const std::string& key);
+                                            const std::string& key,
+                                            const std::string* token = nullptr);
   void RendezvousWait(const std::string& job_id, int64_t epoch, std::vector<std::string> keys,
-                      absl::Duration timeout, RendezvousStore::WaitCallback done);
+                      absl::Duration timeout, RendezvousStore::WaitCallback done,
+                      const std::string* token = nullptr);
 
   // Flushes due negotiation cycles; every housekeeping interval also expires worker leases, reports
   // and acts on stalls, expires rendezvous waits and ends the logs whose linger is over. The server
@@ -313,7 +313,7 @@ class Coordinator {
   absl::StatusOr<std::shared_ptr<JobRuntime>> RuntimeFor(const std::string& worker_id,
                                                          const std::string& job_id, int64_t epoch,
                                                          int32_t rank);
-  absl::Status CheckScope(const std::string& job_id, int64_t epoch) const;
+  absl::Status CheckScope(const std::string& job_id, int64_t epoch, const std::string* token) const;
   // Flushes the job's due cycle to its ranks' channels.
   void Flush(JobRuntime& runtime, absl::Time now);
   void Housekeeping(absl::Time now);

@@ -5,12 +5,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/secret.h"
 #include "coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
 
-absl::Status Coordinator::CheckScope(const std::string& job_id, int64_t epoch) const {
+absl::Status Coordinator::CheckScope(const std::string& job_id, int64_t epoch,
+                                     const std::string* token) const {
   absl::StatusOr<Job> job = jobs_.Get(job_id);
   if (!job.ok()) return job.status();
   if (job->state != JobState::kStarting && job->state != JobState::kRunning) {
@@ -21,25 +23,34 @@ absl::Status Coordinator::CheckScope(const std::string& job_id, int64_t epoch) c
     return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id,
                                            " is stale; the job is at epoch ", job->epoch));
   }
+  if (token != nullptr &&
+      (job->rendezvous_token.empty() || !ConstantTimeEquals(*token, job->rendezvous_token))) {
+    return absl::PermissionDeniedError(absl::StrCat("the rendezvous of job ", job_id, " epoch ",
+                                                    epoch,
+                                                    " is open only to its ranks' workers: the call "
+                                                    "did not carry the epoch's rendezvous token"));
+  }
   return absl::OkStatus();
 }
 
 absl::Status Coordinator::RendezvousSet(const std::string& job_id, int64_t epoch,
-                                        const std::string& key, std::string value) {
-  if (absl::Status s = CheckScope(job_id, epoch); !s.ok()) return s;
+                                        const std::string& key, std::string value,
+                                        const std::string* token) {
+  if (absl::Status s = CheckScope(job_id, epoch, token); !s.ok()) return s;
   return rendezvous_.Set(RendezvousStore::Scope(job_id, epoch), key, std::move(value));
 }
 
 absl::StatusOr<std::string> Coordinator::RendezvousGet(const std::string& job_id, int64_t epoch,
-                                                       const std::string& key) {
-  if (absl::Status s = CheckScope(job_id, epoch); !s.ok()) return s;
+                                                       const std::string& key,
+                                                       const std::string* token) {
+  if (absl::Status s = CheckScope(job_id, epoch, token); !s.ok()) return s;
   return rendezvous_.Get(RendezvousStore::Scope(job_id, epoch), key);
 }
 
 void Coordinator::RendezvousWait(const std::string& job_id, int64_t epoch,
                                  std::vector<std::string> keys, absl::Duration timeout,
-                                 RendezvousStore::WaitCallback done) {
-  if (absl::Status s = CheckScope(job_id, epoch); !s.ok()) {
+                                 RendezvousStore::WaitCallback done, const std::string* token) {
+  if (absl::Status s = CheckScope(job_id, epoch, token); !s.ok()) {
     done(s);
     return;
   }

@@ -69,7 +69,10 @@ absl::StatusOr<Job> JobRegistry::Register(JobSpec spec, std::string owner) {
     job.create_time = clock_->Now();
     none = CommitLocked(job, absl::StrCat("registered: ", job.spec.np, " ranks"));
     // Acknowledged only once stored (its id is not used again either way).
-    if (!last_put_.ok()) return last_put_;
+    if (!last_put_.ok()) {
+      active_.erase(job.id);
+      return last_put_;
+    }
   }
   return job;
 }
@@ -83,7 +86,9 @@ absl::StatusOr<Job> JobRegistry::LoadLocked(const std::string& id) const {
 
 std::vector<std::string> JobRegistry::Evict(absl::Time now, absl::Duration retention,
                                             int64_t max_ended) {
-  absl::MutexLock lock(&mu_);
+  // The store is read whole without the registry's lock (it is thread-safe itself: a durable one
+  // may be slow, and calls must not wait on the scan); each removal re-reads its job under the lock
+  // and goes ahead only if it has still ended.
   std::vector<Job> jobs = store_->List();  // oldest first
   std::vector<std::string> evicted;
   if (jobs.empty()) return evicted;
@@ -93,6 +98,9 @@ std::vector<std::string> JobRegistry::Evict(absl::Time now, absl::Duration reten
     const Job& job = jobs[i];
     if (!IsTerminal(job.state)) continue;
     if (job.update_time > now - retention && ended <= max_ended) continue;
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Job> current = store_->Get(job.id);
+    if (!current.ok() || !IsTerminal(current->state)) continue;
     if (absl::Status s = store_->Delete(job.id); !s.ok()) {
       spdlog::warn("job {} not evicted: {}", job.id, s.ToString());
       continue;

@@ -66,6 +66,11 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
           "loopback (--listen 127.0.0.1:50051), or accept the risk with "
           "--insecure-allow-remote"));
     }
+    if (!security_.token_file.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing to take bearer tokens (--token-file) in plaintext on ", address,
+          ": they would cross the network in the clear. Give --tls-cert, --tls-key and --tls-ca"));
+    }
     insecure_remote_address_ = address;
   }
   if (!security_.token_file.empty()) {

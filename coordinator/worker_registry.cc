@@ -101,7 +101,10 @@ absl::StatusOr<Worker> WorkerRegistry::Register(std::string host, std::string de
   w.secret_sha256 = Sha256Hex(secret);
   if (!w.identity.empty() && !w.slot.empty()) {
     for (auto& [id, old] : workers_) {
-      if (old.state != WorkerState::kLost && old.replaced_by.empty() &&
+      // Only one whose session is gone: a daemon that died has lost its connection by the time
+      // it registers again, while a live one must not be knocked out by whoever claims its
+      // host and slot (many daemons may share one certificate).
+      if (old.state != WorkerState::kLost && old.replaced_by.empty() && !old.connected &&
           old.identity == w.identity && old.host == w.host && old.slot == w.slot) {
         old.replaced_by = w.id;
       }

@@ -69,8 +69,8 @@ class WorkerRegistry {
 
   // `address`: empty or a numeric IPv4/IPv6 address (INVALID_ARGUMENT naming the field otherwise).
   // Issues a session secret (in the returned Worker's `secret`). A non-empty `identity` that
-  // already holds a live worker of the same host and non-empty `slot` replaces it (see
-  // Worker::replaced_by). `slot`: at most 256 bytes.
+  // already holds a worker of the same host and non-empty `slot` whose session is not connected
+  // replaces it (see Worker::replaced_by). `slot`: at most 256 bytes.
   absl::StatusOr<Worker> Register(std::string host, std::string device,
                                   std::map<std::string, std::string> labels,
                                   uint64_t incarnation = 0, std::string address = "",

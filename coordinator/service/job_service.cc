@@ -5,6 +5,8 @@
 #include <limits>
 #include <memory>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/service/grpc_status.h"
@@ -23,6 +25,11 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl:
 void ToClient(const Job& in, v1::Job* out) {
   ToProto(in, out);
   RedactForClient(out);
+}
+
+// The number of a job id ("job-000042": 42).
+bool JobNumber(const std::string& id, int64_t* number) {
+  return absl::StartsWith(id, "job-") && absl::SimpleAtoi(id.substr(4), number);
 }
 
 // A stream refused before it started (the caller may not read it).
@@ -393,29 +400,30 @@ grpc::ServerUnaryReactor* JobService::ListJobs(grpc::CallbackServerContext* cont
                                                         " is out of bounds [0, ", kMaxPage, "]")));
   }
   const int page = request->page_size() == 0 ? kDefaultPage : request->page_size();
-  // Newest first, ids increasing with age: the page starts after the token's job (a job id).
-  bool started = request->page_token().empty();
+  // Newest first, and job numbers only grow: a page starts below the token's job number, whether
+  // or not that job is still listed (it may have ended, or been removed, since).
+  int64_t below = std::numeric_limits<int64_t>::max();
+  if (!request->page_token().empty() && !JobNumber(request->page_token(), &below)) {
+    return Done(context, absl::InvalidArgumentError(
+                             absl::StrCat("page_token '", request->page_token().substr(0, 64),
+                                          "' is not a ListJobsResponse.next_page_token")));
+  }
   size_t bytes = 0;
   for (const Job& job : coordinator_.ListJobs(states)) {
     // Each user sees their own jobs; admins see all.
     if (!caller->admin && (caller->worker || job.owner != caller->name)) continue;
-    if (!started) {
-      started = job.id == request->page_token();
-      continue;
-    }
-    if (response->jobs_size() == page || (response->jobs_size() > 0 && bytes >= kMaxReplyBytes)) {
+    int64_t number = 0;
+    if (!JobNumber(job.id, &number) || number >= below) continue;
+    v1::Job out;
+    ToClient(job, &out);
+    const size_t size = out.ByteSizeLong();
+    if (response->jobs_size() == page ||
+        (response->jobs_size() > 0 && bytes + size > kMaxReplyBytes)) {
       response->set_next_page_token(response->jobs(response->jobs_size() - 1).id());
       break;
     }
-    v1::Job* out = response->add_jobs();
-    ToClient(job, out);
-    bytes += out->ByteSizeLong();
-  }
-  if (!started) {
-    return Done(context, absl::InvalidArgumentError(absl::StrCat(
-                             "page_token '", request->page_token().substr(0, 64),
-                             "' is not a job of this listing (it ended, or the listing changed): "
-                             "list again from the first page")));
+    bytes += size;
+    *response->add_jobs() = std::move(out);
   }
   return Done(context, absl::OkStatus());
 }

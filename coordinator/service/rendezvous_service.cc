@@ -6,24 +6,24 @@ namespace ringmaster {
 
 const Authenticator RendezvousService::kNoAuthentication;
 
-absl::Status RendezvousService::Authorize(const grpc::CallbackServerContext& context,
-                                          const std::string& job_id, int64_t epoch) const {
+absl::StatusOr<std::string> RendezvousService::Authorize(
+    const grpc::CallbackServerContext& context) const {
   absl::StatusOr<Principal> caller = auth_.Authenticate(context);
   if (!caller.ok()) return caller.status();
-  return coordinator_.CheckRendezvousToken(job_id, epoch,
-                                           MetadataValue(context, kRendezvousTokenMetadata));
+  return MetadataValue(context, kRendezvousTokenMetadata);
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Set(grpc::CallbackServerContext* context,
                                                  const v1::SetRequest* request,
                                                  v1::SetResponse* response) {
-  if (absl::Status s = Authorize(*context, request->job_id(), request->epoch()); !s.ok()) {
+  absl::StatusOr<std::string> token = Authorize(*context);
+  if (!token.ok()) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(s));
+    reactor->Finish(ToGrpcStatus(token.status()));
     return reactor;
   }
   absl::Status s = coordinator_.RendezvousSet(request->job_id(), request->epoch(), request->key(),
-                                              request->value());
+                                              request->value(), &*token);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
@@ -32,13 +32,14 @@ grpc::ServerUnaryReactor* RendezvousService::Set(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* context,
                                                  const v1::GetRequest* request,
                                                  v1::GetResponse* response) {
-  if (absl::Status s = Authorize(*context, request->job_id(), request->epoch()); !s.ok()) {
+  absl::StatusOr<std::string> token = Authorize(*context);
+  if (!token.ok()) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(s));
+    reactor->Finish(ToGrpcStatus(token.status()));
     return reactor;
   }
   absl::StatusOr<std::string> value =
-      coordinator_.RendezvousGet(request->job_id(), request->epoch(), request->key());
+      coordinator_.RendezvousGet(request->job_id(), request->epoch(), request->key(), &*token);
   if (value.ok()) response->set_value(*std::move(value));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(value.status()));
@@ -49,21 +50,23 @@ grpc::ServerUnaryReactor* RendezvousService::Wait(grpc::CallbackServerContext* c
                                                   const v1::WaitRequest* request,
                                                   v1::WaitResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status s = Authorize(*context, request->job_id(), request->epoch()); !s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
+  absl::StatusOr<std::string> token = Authorize(*context);
+  if (!token.ok()) {
+    reactor->Finish(ToGrpcStatus(token.status()));
     return reactor;
   }
   // The store calls back exactly once: with the values, on timeout, when the job ends, or at server
   // stop, so the reactor and `response` are alive until then.
-  coordinator_.RendezvousWait(request->job_id(), request->epoch(),
-                              {request->keys().begin(), request->keys().end()},
-                              absl::Milliseconds(request->timeout_ms()),
-                              [reactor, response](absl::StatusOr<std::vector<std::string>> values) {
-                                if (values.ok()) {
-                                  for (std::string& v : *values) response->add_values(std::move(v));
-                                }
-                                reactor->Finish(ToGrpcStatus(values.status()));
-                              });
+  coordinator_.RendezvousWait(
+      request->job_id(), request->epoch(), {request->keys().begin(), request->keys().end()},
+      absl::Milliseconds(request->timeout_ms()),
+      [reactor, response](absl::StatusOr<std::vector<std::string>> values) {
+        if (values.ok()) {
+          for (std::string& v : *values) response->add_values(std::move(v));
+        }
+        reactor->Finish(ToGrpcStatus(values.status()));
+      },
+      &*token);
   return reactor;
 }
 

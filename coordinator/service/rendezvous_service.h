@@ -27,8 +27,8 @@ class RendezvousService final : public v1::RendezvousService::CallbackService {
  private:
   static const Authenticator kNoAuthentication;
 
-  absl::Status Authorize(const grpc::CallbackServerContext& context, const std::string& job_id,
-                         int64_t epoch) const;
+  // The caller authenticated: its rendezvous token (checked with the job's scope), or the error.
+  absl::StatusOr<std::string> Authorize(const grpc::CallbackServerContext& context) const;
 
   Coordinator& coordinator_;
   const Authenticator& auth_;

@@ -395,12 +395,17 @@ TEST_F(ServiceTest, ListJobsPagesNewestFirstWithinItsBounds) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(s.error_message(), "page_size 1001 is out of bounds [0, 1000]");
   request.set_page_size(0);
-  request.set_page_token("job-999999");
+  request.set_page_token("bogus");
   s = jobs_->ListJobs(Ctx().get(), request, &page);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(s.error_message(),
-            "page_token 'job-999999' is not a job of this listing (it ended, or the listing "
-            "changed): list again from the first page");
+  EXPECT_EQ(s.error_message(), "page_token 'bogus' is not a ListJobsResponse.next_page_token");
+  // A token is a place, not a job that must still be listed: a filter that the token's job no
+  // longer matches still pages on from there.
+  request.set_page_token("job-000244");
+  request.add_states(v1::JOB_STATE_PENDING);
+  ASSERT_TRUE(jobs_->ListJobs(Ctx().get(), request, &page).ok());
+  ASSERT_EQ(page.jobs_size(), 100);
+  EXPECT_EQ(page.jobs(0).id(), "job-000243");
 }
 
 class LeaseTest : public ServiceTest {

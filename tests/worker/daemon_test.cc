@@ -308,6 +308,12 @@ TEST_F(DaemonTest, OnlyTheLaunchedProcessOrItsChildrenMayAttachToItsRank) {
   EXPECT_TRUE(
       absl::EndsWith(reply, ") nor one it started: only the job's own processes may attach"))
       << reply;
+  // The client library takes the refusal as final: it says so at once instead of retrying until
+  // its connect timeout.
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket_, absl::Seconds(20));
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kPermissionDenied) << client.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST_F(DaemonTest, RegistersItsHostAndDevice) {
