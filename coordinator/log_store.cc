@@ -152,9 +152,15 @@ void LogStore::Remove(const std::string& job_id) {
   std::vector<std::shared_ptr<Subscriber>> notify;
   {
     absl::MutexLock lock(&mu_);
+    if (removed_.insert(job_id).second) removed_order_.push_back(job_id);
+    while (removed_order_.size() > kRemembered) {
+      removed_.erase(removed_order_.front());
+      removed_order_.pop_front();
+    }
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return;
-    notify = EndLocked(job_id, it->second);
+    // Its followers read again, and now read its end.
+    notify = it->second.ended ? SubscribersOf(it->second) : EndLocked(job_id, it->second);
     for (auto& [rank, r] : it->second.ranks) total_bytes_ -= r.bytes;
     jobs_.erase(it);
     ended_order_.erase(std::remove(ended_order_.begin(), ended_order_.end(), job_id),
@@ -254,7 +260,10 @@ LogRead LogStore::Read(const std::string& job_id, int32_t rank, int64_t after, i
   out.cursor = after;
   absl::MutexLock lock(&mu_);
   auto job = jobs_.find(job_id);
-  if (job == jobs_.end()) return out;
+  if (job == jobs_.end()) {
+    out.end = removed_.contains(job_id);  // removed: ended long ago
+    return out;
+  }
   const JobLog& log = job->second;
 
   // Merge the ranks' chunks by seq: each rank's deque is sorted, so start each at its first chunk
@@ -307,6 +316,8 @@ int64_t LogStore::Head(const std::string& job_id) const {
 int64_t LogStore::Subscribe(const std::string& job_id, Subscriber subscriber) {
   absl::MutexLock lock(&mu_);
   const int64_t id = next_subscriber_++;
+  // A removed job's log is not made again (nothing would end it): its follower reads the end.
+  if (removed_.contains(job_id)) return id;
   LogLocked(job_id).subscribers[id] = std::make_shared<Subscriber>(std::move(subscriber));
   return id;
 }

@@ -141,6 +141,11 @@ class LogStore {
   const int64_t max_total_bytes_;
   mutable absl::Mutex mu_;
   const std::unique_ptr<LogJournal> journal_ ABSL_PT_GUARDED_BY(mu_);
+  // The latest jobs Remove()d (at most kRemembered): a reader or follower of one reads its end
+  // instead of waiting for output that cannot come.
+  static constexpr size_t kRemembered = 4096;
+  std::deque<std::string> removed_order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> removed_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, JobLog> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);         // ended jobs, oldest first
   absl::flat_hash_set<std::string> lingering_ ABSL_GUARDED_BY(mu_);  // to end at their end_at

@@ -37,6 +37,26 @@ class LogStoreTest : public ::testing::Test {
   FakeClock clock_;
 };
 
+TEST_F(LogStoreTest, ARemovedJobsLogReadsAsEndedAndIsNotMadeAgain) {
+  LogStore store = Store();
+  ASSERT_TRUE(store.Append("job-1", 0, OutputStream::kStdout, "hello\n").ok());
+  store.End("job-1");
+  const int64_t before = store.total_bytes();
+  EXPECT_GT(before, 0);
+  int woken = 0;
+  store.Subscribe("job-1", [&woken] { ++woken; });
+  store.Remove("job-1");
+  EXPECT_EQ(woken, 1);  // its follower was told
+  EXPECT_EQ(store.total_bytes(), 0);
+  LogRead read = store.Read("job-1", kAll, 0, kBig);
+  EXPECT_TRUE(read.chunks.empty());
+  EXPECT_TRUE(read.end);                            // a follower is done, not waiting for ever
+  store.Subscribe("job-1", [&woken] { ++woken; });  // a late follower makes no log
+  EXPECT_TRUE(store.Read("job-1", kAll, 0, kBig).end);
+  // A job never seen is not ended: its output may still come.
+  EXPECT_FALSE(store.Read("job-2", kAll, 0, kBig).end);
+}
+
 TEST_F(LogStoreTest, ReadsEveryRanksChunksInArrivalOrderWithStreamAndTime) {
   LogStore store = Store();
   ASSERT_TRUE(store.Append("j", 1, OutputStream::kStdout, "b1\n").ok());
