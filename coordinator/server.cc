@@ -13,11 +13,33 @@
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/rendezvous_service.h"
 #include "coordinator/service/worker_service.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
+
+// gRPC's own answer to an unknown method is UNIMPLEMENTED with no message; this one says what was
+// asked for and what is served (a client built from another version of the protos, a wrong port).
+class UnknownMethods final : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    class Refusal : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Refusal(std::string method) {
+        Finish(grpc::Status(
+            grpc::StatusCode::UNIMPLEMENTED,
+            absl::StrCat(
+                "unknown method '", method.substr(0, 256),
+                "': this is a ringmaster-coordinator, serving ringmaster.v1.JobService, "
+                "WorkerService, RendezvousService and ClusterService (proto/ringmaster/v1)")));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refusal(ctx->method());
+  }
+};
 
 // The ticker's period bounds how late a cycle-time flush can be; full readiness flushes at once.
 // The ticker wakes at the next negotiation deadline, or after this long for housekeeping (leases,
@@ -105,6 +127,8 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
   builder.RegisterService(worker_service_.get());
   builder.RegisterService(rendezvous_service_.get());
   builder.RegisterService(cluster_service_.get());
+  unknown_methods_ = std::make_unique<UnknownMethods>();
+  builder.RegisterCallbackGenericService(unknown_methods_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {

@@ -22,6 +22,7 @@ class Server;
 namespace ringmaster {
 
 class Authenticator;
+class UnknownMethods;
 class ClusterService;
 class JobService;
 class WorkerService;
@@ -79,6 +80,9 @@ class CoordinatorServer {
   std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<RendezvousService> rendezvous_service_;
   std::unique_ptr<ClusterService> cluster_service_;
+  // Answers a call to a method the coordinator does not serve, naming it and the services there
+  // are.
+  std::unique_ptr<UnknownMethods> unknown_methods_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::atomic<bool> stopping_{false};

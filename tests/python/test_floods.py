@@ -109,3 +109,23 @@ def test_registrations_with_huge_labels_are_refused_and_kept_nowhere(pb, coordin
     print(f"RSS grew {grown / MiB:.1f} MiB after 10 registrations of 10 MB labels")
     # gRPC keeps a receive buffer or two of the largest message (10 MB): a budget of 64 MiB.
     assert grown < 64 * MiB, f"RSS grew {grown / MiB:.1f} MiB"
+
+
+def test_an_unknown_method_or_garbage_is_answered_with_what_is_served(pb, coordinator):
+    proc, channel = coordinator
+    call = channel.unary_unary("/ringmaster.v1.Nope/Do")
+    with pytest.raises(grpc.RpcError) as e:
+        call(b"\x00garbage", timeout=RPC_TIMEOUT)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert e.value.details() == (
+        "unknown method '/ringmaster.v1.Nope/Do': this is a ringmaster-coordinator, serving "
+        "ringmaster.v1.JobService, WorkerService, RendezvousService and ClusterService "
+        "(proto/ringmaster/v1)")
+    # Bytes that are not a RegisterJobRequest, sent to RegisterJob, register nothing. (gRPC itself
+    # answers them, before any handler runs, with UNIMPLEMENTED and no message: not yet ours to
+    # word; docs/security.md.)
+    register = channel.unary_unary("/ringmaster.v1.JobService/RegisterJob")
+    with pytest.raises(grpc.RpcError):
+        register(b"\xff\xff\xff\xff", timeout=RPC_TIMEOUT)
+    jobs = pb.job_pb2_grpc.JobServiceStub(channel)
+    assert len(jobs.ListJobs(pb.job_pb2.ListJobsRequest(), timeout=RPC_TIMEOUT).jobs) == 0
