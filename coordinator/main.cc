@@ -187,6 +187,7 @@ int main(int argc, char** argv) {
   security.admin_group = absl::GetFlag(FLAGS_admin_group);
   security.worker_group = absl::GetFlag(FLAGS_worker_group);
   security.insecure_allow_remote = absl::GetFlag(FLAGS_insecure_allow_remote);
+  const bool tls = security.tls.enabled();
   ringmaster::CoordinatorServer server(std::move(options), std::move(security));
   absl::StatusOr<int> port = server.Start(absl::GetFlag(FLAGS_listen));
   if (!port.ok()) {
@@ -209,11 +210,7 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
   spdlog::info("listening on {} (port {}, {}); jobs {}; artifacts in {}",
-               absl::GetFlag(FLAGS_listen), *port,
-               insecure || absl::GetFlag(FLAGS_tls_cert).empty() &&
-                               std::getenv("RINGMASTER_TLS_CERT") == nullptr
-                   ? "plaintext"
-                   : "mutual TLS",
+               absl::GetFlag(FLAGS_listen), *port, tls ? "mutual TLS" : "plaintext",
                state_dir.empty() ? std::string("in memory (no --state-dir)")
                                  : absl::StrCat("in ", state_dir, "/jobs.db"),
                server.coordinator().artifacts_dir());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -29,6 +30,19 @@ std::vector<std::string> SplitCsv(absl::string_view line) {
   }
   for (std::string& f : fields) f = std::string(absl::StripAsciiWhitespace(f));
   return fields;
+}
+
+// The file's contents; nullopt when it cannot be read.
+std::optional<std::string> ReadWhole(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+int64_t ModifiedNs(const struct stat& st) {
+  return int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
 }
 
 }  // namespace
@@ -99,21 +113,21 @@ absl::StatusOr<absl::flat_hash_map<std::string, TokenEntry>> ParseTokenFile(
 absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(std::string path,
                                                            absl::Duration recheck) {
   std::unique_ptr<TokenFile> file(new TokenFile(std::move(path), recheck));
-  std::ifstream in(file->path_);
-  if (!in)
+  struct stat st {};
+  const bool stated = ::stat(file->path_.c_str(), &st) == 0;
+  const std::optional<std::string> text = ReadWhole(file->path_);
+  if (!text.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--token-file ", file->path_, ": cannot be read"));
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<absl::flat_hash_map<std::string, TokenEntry>> tokens = ParseTokenFile(text.str());
+  }
+  absl::StatusOr<absl::flat_hash_map<std::string, TokenEntry>> tokens = ParseTokenFile(*text);
   if (!tokens.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--token-file ", file->path_, ": ", tokens.status().message()));
   }
-  struct stat st {};
   absl::MutexLock lock(&file->mu_);
-  if (::stat(file->path_.c_str(), &st) == 0) {
-    file->mtime_ns_ = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+  if (stated) {
+    file->mtime_ns_ = ModifiedNs(st);
     file->size_ = st.st_size;
   }
   file->tokens_ = *std::move(tokens);
@@ -140,15 +154,15 @@ void TokenFile::Reload() {
   // that both reload store the same contents.
   struct stat st {};
   if (::stat(path_.c_str(), &st) != 0) return;  // gone for a moment (being replaced): keep it
-  const int64_t mtime_ns = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+  const int64_t mtime_ns = ModifiedNs(st);
   {
     absl::MutexLock lock(&mu_);
     if (mtime_ns == mtime_ns_ && st.st_size == size_) return;
   }
-  std::ifstream in(path_);
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<absl::flat_hash_map<std::string, TokenEntry>> tokens = ParseTokenFile(text.str());
+  // Unreadable for a moment (its mode being changed): keep what was read, try again later.
+  const std::optional<std::string> text = ReadWhole(path_);
+  if (!text.has_value()) return;
+  absl::StatusOr<absl::flat_hash_map<std::string, TokenEntry>> tokens = ParseTokenFile(*text);
   absl::MutexLock lock(&mu_);
   mtime_ns_ = mtime_ns;
   size_ = st.st_size;
