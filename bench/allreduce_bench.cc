@@ -210,10 +210,15 @@ int Main() {
     GlooBackendOptions g;
     g.rank = c.rank();
     g.size = np;
-    g.store = std::make_shared<RendezvousClient>(
-        // TLS when the daemon (whose environment the ranks inherit) reaches it with TLS.
-        grpc::CreateChannel(coordinator, MakeChannelCredentials(TlsFilesFrom("", "", ""))),
-        c.topology().job_id, epoch, nullptr, Env("RINGMASTER_RENDEZVOUS_TOKEN"));
+    // TLS when the daemon (whose environment the ranks inherit) reaches it with TLS.
+    absl::StatusOr<std::unique_ptr<CoordinatorChannels>> channels =
+        CoordinatorChannels::Create(coordinator, MakeChannelCredentials(TlsFilesFrom("", "", "")));
+    if (!channels.ok()) {
+      std::fprintf(stderr, "raw gloo: %s\n", channels.status().ToString().c_str());
+      return 1;
+    }
+    g.store = std::make_shared<RendezvousClient>(*std::move(channels), c.topology().job_id, epoch,
+                                                 nullptr, Env("RINGMASTER_RENDEZVOUS_TOKEN"));
     g.prefix = "bench-gloo/";
     g.hostname =
         Env("RINGMASTER_ADDRESS");  // the daemon's data-plane address (other hosts reach it)

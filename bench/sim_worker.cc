@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/negotiation_wire.h"
 
 namespace ringmaster {
 namespace {
@@ -143,7 +144,9 @@ absl::StatusOr<std::vector<v1::Response>> SimWorker::Negotiate(
     batch->set_epoch(a.epoch());
     batch->set_rank(a.rank());
     for (const v1::TensorRequest& r : requests) {
-      if (uint32_t id = cache_.Find(r); id != 0) {
+      TensorRequest plain;
+      FromProto(r, &plain);
+      if (uint32_t id = cache_.Find(plain); id != 0) {
         batch->add_cached_ids(id);
       } else {
         *batch->add_requests() = r;
@@ -169,7 +172,10 @@ absl::StatusOr<std::vector<v1::Response>> SimWorker::Negotiate(
       for (const v1::TensorRequest& r : requests) by_name[r.name()] = &r;
       for (const v1::CacheAssignment& c : list->cache_assignments()) {
         auto it = by_name.find(c.name());
-        if (it != by_name.end()) cache_.Assign(c.name(), c.id(), *it->second);
+        if (it == by_name.end()) continue;
+        TensorRequest plain;
+        FromProto(*it->second, &plain);
+        cache_.Assign(c.name(), c.id(), plain);
       }
     }
     if (list->resend_ids_size() > 0) {
@@ -179,7 +185,8 @@ absl::StatusOr<std::vector<v1::Response>> SimWorker::Negotiate(
       b->set_epoch(a.epoch());
       b->set_rank(a.rank());
       for (uint32_t id : list->resend_ids()) {
-        if (std::optional<v1::TensorRequest> r = cache_.TakeForResend(id)) *b->add_requests() = *r;
+        if (std::optional<TensorRequest> r = cache_.TakeForResend(id))
+          ToProto(*r, b->add_requests());
       }
       if (absl::Status s = Send(again); !s.ok()) return s;
     }

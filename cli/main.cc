@@ -37,6 +37,7 @@
 #include "cli/job_flags.h"
 #include "cli/local.h"
 #include "cli/log_printer.h"
+#include "common/coordinator_channels.h"
 #include "grpcpp/grpcpp.h"
 #include "ringmaster/v1/cluster.grpc.pb.h"
 #include "ringmaster/v1/job.grpc.pb.h"
@@ -64,7 +65,8 @@ commands:
                                              N workers, prints the output, exits with the job
 
 global options:
-  --coordinator ADDR:PORT   the coordinator (default: $RINGMASTER_COORDINATOR, else localhost:50051)
+  --coordinator ADDR:PORT   the coordinator (default: $RINGMASTER_COORDINATOR, else localhost:50051);
+                            replicas as ADDR:PORT,ADDR:PORT,... (the leader is found)
   --json                    print replies as JSON, one message per line
   --timeout-seconds S       deadline of each call (default 10)
   --tls-ca F                the CA of the coordinator's certificate: use TLS (env RINGMASTER_TLS_CA)
@@ -174,6 +176,39 @@ std::string HelpOf(const std::string& command) {
 
 // How long a command waits for the coordinator to accept its connection before calling anyway.
 constexpr double kConnectGraceSeconds = 3;
+
+// Of the coordinator's replicas (--coordinator a:1,b:2), the one that leads: each is asked in turn
+// (a follower's refusal names the leader, asked next), round after round while none leads yet (a
+// takeover under way), until the command's timeout. The first address when none answers: the
+// command then fails as usual, naming it.
+std::string FindLeader(const Global& g) {
+  absl::StatusOr<std::unique_ptr<CoordinatorChannels>> channels =
+      CoordinatorChannels::Create(g.coordinator, MakeChannelCredentials(g.tls));
+  if (!channels.ok()) Usage(std::string(channels.status().message()));
+  if ((*channels)->size() == 1) return g.coordinator;
+  const std::string first = (*channels)->current_address();
+  const absl::Time end = absl::Now() + absl::Seconds(g.timeout_seconds);
+  while (absl::Now() < end) {
+    for (size_t i = 0; i < (*channels)->size(); ++i) {
+      const std::shared_ptr<grpc::Channel> channel = (*channels)->Current();
+      std::unique_ptr<grpc::ClientContext> context = Context(g);
+      context->set_deadline(absl::ToChronoTime(std::min(end, absl::Now() + absl::Seconds(2))));
+      v1::ListJobsRequest request;
+      request.set_page_size(1);
+      v1::ListJobsResponse response;
+      const grpc::Status s =
+          v1::JobService::NewStub(channel)->ListJobs(context.get(), request, &response);
+      // Anything but "not here" (a refusal of this user included) comes from the leader.
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+          s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        return (*channels)->current_address();
+      }
+      (*channels)->Failed(channel, CoordinatorChannels::LeaderHint(*context));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return first;
+}
 
 std::string StateName(v1::JobState state) {
   std::string name = v1::JobState_Name(state);
@@ -546,6 +581,7 @@ int Main(int argc, char** argv) {
   if (g.tls.enabled()) {
     if (absl::Status s = CheckClientTlsFiles(g.tls); !s.ok()) Usage(std::string(s.message()));
   }
+  g.coordinator = FindLeader(g);
   auto channel = grpc::CreateChannel(g.coordinator, MakeChannelCredentials(g.tls));
   // A coordinator started a moment ago (`ringmaster-coordinator ... &` in a script) is given a
   // moment to listen; one that stays away fails the call at once, with gRPC's reason.

@@ -10,4 +10,8 @@ inline constexpr char kRendezvousTokenMetadata[] = "x-ringmaster-rendezvous-toke
 // A user's bearer token: "authorization: Bearer TOKEN".
 inline constexpr char kAuthorizationMetadata[] = "authorization";
 
+// A coordinator replica that does not lead names the leader's address in this trailer of the
+// UNAVAILABLE it answers every call with.
+inline constexpr char kLeaderMetadata[] = "x-ringmaster-leader";
+
 }  // namespace ringmaster

@@ -94,18 +94,6 @@ struct CoordinatorOptions {
 // Most output bytes one RankOutput message may carry.
 inline constexpr int64_t kMaxOutputMessageBytes = int64_t{1} << 20;
 
-// One rank's request batch, as the session received it.
-struct RequestBatch {
-  std::string job_id;
-  int64_t epoch = 0;
-  int32_t rank = 0;
-  std::vector<TensorRequest> requests;
-  std::vector<uint32_t> cached_ids;
-  uint64_t seq = 0;            // the rank's batch number (0: unnumbered)
-  uint64_t ack_responses = 0;  // the last response list the rank received in order
-  uint64_t cache_generation = 0;
-};
-
 struct RankResume {
   std::string job_id;
   int64_t epoch = 0;

@@ -1,5 +1,8 @@
 // ringmaster-coordinator: the control plane. Registers jobs and workers, places ranks, negotiates
 // every cycle, and serves rendezvous. Stops gracefully on SIGTERM or SIGINT.
+#include <unistd.h>
+
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -13,7 +16,9 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "coordinator/artifact_store.h"
+#include "coordinator/etcd_client.h"
 #include "coordinator/etcd_job_store.h"
+#include "coordinator/leader_election.h"
 #include "coordinator/server.h"
 #include "coordinator/sqlite_job_store.h"
 #include "spdlog/spdlog.h"
@@ -55,6 +60,13 @@ ABSL_FLAG(absl::Duration, start_timeout, absl::Minutes(5),
 ABSL_FLAG(std::string, store, "",
           "where jobs are kept: etcd://HOST:PORT[,HOST:PORT...] (etcd's v3 API; keys under "
           "/ringmaster/jobs/); empty: --state-dir's SQLite database, or memory without it");
+ABSL_FLAG(std::string, advertise_address, "",
+          "with --store etcd://: the address (HOST:PORT) clients reach this replica at, which "
+          "followers name to them while it leads; unique per replica (empty: --listen's, with the "
+          "machine's host name for a wildcard host)");
+ABSL_FLAG(absl::Duration, leader_ttl, absl::Seconds(5),
+          "with --store etcd://: the TTL of the leader's etcd lease; a follower takes over this "
+          "long after the leader died at most (plus about 0.2 s)");
 ABSL_FLAG(absl::Duration, resume_timeout, absl::Minutes(1),
           "after a restart with --state-dir, how long a job that was running waits for its ranks' "
           "daemons to reattach; a rank not back by then fails the job, named");
@@ -80,6 +92,26 @@ namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
+
+// `address` with its port replaced by `port`.
+std::string WithPort(const std::string& address, int port) {
+  const size_t colon = address.rfind(':');
+  return absl::StrCat(colon == std::string::npos ? address : address.substr(0, colon), ":", port);
+}
+
+// Where clients reach this replica: --advertise-address, else --listen's host (the machine's name
+// for a wildcard one) and the port it got.
+std::string AdvertisedAddress(const std::string& flag, const std::string& listen, int port) {
+  if (!flag.empty()) return flag;
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    host = name;
+  }
+  return absl::StrCat(host, ":", port);
+}
 
 }  // namespace
 
@@ -134,15 +166,22 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
-  if (const std::string store_url = absl::GetFlag(FLAGS_store); !store_url.empty()) {
-    absl::StatusOr<std::unique_ptr<ringmaster::JobStore>> store =
-        ringmaster::OpenEtcdJobStore(store_url);
-    if (!store.ok()) {
+  const std::string store_url = absl::GetFlag(FLAGS_store);
+  const absl::Duration leader_ttl = absl::GetFlag(FLAGS_leader_ttl);
+  if (!store_url.empty()) {
+    if (leader_ttl < absl::Seconds(1)) {
+      std::fprintf(stderr, "ringmaster-coordinator: --leader-ttl must be at least 1s\n");
+      return 2;
+    }
+    // Refused at start, naming the URL, when etcd does not answer. The jobs are read again once
+    // this replica leads (they may change meanwhile).
+    if (absl::StatusOr<std::unique_ptr<ringmaster::JobStore>> store =
+            ringmaster::OpenEtcdJobStore(store_url);
+        !store.ok()) {
       std::fprintf(stderr, "ringmaster-coordinator: %s\n",
                    std::string(store.status().message()).c_str());
       return 1;
     }
-    options.store = *std::move(store);
   }
   if (!state_dir.empty()) {
     if (absl::GetFlag(FLAGS_store).empty()) {  // the jobs in DIR/jobs.db
@@ -188,19 +227,83 @@ int main(int argc, char** argv) {
   security.worker_group = absl::GetFlag(FLAGS_worker_group);
   security.insecure_allow_remote = absl::GetFlag(FLAGS_insecure_allow_remote);
   const bool tls = security.tls.enabled();
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  std::unique_ptr<ringmaster::LeaderElection> election;
+  // What the follower's calls read: set once the election exists.
+  std::atomic<ringmaster::LeaderElection*> electing{nullptr};
+  if (!store_url.empty()) {
+    // Replicas on one etcd elect a leader; this one serves only once it leads, and meanwhile
+    // answers every call naming the leader.
+    absl::StatusOr<std::unique_ptr<ringmaster::FollowerServer>> follower =
+        ringmaster::FollowerServer::Start(
+            listen, security,
+            [&electing] {
+              ringmaster::LeaderElection* e = electing.load();
+              return e == nullptr ? std::string() : e->leader();
+            },
+            metrics_listen);
+    if (!follower.ok()) {
+      std::fprintf(stderr, "ringmaster-coordinator: %s\n",
+                   std::string(follower.status().message()).c_str());
+      return 1;
+    }
+    // The same ports once leading (port 0 picked them now).
+    listen = WithPort(listen, (*follower)->port());
+    const std::string advertised =
+        AdvertisedAddress(absl::GetFlag(FLAGS_advertise_address), listen, (*follower)->port());
+    election = std::make_unique<ringmaster::LeaderElection>(
+        std::make_unique<ringmaster::EtcdClient>(*ringmaster::ParseEtcdUrl(store_url),
+                                                 absl::Seconds(2)),
+        ringmaster::LeaderElectionOptions{.identity = advertised, .ttl = leader_ttl});
+    electing.store(election.get());
+    election->Start();
+    // A replica that wins at once (the only one, or a restart of the leader) says nothing as a
+    // follower.
+    if (!election
+             ->AwaitLeadership([start = absl::Now()] {
+               return g_stop || absl::Now() - start > absl::Milliseconds(500);
+             })
+             .ok()) {
+      std::printf("ringmaster-coordinator listening on port %d as a follower\n",
+                  (*follower)->port());
+      std::fflush(stdout);
+      spdlog::info("{} follows (the leader is at {}); it serves once it leads", advertised,
+                   election->leader());
+      if (!election->AwaitLeadership([] { return g_stop != 0; }).ok()) {
+        spdlog::info("stopped while following");
+        return 0;
+      }
+    }
+    spdlog::info("{} leads: serving", advertised);
+    (*follower)->Stop();
+    if (const int metrics_port = (*follower)->metrics_port(); metrics_port != 0) {
+      metrics_listen = WithPort(metrics_listen, metrics_port);
+    }
+    absl::StatusOr<std::unique_ptr<ringmaster::JobStore>> store =
+        ringmaster::OpenEtcdJobStore(store_url, "/ringmaster", absl::Seconds(5),
+                                     ringmaster::EtcdFence{election->key(), election->revision()});
+    if (!store.ok()) {
+      std::fprintf(stderr, "ringmaster-coordinator: %s\n",
+                   std::string(store.status().message()).c_str());
+      election->Resign();
+      return 1;
+    }
+    options.store = *std::move(store);
+  }
   ringmaster::CoordinatorServer server(std::move(options), std::move(security));
-  absl::StatusOr<int> port = server.Start(absl::GetFlag(FLAGS_listen));
+  absl::StatusOr<int> port = server.Start(listen);
   if (!port.ok()) {
     std::fprintf(stderr, "ringmaster-coordinator: %s\n",
                  std::string(port.status().message()).c_str());
     return 1;
   }
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
   // Printed on stdout so scripts that asked for port 0 learn the port.
   std::printf("ringmaster-coordinator listening on port %d\n", *port);
-  if (const std::string metrics = absl::GetFlag(FLAGS_metrics_listen); !metrics.empty()) {
-    absl::StatusOr<int> metrics_port = server.StartMetrics(metrics);
+  if (!metrics_listen.empty()) {
+    absl::StatusOr<int> metrics_port = server.StartMetrics(metrics_listen);
     if (!metrics_port.ok()) {
       std::fprintf(stderr, "ringmaster-coordinator: %s\n",
                    std::string(metrics_port.status().message()).c_str());
@@ -209,13 +312,34 @@ int main(int argc, char** argv) {
     std::printf("ringmaster-coordinator metrics on port %d\n", *metrics_port);
   }
   std::fflush(stdout);
-  spdlog::info("listening on {} (port {}, {}); jobs {}; artifacts in {}",
-               absl::GetFlag(FLAGS_listen), *port, tls ? "mutual TLS" : "plaintext",
-               state_dir.empty() ? std::string("in memory (no --state-dir)")
-                                 : absl::StrCat("in ", state_dir, "/jobs.db"),
+  spdlog::info("listening on {} (port {}, {}); jobs {}; artifacts in {}", listen, *port,
+               tls ? "mutual TLS" : "plaintext",
+               !store_url.empty()  ? absl::StrCat("in ", store_url)
+               : state_dir.empty() ? std::string("in memory (no --state-dir)")
+                                   : absl::StrCat("in ", state_dir, "/jobs.db"),
                server.coordinator().artifacts_dir());
-  while (!g_stop) absl::SleepFor(absl::Milliseconds(50));
+  if (election != nullptr) {
+    server.coordinator()
+        .metrics()
+        .GetGauge("ringmaster_coordinator_leader",
+                  "1 while this coordinator replica leads (serves), 0 while it follows.", {})
+        .Set(1);
+  }
+  std::string lost;
+  while (!g_stop && (election == nullptr || (lost = election->lost()).empty())) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  if (!lost.empty()) {
+    // Another replica leads now, or may at any moment: stop serving at once. The daemons keep
+    // their ranks and reattach to the new leader. A supervisor (systemd, Kubernetes) restarts this
+    // process, which then follows.
+    spdlog::error("no longer the leader ({}); stopping", lost);
+    server.Stop(absl::Milliseconds(200));
+    return 1;
+  }
   spdlog::info("shutting down");
   server.Stop();
+  // Its successor need not wait out the lease.
+  if (election != nullptr) election->Resign();
   return 0;
 }

@@ -1,5 +1,7 @@
-// Plain data exchanged with the Negotiator: what a rank asks for and what every rank executes. The
-// service layer converts these to and from ringmaster.v1 messages.
+// Plain data exchanged with the Negotiator: what one rank alone is told, what a cycle produces and
+// what the timeline records of negotiation. The requests and responses themselves are shared with
+// the workers (common/negotiation_types.h). The service layer converts these to and from
+// ringmaster.v1 messages.
 #pragma once
 
 #include <cstdint>
@@ -7,54 +9,10 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/negotiation_types.h"
 #include "common/tensor.h"
 
 namespace ringmaster {
-
-// One rank's request for one collective (Horovod's Request).
-struct TensorRequest {
-  std::string name;
-  RequestType type = RequestType::kUnspecified;
-  DataType dtype = DataType::kUnspecified;
-  std::vector<int64_t> shape;
-  int32_t root_rank = 0;
-  ReduceOp reduce_op = ReduceOp::kAverage;
-  double prescale_factor = 1.0;
-  double postscale_factor = 1.0;
-  int32_t device = -1;   // -1: CPU; N: cuda:N
-  int32_t group_id = 0;  // > 0: member of a grouped collective, fused with its group
-  int32_t group_size = 0;
-
-  // Same metadata (everything but nothing: names included).
-  bool operator==(const TensorRequest&) const = default;
-};
-
-// What every rank executes, in the order given (Horovod's Response).
-struct Response {
-  enum class Type { kAllreduce, kAllgather, kBroadcast, kJoin, kBarrier, kError };
-
-  Type type = Type::kError;
-  std::vector<std::string> names;
-  std::vector<uint32_t> cache_ids;  // parallel to names; 0: none
-  DataType dtype = DataType::kUnspecified;
-  ReduceOp reduce_op = ReduceOp::kAverage;
-  double prescale_factor = 1.0;
-  double postscale_factor = 1.0;
-  int32_t root_rank = 0;
-  int32_t device = -1;
-  // Allreduce/broadcast: elements per tensor. Allgather: first dimension of tensor t on rank r at
-  // t * size + r.
-  std::vector<int64_t> tensor_sizes;
-  // Allgather: elements per first-dimension row of each tensor.
-  std::vector<int64_t> row_elements;
-  std::string error_message;
-  int32_t last_joined_rank = -1;
-};
-
-struct CacheAssignment {
-  std::string name;
-  uint32_t id = 0;
-};
 
 // What one rank alone is told.
 struct RankNotice {

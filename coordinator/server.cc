@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/bind_probe.h"
+#include "common/rpc_metadata.h"
 #include "coordinator/service/auth.h"
 #include "coordinator/service/cluster_service.h"
 #include "coordinator/service/job_service.h"
@@ -41,6 +42,34 @@ class UnknownMethods final : public grpc::CallbackGenericService {
   }
 };
 
+// Every call to a replica that does not lead: UNAVAILABLE naming the leader.
+class FollowerServer::Refusals final : public grpc::CallbackGenericService {
+ public:
+  explicit Refusals(std::function<std::string()> leader) : leader_(std::move(leader)) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+    class Refusal : public grpc::ServerGenericBidiReactor {
+     public:
+      Refusal(grpc::GenericCallbackServerContext* ctx, const std::string& leader) {
+        if (!leader.empty()) ctx->AddTrailingMetadata(kLeaderMetadata, leader);
+        Finish(grpc::Status(
+            grpc::StatusCode::UNAVAILABLE,
+            leader.empty()
+                ? std::string("this ringmaster-coordinator replica is not the leader, and no "
+                              "leader is elected yet: try again in a moment")
+                : absl::StrCat("this ringmaster-coordinator replica is not the leader; the leader "
+                               "is at ",
+                               leader)));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refusal(ctx, leader_());
+  }
+
+ private:
+  const std::function<std::string()> leader_;
+};
+
 // The ticker's period bounds how late a cycle-time flush can be; full readiness flushes at once.
 // The ticker wakes at the next negotiation deadline, or after this long for housekeeping (leases,
 // stalls, rendezvous timeouts, pending failures): it sleeps when there is nothing to do.
@@ -72,29 +101,32 @@ CoordinatorServer::CoordinatorServer(CoordinatorOptions options, ServerSecurity 
 
 CoordinatorServer::~CoordinatorServer() { Stop(); }
 
+absl::Status CheckListenSecurity(const ServerSecurity& security, const std::string& address) {
+  if (security.tls.enabled()) return CheckServerTlsFiles(security.tls);
+  if (IsLoopbackAddress(address)) return absl::OkStatus();
+  if (!security.insecure_allow_remote) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to listen on ", address,
+        " without TLS: anyone who reaches it could run any command on every worker. Give "
+        "--tls-cert, --tls-key and --tls-ca (scripts/dev-ca.sh makes a first set), or listen on "
+        "loopback (--listen 127.0.0.1:50051), or accept the risk with "
+        "--insecure-allow-remote"));
+  }
+  if (!security.token_file.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to take bearer tokens (--token-file) in plaintext on ", address,
+        ": they would cross the network in the clear. Give --tls-cert, --tls-key and --tls-ca"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
   AuthOptions auth{.required = security_.tls.enabled() || !security_.token_file.empty(),
                    .tokens = nullptr,
                    .admin_group = security_.admin_group,
                    .worker_group = security_.worker_group};
-  if (security_.tls.enabled()) {
-    if (absl::Status s = CheckServerTlsFiles(security_.tls); !s.ok()) return s;
-  } else if (!IsLoopbackAddress(address)) {
-    if (!security_.insecure_allow_remote) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "refusing to listen on ", address,
-          " without TLS: anyone who reaches it could run any command on every worker. Give "
-          "--tls-cert, --tls-key and --tls-ca (scripts/dev-ca.sh makes a first set), or listen on "
-          "loopback (--listen 127.0.0.1:50051), or accept the risk with "
-          "--insecure-allow-remote"));
-    }
-    if (!security_.token_file.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "refusing to take bearer tokens (--token-file) in plaintext on ", address,
-          ": they would cross the network in the clear. Give --tls-cert, --tls-key and --tls-ca"));
-    }
-    insecure_remote_address_ = address;
-  }
+  if (absl::Status s = CheckListenSecurity(security_, address); !s.ok()) return s;
+  if (!security_.tls.enabled() && !IsLoopbackAddress(address)) insecure_remote_address_ = address;
   if (!security_.token_file.empty()) {
     absl::StatusOr<std::unique_ptr<TokenFile>> tokens = TokenFile::Open(security_.token_file);
     if (!tokens.ok()) return tokens.status();
@@ -205,6 +237,58 @@ void CoordinatorServer::Stop(absl::Duration grace) {
   // done now.
   reads_->Shutdown();
   executor_->Shutdown();
+}
+
+absl::StatusOr<std::unique_ptr<FollowerServer>> FollowerServer::Start(
+    const std::string& address, const ServerSecurity& security, std::function<std::string()> leader,
+    const std::string& metrics_address) {
+  if (absl::Status s = CheckListenSecurity(security, address); !s.ok()) return s;
+  std::unique_ptr<FollowerServer> f(new FollowerServer());
+  f->refusals_ = std::make_unique<Refusals>(leader);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, MakeServerCredentials(security.tls), &f->port_);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterCallbackGenericService(f->refusals_.get());
+  f->server_ = builder.BuildAndStart();
+  if (f->server_ == nullptr || f->port_ == 0) {
+    const std::string why = BindError(address);
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ",
+                                               why.empty() ? "gRPC could not bind it" : why));
+  }
+  f->metrics_
+      .GetGauge("ringmaster_coordinator_leader",
+                "1 while this coordinator replica leads (serves), 0 while it follows.", {})
+      .Set(0);
+  if (!metrics_address.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(
+        metrics_address, &f->metrics_,
+        HealthChecks{.live = [] { return absl::OkStatus(); },
+                     .ready =
+                         [leader] {
+                           const std::string at = leader();
+                           return absl::UnavailableError(
+                               at.empty() ? std::string("a follower; no leader elected yet")
+                                          : absl::StrCat("a follower; the leader is at ", at));
+                         }});
+    if (!m.ok()) return m.status();
+    f->metrics_server_ = *std::move(m);
+  }
+  return f;
+}
+
+int FollowerServer::metrics_port() const {
+  return metrics_server_ == nullptr ? 0 : metrics_server_->port();
+}
+
+FollowerServer::~FollowerServer() { Stop(); }
+
+void FollowerServer::Stop() {
+  metrics_server_.reset();
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server_->Wait();
+    server_.reset();
+  }
 }
 
 }  // namespace ringmaster

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
 #include "common/executor.h"
+#include "common/metrics.h"
 #include "common/metrics_server.h"
 #include "common/tls.h"
 #include "coordinator/coordinator.h"
@@ -41,6 +43,39 @@ struct ServerSecurity {
 
 // Whether `address` ("host:port", "[v6]:port") names a loopback host: 127.0.0.0/8, ::1, localhost.
 bool IsLoopbackAddress(const std::string& address);
+
+// Whether `security` allows serving on `address`: INVALID_ARGUMENT for unusable TLS files;
+// FAILED_PRECONDITION for plaintext off loopback without insecure_allow_remote, or bearer tokens in
+// plaintext off loopback.
+absl::Status CheckListenSecurity(const ServerSecurity& security, const std::string& address);
+
+// What a coordinator replica that does not lead serves while it waits to (--store etcd://, several
+// replicas): every call on the coordinator's address is answered UNAVAILABLE naming the leader,
+// in the message and in the x-ringmaster-leader trailer, so that clients given several addresses
+// go to it; /healthz is OK and /readyz is not (a Kubernetes Service sends it nothing).
+class FollowerServer {
+ public:
+  // `leader()` names the leader's address ("" when none is known yet); called on gRPC's threads.
+  // `metrics_address` "" serves no probes. Errors as CoordinatorServer::Start.
+  static absl::StatusOr<std::unique_ptr<FollowerServer>> Start(
+      const std::string& address, const ServerSecurity& security,
+      std::function<std::string()> leader, const std::string& metrics_address = "");
+  ~FollowerServer();  // Stop()s
+
+  int port() const { return port_; }
+  int metrics_port() const;
+  // Stops answering and frees the addresses (the replica is about to serve as the leader).
+  void Stop();
+
+ private:
+  FollowerServer() = default;
+  class Refusals;
+  std::unique_ptr<Refusals> refusals_;
+  std::unique_ptr<grpc::Server> server_;
+  MetricsRegistry metrics_;
+  std::unique_ptr<MetricsServer> metrics_server_;
+  int port_ = 0;
+};
 
 class CoordinatorServer {
  public:

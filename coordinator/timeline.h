@@ -28,15 +28,6 @@
 
 namespace ringmaster {
 
-// One executed response on one rank, as its worker reports it: consecutive activities from
-// `start_unix_us`, each ending at its time.
-struct ExecutionSpan {
-  std::vector<std::string> tensors;
-  std::string op;  // "ALLREDUCE", "BROADCAST", "ALLGATHER", "BARRIER"
-  int64_t start_unix_us = 0;
-  std::vector<std::pair<std::string, int64_t>> activities;  // name, end (unix us)
-};
-
 class Timeline {
  public:
   // Creates (truncates) `path`. `title` names the trace (e.g. "job job-000001").

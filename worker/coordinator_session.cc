@@ -35,17 +35,16 @@ int64_t MonotonicNanos() {
 
 }  // namespace
 
-CoordinatorSession::CoordinatorSession(std::shared_ptr<grpc::Channel> channel,
+CoordinatorSession::CoordinatorSession(std::shared_ptr<CoordinatorChannels> channels,
                                        v1::RegisterWorkerRequest registration, Listener* listener,
                                        absl::Duration write_timeout)
-    : channel_(channel),
+    : channels_(std::move(channels)),
       incarnation_([] {
         std::random_device device;
         const uint64_t n = (uint64_t{device()} << 32) ^ device() ^
                            static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
         return n == 0 ? 1 : n;
       }()),
-      stub_(v1::WorkerService::NewStub(std::move(channel))),
       registration_([&] {
         v1::RegisterWorkerRequest r = std::move(registration);
         r.set_incarnation(incarnation_);
@@ -166,6 +165,8 @@ absl::Status CoordinatorSession::Send(const v1::WorkerMessage& message) {
 grpc::Status CoordinatorSession::RunSession(bool* accepted) {
   *accepted = false;
   grpc::ClientContext context;
+  const std::shared_ptr<grpc::Channel> channel = channels_->Current();
+  auto stub = v1::WorkerService::NewStub(channel);
   std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream;
   bool opened = false;
   std::string worker_id;
@@ -174,7 +175,7 @@ grpc::Status CoordinatorSession::RunSession(bool* accepted) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return grpc::Status::CANCELLED;
     context_ = &context;
-    stream = stub_->Session(&context);
+    stream = stub->Session(&context);
     worker_id = worker_id_;
     secret = session_secret_;
   }
@@ -219,13 +220,18 @@ grpc::Status CoordinatorSession::RunSession(bool* accepted) {
     absl::MutexLock write_lock(&write_mu_);
   }
   grpc::Status status = stream->Finish();
+  // A replica that does not lead, or one gone: the next call goes to the leader it named, or to
+  // the next address. A session that was taken and then broke stays where it was (its coordinator
+  // may be back at once).
+  if (!*accepted) channels_->Failed(channel, context, status);
   absl::MutexLock lock(&mu_);
   context_ = nullptr;
   return status;
 }
 
 void CoordinatorSession::AwaitCoordinator(absl::Duration d) {
-  if (channel_->GetState(false) == GRPC_CHANNEL_READY) {
+  const std::shared_ptr<grpc::Channel> channel = channels_->Current();
+  if (channel->GetState(false) == GRPC_CHANNEL_READY) {
     // The coordinator is there, and ended the session (or refused it): the backoff it is.
     SleepUnless(stopping_, d);
     return;
@@ -233,19 +239,25 @@ void CoordinatorSession::AwaitCoordinator(absl::Duration d) {
   const absl::Time end = absl::Now() + d;
   while (!stopping_ && absl::Now() < end) {
     const absl::Time slice = std::min(end, absl::Now() + absl::Milliseconds(100));
-    if (channel_->WaitForConnected(absl::ToChronoTime(slice))) return;
+    if (channel->WaitForConnected(absl::ToChronoTime(slice))) return;
   }
 }
 
 void CoordinatorSession::Run() {
   absl::Duration backoff = absl::Milliseconds(100);
+  // Replicas: one of them leads at once when another fails, so look again soon.
+  const absl::Duration max_backoff =
+      channels_->size() > 1 ? absl::Milliseconds(500) : absl::Seconds(5);
   while (!stopping_) {
     if (worker_id().empty()) {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
       v1::RegisterWorkerResponse response;
-      grpc::Status s = stub_->RegisterWorker(&context, registration_, &response);
+      const std::shared_ptr<grpc::Channel> channel = channels_->Current();
+      grpc::Status s =
+          v1::WorkerService::NewStub(channel)->RegisterWorker(&context, registration_, &response);
       if (!s.ok()) {
+        channels_->Failed(channel, context, s);
         // A coordinator starting beside the worker is not there for a moment: said quietly.
         spdlog::log(backoff >= absl::Milliseconds(800) ? spdlog::level::warn : spdlog::level::info,
                     "registering with the coordinator failed: {}; retrying in {}",
@@ -259,7 +271,7 @@ void CoordinatorSession::Run() {
           return;
         }
         AwaitCoordinator(backoff);
-        backoff = std::min(backoff * 2, absl::Seconds(5));
+        backoff = std::min(backoff * 2, max_backoff);
         continue;
       }
       absl::MutexLock lock(&mu_);
@@ -290,7 +302,7 @@ void CoordinatorSession::Run() {
     // backoff grows only while the coordinator cannot be reached.
     if (accepted) backoff = absl::Milliseconds(100);
     AwaitCoordinator(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(5));
+    backoff = std::min(backoff * 2, max_backoff);
   }
 }
 

@@ -1,6 +1,8 @@
 // A worker's link to the coordinator: registration, the one Session stream, heartbeats, and
-// reconnection with exponential backoff (100 ms doubling to 5 s). A session that the coordinator
-// ends with NOT_FOUND or FAILED_PRECONDITION (lease expired) makes the worker register again.
+// reconnection with exponential backoff (100 ms doubling to 5 s; to 500 ms when several replicas'
+// addresses are given, so a new leader is found quickly). A session that the coordinator ends with
+// NOT_FOUND or FAILED_PRECONDITION (lease expired) makes the worker register again. A follower
+// replica's refusal (UNAVAILABLE naming the leader) sends it to the leader.
 //
 // A write that the coordinator does not take within the write timeout (it stopped reading: hung, or
 // its host unreachable while TCP keeps retrying) cancels the session, which then reconnects: Send()
@@ -20,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/coordinator_channels.h"
 #include "grpcpp/grpcpp.h"
 #include "ringmaster/v1/worker.grpc.pb.h"
 
@@ -38,8 +41,9 @@ class CoordinatorSession {
   };
 
   // `listener` is borrowed and must outlive Stop().
-  CoordinatorSession(std::shared_ptr<grpc::Channel> channel, v1::RegisterWorkerRequest registration,
-                     Listener* listener, absl::Duration write_timeout = absl::Seconds(10));
+  CoordinatorSession(std::shared_ptr<CoordinatorChannels> channels,
+                     v1::RegisterWorkerRequest registration, Listener* listener,
+                     absl::Duration write_timeout = absl::Seconds(10));
   ~CoordinatorSession();
 
   void Start();
@@ -65,10 +69,9 @@ class CoordinatorSession {
   // coordinator took it (answered the open).
   grpc::Status RunSession(bool* accepted);
 
-  std::shared_ptr<grpc::Channel> channel_;
+  const std::shared_ptr<CoordinatorChannels> channels_;
   // This daemon process's incarnation (random, never 0): its registration and sessions carry it.
   const uint64_t incarnation_;
-  std::unique_ptr<v1::WorkerService::Stub> stub_;
   const v1::RegisterWorkerRequest registration_;
   Listener* const listener_;
   const absl::Duration write_timeout_;

@@ -11,10 +11,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/negotiation_wire.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "spdlog/spdlog.h"
 #include "worker/cpu_executor.h"
+#include "worker/engine_wire.h"
 #include "worker/gloo_backend.h"
 #include "worker/gpu_executor.h"
 #include "worker/rendezvous_client.h"
@@ -112,7 +114,7 @@ absl::Status Daemon::Start() {
                   if (!session_started_.load()) return absl::UnavailableError("starting");
                   if (session_->connected()) return absl::OkStatus();
                   return absl::UnavailableError(
-                      absl::StrCat("not connected to the coordinator at ", options_.coordinator));
+                      absl::StrCat("not connected to the coordinator at ", channel_->Describe()));
                 },
         });
     if (!metrics.ok()) return metrics.status();
@@ -137,8 +139,10 @@ absl::Status Daemon::Start() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  channel_ =
-      grpc::CreateCustomChannel(options_.coordinator, MakeChannelCredentials(options_.tls), args);
+  absl::StatusOr<std::unique_ptr<CoordinatorChannels>> channels =
+      CoordinatorChannels::Create(options_.coordinator, MakeChannelCredentials(options_.tls), args);
+  if (!channels.ok()) return channels.status();
+  channel_ = *std::move(channels);
   v1::RegisterWorkerRequest registration;
   registration.set_host(options_.host_name);
   registration.set_device(options_.device);
@@ -206,8 +210,10 @@ void Daemon::OnMessage(const v1::CoordinatorMessage& m) {
       std::shared_ptr<Job> job = ServingJob();
       if (job != nullptr && job->assignment.job().id() == m.responses().job_id()) {
         // In cycle order, once each (the reliable session).
-        for (v1::ResponseList& list : job->ledger->Accept(m.responses())) {
-          job->engine->OnResponses(std::move(list));
+        for (const v1::ResponseList& list : job->ledger->Accept(m.responses())) {
+          RankCycle cycle;
+          FromProto(list, &cycle);
+          job->engine->OnResponses(std::move(cycle));
         }
       }
       break;
@@ -372,14 +378,22 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   job->ledger = std::make_unique<SessionLedger>(rank);
   SessionLedger* ledger = job->ledger.get();
   absl::Mutex* send_mu = &job->send_mu;
-  e.send = [session, ledger, send_mu](const v1::WorkerMessage& m) {
-    if (!m.has_requests()) {  // timeline spans: best effort
-      session->Send(m).IgnoreError();
-      return;
-    }
+  e.send_span = [session, job_id = spec.id(), epoch = assignment.epoch(), rank](
+                    const ExecutionSpan& span, int64_t sent_unix_us) {
+    v1::WorkerMessage m;
+    v1::TimelineSpans* spans = m.mutable_timeline();
+    spans->set_job_id(job_id);
+    spans->set_epoch(epoch);
+    spans->set_rank(rank);
+    ToProto(span, spans->add_spans());
+    spans->set_sent_unix_us(sent_unix_us);
+    session->Send(m).IgnoreError();  // best effort
+  };
+  e.send_requests = [session, ledger, send_mu](const RequestBatch& batch) {
     // Request batches are numbered and kept until acknowledged: one that cannot go now goes when
     // the next session resumes.
-    v1::WorkerMessage numbered = m;
+    v1::WorkerMessage numbered;
+    ToProto(batch, numbered.mutable_requests());
     absl::MutexLock send_lock(send_mu);
     if (!ledger->Prepare(numbered)) return;
     if (absl::Status s = session->Send(numbered); !s.ok()) {
@@ -589,8 +603,11 @@ absl::StatusOr<LocalAddress> Daemon::DataAddress() {
     if (data_address_.has_value()) return *data_address_;
   }
   // Resolved without the lock (a DNS lookup may take seconds).
-  absl::StatusOr<LocalAddress> a = options_.iface.empty() ? AddressTowards(options_.coordinator)
-                                                          : AddressOfInterface(options_.iface);
+  // Towards the first of the coordinator's replicas: they share the hosts' network.
+  absl::StatusOr<LocalAddress> a =
+      options_.iface.empty()
+          ? AddressTowards(options_.coordinator.substr(0, options_.coordinator.find(',')))
+          : AddressOfInterface(options_.iface);
   if (a.ok()) {
     absl::MutexLock lock(&mu_);
     data_address_ = *a;
@@ -770,10 +787,12 @@ void Daemon::OnEnqueue(const v1::LocalEnqueue& enqueue,
     return;
   }
   const uint64_t handle = enqueue.handle();
-  job->engine->Enqueue(enqueue, [reply, handle](const v1::LocalCompletion& c) {
-    v1::LocalCompletion out = c;
-    out.set_handle(handle);
-    reply(out);
+  LocalOp op;
+  FromProto(enqueue, &op);
+  job->engine->Enqueue(std::move(op), [reply, handle](const OpResult& result) {
+    v1::LocalCompletion c;
+    ToProto(result, handle, &c);
+    reply(c);
   });
 }
 

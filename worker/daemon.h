@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/coordinator_channels.h"
 #include "common/metrics_server.h"
 #include "common/shared_memory.h"
 #include "common/thread_list.h"
@@ -146,7 +147,8 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   int cuda_device_ = -1;  // the GPU served (--device cuda:N), -1 for a CPU slot
   MetricsRegistry metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;
-  std::shared_ptr<grpc::Channel> channel_;
+  // The coordinator's address, or its replicas' (following the leader).
+  std::shared_ptr<CoordinatorChannels> channel_;
   std::unique_ptr<CoordinatorSession> session_;
   std::atomic<bool> session_started_{false};  // session_ is set (read by /readyz)
   std::unique_ptr<LocalServer> local_;

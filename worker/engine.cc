@@ -12,17 +12,16 @@
 namespace ringmaster {
 namespace {
 
-int64_t ByteSize(const v1::TensorRequest& r) {
-  int64_t n = DataTypeSize(static_cast<DataType>(r.dtype()));
-  for (int64_t d : r.shape()) n *= d;
+int64_t ByteSize(const TensorRequest& r) {
+  int64_t n = DataTypeSize(r.dtype);
+  for (int64_t d : r.shape) n *= d;
   return n;
 }
 
-v1::LocalCompletion StatusCompletion(const absl::Status& status) {
-  v1::LocalCompletion c;
-  c.set_code(static_cast<int>(status.code()));
-  c.set_message(std::string(status.message()));
-  return c;
+OpResult Failed(const absl::Status& status) {
+  OpResult result;
+  result.status = status;
+  return result;
 }
 
 }  // namespace
@@ -106,21 +105,19 @@ std::string Engine::RankName() const {
   return absl::StrCat("rank ", options_.rank, " (", options_.host, ")");
 }
 
-void Engine::Enqueue(const v1::LocalEnqueue& enqueue, Done done) {
-  const v1::TensorRequest& r = enqueue.request();
-  auto reject = [&](absl::Status status) { done(StatusCompletion(status)); };
-  if (r.name().empty()) return reject(absl::InvalidArgumentError("tensor name is empty"));
-  const bool has_data = r.type() == v1::REQUEST_TYPE_ALLREDUCE ||
-                        r.type() == v1::REQUEST_TYPE_ALLGATHER ||
-                        r.type() == v1::REQUEST_TYPE_BROADCAST;
+void Engine::Enqueue(LocalOp local, Done done) {
+  const TensorRequest& r = local.request;
+  auto reject = [&](absl::Status status) { done(Failed(status)); };
+  if (r.name.empty()) return reject(absl::InvalidArgumentError("tensor name is empty"));
+  const bool has_data = r.type == RequestType::kAllreduce || r.type == RequestType::kAllgather ||
+                        r.type == RequestType::kBroadcast;
   if (has_data) {
     const int64_t bytes = ByteSize(r);
-    if (enqueue.offset() < 0 || bytes < 0 ||
-        static_cast<uint64_t>(enqueue.offset()) + static_cast<uint64_t>(bytes) >
-            options_.arena_bytes) {
-      return reject(absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", r.name(), "': ", bytes, " bytes at arena offset ", enqueue.offset(),
-          " lie outside the ", options_.arena_bytes, "-byte arena")));
+    if (local.offset < 0 || bytes < 0 ||
+        static_cast<uint64_t>(local.offset) + static_cast<uint64_t>(bytes) > options_.arena_bytes) {
+      return reject(absl::InvalidArgumentError(
+          absl::StrCat("tensor '", r.name, "': ", bytes, " bytes at arena offset ", local.offset,
+                       " lie outside the ", options_.arena_bytes, "-byte arena")));
     }
   }
   absl::Status rejected;
@@ -128,15 +125,16 @@ void Engine::Enqueue(const v1::LocalEnqueue& enqueue, Done done) {
     absl::MutexLock lock(&mu_);
     if (!aborted_.ok()) {
       rejected = aborted_;
-    } else if (ops_.contains(r.name())) {
+    } else if (ops_.contains(r.name)) {
       rejected = absl::InvalidArgumentError(
-          absl::StrCat("Tensor '", r.name(), "' is already in flight on ", RankName(),
+          absl::StrCat("Tensor '", r.name, "' is already in flight on ", RankName(),
                        ": wait for it to complete before submitting it again, or use a different "
                        "name."));
     } else {
-      ops_[r.name()] = std::make_unique<Op>(Op{enqueue, std::move(done)});
-      if (r.type() == v1::REQUEST_TYPE_JOIN) joined_ = true;
+      if (r.type == RequestType::kJoin) joined_ = true;
       unsent_.push_back(r);
+      std::string name = r.name;
+      ops_[std::move(name)] = std::make_unique<Op>(Op{std::move(local), std::move(done)});
       if (record_) series_.queue_depth->Set(static_cast<double>(ops_.size()));
       return;
     }
@@ -144,10 +142,10 @@ void Engine::Enqueue(const v1::LocalEnqueue& enqueue, Done done) {
   reject(rejected);  // outside the lock: the reply is a socket write
 }
 
-void Engine::OnResponses(v1::ResponseList list) {
+void Engine::OnResponses(RankCycle cycle) {
   const absl::Time now = options_.timeline ? absl::Now() : absl::InfinitePast();
   absl::MutexLock lock(&mu_);
-  responses_.push_back({std::move(list), now});
+  responses_.push_back({std::move(cycle), now});
 }
 
 void Engine::Abort(const absl::Status& status) {
@@ -162,7 +160,7 @@ void Engine::Abort(const absl::Status& status) {
     unsent_.clear();
     responses_.clear();
   }
-  for (auto& [name, op] : ops) op->done(StatusCompletion(status));
+  for (auto& [name, op] : ops) op->done(Failed(status));
 }
 
 void Engine::Stop() { StopWithin(absl::InfiniteDuration()); }
@@ -207,7 +205,7 @@ void Engine::Loop() {
         absl::StrCat("communicator setup failed on ", RankName(), ": ", setup_status_.message())));
   }
   while (true) {
-    std::vector<v1::TensorRequest> batch;
+    std::vector<TensorRequest> batch;
     std::deque<Arrived> lists;
     {
       absl::MutexLock lock(&mu_);
@@ -235,25 +233,29 @@ void Engine::Loop() {
       lists.swap(responses_);
     }
     if (!batch.empty()) SendBatch(batch);
-    for (Arrived& a : lists) Process(a.list, a.time);
+    for (Arrived& a : lists) Process(a.cycle, a.time);
   }
 }
 
-void Engine::SendBatch(const std::vector<v1::TensorRequest>& requests) {
-  v1::WorkerMessage m;
-  v1::RequestBatch* b = m.mutable_requests();
-  b->set_job_id(options_.job_id);
-  b->set_epoch(options_.epoch);
-  b->set_rank(options_.rank);
-  b->set_cache_generation(generation_);
-  for (const v1::TensorRequest& r : requests) {
+RequestBatch Engine::NewBatch() const {
+  RequestBatch b;
+  b.job_id = options_.job_id;
+  b.epoch = options_.epoch;
+  b.rank = options_.rank;
+  b.cache_generation = generation_;
+  return b;
+}
+
+void Engine::SendBatch(const std::vector<TensorRequest>& requests) {
+  RequestBatch b = NewBatch();
+  for (const TensorRequest& r : requests) {
     if (uint32_t id = cache_.Find(r); id != 0) {
-      b->add_cached_ids(id);
+      b.cached_ids.push_back(id);
     } else {
-      *b->add_requests() = r;
+      b.requests.push_back(r);
     }
   }
-  options_.send(m);
+  options_.send_requests(b);
 }
 
 std::vector<Engine::Op*> Engine::Take(const std::vector<std::string>& names) {
@@ -267,17 +269,16 @@ std::vector<Engine::Op*> Engine::Take(const std::vector<std::string>& names) {
   return out;
 }
 
-void Engine::Complete(Op* op, const absl::Status& status, v1::LocalCompletion completion) {
+void Engine::Complete(Op* op, const absl::Status& status, OpResult result) {
   if (op == nullptr) return;
   if (!status.ok()) {
-    completion = StatusCompletion(status);
+    result = Failed(status);
     CountError(status.code() == absl::StatusCode::kFailedPrecondition ? "negotiation"
                : status.code() == absl::StatusCode::kUnavailable      ? "peer"
                : status.code() == absl::StatusCode::kAborted          ? "job_stopped"
                                                                       : "other");
   }
-  completion.set_handle(op->enqueue.handle());
-  op->done(completion);
+  op->done(result);
   delete op;
 }
 
@@ -286,137 +287,126 @@ void Engine::Renegotiate(uint64_t generation) {
   generation_ = generation;
   absl::MutexLock lock(&mu_);
   absl::flat_hash_set<std::string> unsent;
-  for (const v1::TensorRequest& r : unsent_) unsent.insert(r.name());
+  for (const TensorRequest& r : unsent_) unsent.insert(r.name);
   // In the order the training process enqueued them.
   std::vector<const Op*> again;
   for (const auto& [name, op] : ops_) {
     if (!unsent.contains(name)) again.push_back(op.get());
   }
   std::sort(again.begin(), again.end(),
-            [](const Op* a, const Op* b) { return a->enqueue.handle() < b->enqueue.handle(); });
-  std::vector<v1::TensorRequest> requests;
-  for (const Op* op : again) requests.push_back(op->enqueue.request());
+            [](const Op* a, const Op* b) { return a->local.handle < b->local.handle; });
+  std::vector<TensorRequest> requests;
+  for (const Op* op : again) requests.push_back(op->local.request);
   unsent_.insert(unsent_.begin(), requests.begin(), requests.end());
   last_sent_ = absl::InfinitePast();  // at once
   spdlog::info("job {} {}: negotiation resumed (cache generation {}); {} requests sent again",
                options_.job_id, RankName(), generation, requests.size());
 }
 
-void Engine::Process(v1::ResponseList& list, absl::Time arrived) {
-  if (list.cache_generation() != generation_) Renegotiate(list.cache_generation());
-  fusion_threshold_ = list.fusion_threshold_bytes();
-  if (list.cycle_time_ms() > 0) {
+void Engine::Process(RankCycle& cycle, absl::Time arrived) {
+  if (cycle.cache_generation != generation_) Renegotiate(cycle.cache_generation);
+  fusion_threshold_ = cycle.fusion_threshold_bytes;
+  if (cycle.cycle_time_ms > 0) {
     absl::MutexLock lock(&mu_);
-    cycle_time_ = absl::Microseconds(static_cast<int64_t>(list.cycle_time_ms() * 1000));
+    cycle_time_ = absl::Microseconds(static_cast<int64_t>(cycle.cycle_time_ms * 1000));
   }
-  for (uint32_t id : list.evicted_ids()) cache_.Evict(id);
+  for (uint32_t id : cycle.evicted_ids) cache_.Evict(id);
   {
     absl::MutexLock lock(&mu_);
-    for (const v1::CacheAssignment& a : list.cache_assignments()) {
-      if (auto it = ops_.find(a.name()); it != ops_.end()) {
-        cache_.Assign(a.name(), a.id(), it->second->enqueue.request());
+    for (const CacheAssignment& a : cycle.cache_assignments) {
+      if (auto it = ops_.find(a.name); it != ops_.end()) {
+        cache_.Assign(a.name, a.id, it->second->local.request);
       }
     }
   }
-  if (list.resend_ids_size() > 0) {
-    v1::WorkerMessage m;
-    v1::RequestBatch* b = m.mutable_requests();
-    b->set_job_id(options_.job_id);
-    b->set_epoch(options_.epoch);
-    b->set_rank(options_.rank);
-    b->set_cache_generation(generation_);
-    for (uint32_t id : list.resend_ids()) {
-      if (std::optional<v1::TensorRequest> r = cache_.TakeForResend(id)) *b->add_requests() = *r;
+  if (!cycle.resend_ids.empty()) {
+    RequestBatch b = NewBatch();
+    for (uint32_t id : cycle.resend_ids) {
+      if (std::optional<TensorRequest> r = cache_.TakeForResend(id)) {
+        b.requests.push_back(*std::move(r));
+      }
     }
-    options_.send(m);
+    options_.send_requests(b);
   }
-  for (const v1::Response& e : list.rank_errors()) {
-    std::vector<std::string> names(e.names().begin(), e.names().end());
-    for (Op* op : Take(names)) {
-      Complete(op, absl::FailedPreconditionError(e.error_message()));
+  for (const Response& e : cycle.rank_errors) {
+    for (Op* op : Take(e.names)) {
+      Complete(op, absl::FailedPreconditionError(e.error_message));
     }
   }
-  for (const v1::Response& r : list.responses()) {
-    const int n = std::max(r.names_size(), r.cache_ids_size());
+  for (const Response& r : cycle.responses) {
+    const size_t n = std::max(r.names.size(), r.cache_ids.size());
     std::vector<std::string> names(n);
-    for (int i = 0; i < n; ++i) {
-      if (i < r.names_size() && !r.names(i).empty()) {
-        names[i] = r.names(i);
-      } else if (i < r.cache_ids_size()) {
-        if (const std::string* name = cache_.NameOf(r.cache_ids(i))) names[i] = *name;
+    for (size_t i = 0; i < n; ++i) {
+      if (i < r.names.size() && !r.names[i].empty()) {
+        names[i] = r.names[i];
+      } else if (i < r.cache_ids.size()) {
+        if (const std::string* name = cache_.NameOf(r.cache_ids[i])) names[i] = *name;
       }
     }
-    ExecutionTrace trace(options_.timeline && r.type() != v1::Response::TYPE_ERROR &&
-                             r.type() != v1::Response::TYPE_JOIN,
-                         arrived);
+    ExecutionTrace trace(
+        options_.timeline && r.type != Response::Type::kError && r.type != Response::Type::kJoin,
+        arrived);
     // Waiting behind the earlier responses of the list.
     trace.End("QUEUE");
     Execute(r, names, trace);
   }
 }
 
-void Engine::SendSpan(const v1::Response& r, const std::vector<std::string>& names,
+void Engine::SendSpan(const Response& r, const std::vector<std::string>& names,
                       const ExecutionTrace& trace) {
   if (!options_.timeline || trace.ends().size() < 2) return;
-  v1::WorkerMessage message;
-  v1::TimelineSpans& spans = *message.mutable_timeline();
-  spans.set_job_id(options_.job_id);
-  spans.set_epoch(options_.epoch);
-  spans.set_rank(options_.rank);
-  v1::ExecutionSpan* span = spans.add_spans();
+  ExecutionSpan span;
   for (const std::string& name : names) {
-    if (!name.empty()) span->add_tensors(name);
+    if (!name.empty()) span.tensors.push_back(name);
   }
-  if (span->tensors_size() == 0) return;
-  const char* ops[] = {"", "ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN", "BARRIER", "ERROR"};
-  span->set_op(ops[std::clamp<int>(r.type(), 0, 6)]);
+  if (span.tensors.empty()) return;
+  const char* ops[] = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "JOIN", "BARRIER", "ERROR"};
+  const int type = static_cast<int>(r.type);
+  span.op = type >= 0 && type < 6 ? ops[type] : "";
   const int64_t offset = absl::ToInt64Microseconds(options_.wall_clock_offset);
-  span->set_start_unix_us(absl::ToUnixMicros(trace.arrived()) + offset);
+  span.start_unix_us = absl::ToUnixMicros(trace.arrived()) + offset;
   for (const auto& [activity, end] : trace.ends()) {
-    span->add_activities(activity);
-    span->add_activity_end_unix_us(end + offset);
+    span.activities.emplace_back(activity, end + offset);
   }
-  spans.set_sent_unix_us(absl::ToUnixMicros(absl::Now()) + offset);
-  options_.send(message);
+  options_.send_span(span, absl::ToUnixMicros(absl::Now()) + offset);
 }
 
-Collective Engine::ToCollective(const v1::Response& r, const std::vector<Op*>& ops) {
+Collective Engine::ToCollective(const Response& r, const std::vector<Op*>& ops) {
   Collective c;
-  switch (r.type()) {
-    case v1::Response::TYPE_ALLGATHER:
+  switch (r.type) {
+    case Response::Type::kAllgather:
       c.type = Collective::Type::kAllgather;
       break;
-    case v1::Response::TYPE_BROADCAST:
+    case Response::Type::kBroadcast:
       c.type = Collective::Type::kBroadcast;
       break;
-    case v1::Response::TYPE_BARRIER:
+    case Response::Type::kBarrier:
       c.type = Collective::Type::kBarrier;
       break;
     default:
       c.type = Collective::Type::kAllreduce;
       break;
   }
-  c.dtype = static_cast<DataType>(r.dtype());
-  c.op = static_cast<ReduceOp>(r.reduce_op());
-  c.prescale = r.prescale_factor() == 0 ? 1.0 : r.prescale_factor();
-  c.postscale = r.postscale_factor() == 0 ? 1.0 : r.postscale_factor();
-  c.root = r.root_rank();
+  c.dtype = r.dtype;
+  c.op = r.reduce_op;
+  c.prescale = r.prescale_factor == 0 ? 1.0 : r.prescale_factor;
+  c.postscale = r.postscale_factor == 0 ? 1.0 : r.postscale_factor;
+  c.root = r.root_rank;
   c.tensors.resize(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i] == nullptr) continue;
-    c.tensors[i].offset = ops[i]->enqueue.offset();
-    c.tensors[i].ready_event = ops[i]->enqueue.ready_event();
-    const auto& shape = ops[i]->enqueue.request().shape();
-    c.tensors[i].shape.assign(shape.begin(), shape.end());
+    c.tensors[i].offset = ops[i]->local.offset;
+    c.tensors[i].ready_event = ops[i]->local.ready_event;
+    c.tensors[i].shape = ops[i]->local.request.shape;
   }
-  c.sizes.assign(r.tensor_sizes().begin(), r.tensor_sizes().end());
-  c.row_elements.assign(r.row_elements().begin(), r.row_elements().end());
+  c.sizes = r.tensor_sizes;
+  c.row_elements = r.row_elements;
   return c;
 }
 
-void Engine::Execute(const v1::Response& r, const std::vector<std::string>& names,
+void Engine::Execute(const Response& r, const std::vector<std::string>& names,
                      ExecutionTrace& trace) {
-  if (r.type() == v1::Response::TYPE_JOIN) {
+  if (r.type == Response::Type::kJoin) {
     {
       absl::MutexLock lock(&mu_);
       joined_ = false;
@@ -425,41 +415,40 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
     {
       absl::MutexLock lock(&mu_);
       for (auto& [name, op] : ops_) {
-        if (op->enqueue.request().type() == v1::REQUEST_TYPE_JOIN) join_names.push_back(name);
+        if (op->local.request.type == RequestType::kJoin) join_names.push_back(name);
       }
     }
-    for (Op* op : Take(join_names)) {
-      v1::LocalCompletion c;
-      c.set_last_joined_rank(r.last_joined_rank());
-      Complete(op, absl::OkStatus(), c);
-    }
+    OpResult joined;
+    joined.last_joined_rank = r.last_joined_rank;
+    for (Op* op : Take(join_names)) Complete(op, absl::OkStatus(), joined);
     return;
   }
   std::vector<Op*> ops = Take(names);
-  if (r.type() == v1::Response::TYPE_ERROR) {
-    for (Op* op : ops) Complete(op, absl::FailedPreconditionError(r.error_message()));
+  if (r.type == Response::Type::kError) {
+    for (Op* op : ops) Complete(op, absl::FailedPreconditionError(r.error_message));
     return;
   }
-  std::vector<v1::LocalCompletion> completions(ops.size());
+  std::vector<OpResult> results(ops.size());
   const absl::Time started = absl::Now();
   absl::Status status;
-  const bool known =
-      r.type() == v1::Response::TYPE_ALLREDUCE || r.type() == v1::Response::TYPE_ALLGATHER ||
-      r.type() == v1::Response::TYPE_BROADCAST || r.type() == v1::Response::TYPE_BARRIER;
+  const bool known = r.type == Response::Type::kAllreduce || r.type == Response::Type::kAllgather ||
+                     r.type == Response::Type::kBroadcast || r.type == Response::Type::kBarrier;
   if (!executor_ready_) {
     status = absl::UnavailableError(
         absl::StrCat("no communicator on ", RankName(), ": ", setup_status_.message()));
   } else if (!known) {
-    status = absl::InternalError(absl::StrCat("unknown response type ", r.type()));
+    // Named by its wire number (Response.Type).
+    status =
+        absl::InternalError(absl::StrCat("unknown response type ", static_cast<int>(r.type) + 1));
   } else {
     absl::StatusOr<Executed> executed = executor_->Execute(ToCollective(r, ops), trace);
     status = executed.status();
     if (executed.ok()) {
-      for (size_t i = 0; i < completions.size(); ++i) {
-        completions[i].set_done_event(executed->done_event);
+      for (size_t i = 0; i < results.size(); ++i) {
+        results[i].done_event = executed->done_event;
         if (i < executed->outputs.size() && executed->outputs[i].offset >= 0) {
-          completions[i].set_output_offset(executed->outputs[i].offset);
-          for (int64_t d : executed->outputs[i].shape) completions[i].add_output_shape(d);
+          results[i].output_offset = executed->outputs[i].offset;
+          results[i].output_shape = std::move(executed->outputs[i].shape);
         }
       }
     }
@@ -468,7 +457,7 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
   // Before completing: a rank that finishes at once and exits must not overtake its last span (the
   // job, and its timeline, would end without it).
   SendSpan(r, names, trace);
-  for (size_t i = 0; i < ops.size(); ++i) Complete(ops[i], status, completions[i]);
+  for (size_t i = 0; i < ops.size(); ++i) Complete(ops[i], status, std::move(results[i]));
   if (record_) {
     absl::MutexLock lock(&mu_);
     series_.queue_depth->Set(static_cast<double>(ops_.size()));
@@ -481,20 +470,20 @@ void Engine::Execute(const v1::Response& r, const std::vector<std::string>& name
   }
 }
 
-void Engine::Record(const v1::Response& r, const std::vector<Op*>& ops, absl::Duration took) {
+void Engine::Record(const Response& r, const std::vector<Op*>& ops, absl::Duration took) {
   if (!record_) return;
   const double seconds = absl::ToDoubleSeconds(took);
-  const int64_t elem = DataTypeSize(static_cast<DataType>(r.dtype()));
+  const int64_t elem = DataTypeSize(r.dtype);
   int64_t bytes = 0;
-  if (r.type() == v1::Response::TYPE_ALLGATHER) {
+  if (r.type == Response::Type::kAllgather) {
     for (Op* op : ops) {
-      if (op != nullptr) bytes += ByteSize(op->enqueue.request());
+      if (op != nullptr) bytes += ByteSize(op->local.request);
     }
   } else {
-    for (int64_t n : r.tensor_sizes()) bytes += n * elem;
+    for (int64_t n : r.tensor_sizes) bytes += n * elem;
   }
-  switch (r.type()) {
-    case v1::Response::TYPE_ALLREDUCE: {
+  switch (r.type) {
+    case Response::Type::kAllreduce: {
       series_.bytes[0]->Increment(static_cast<double>(bytes));
       series_.latency[0]->Observe(seconds);
       series_.fused_tensors->Observe(static_cast<double>(ops.size()));
@@ -508,15 +497,15 @@ void Engine::Record(const v1::Response& r, const std::vector<Op*>& ops, absl::Du
       }
       break;
     }
-    case v1::Response::TYPE_BROADCAST:
+    case Response::Type::kBroadcast:
       series_.bytes[1]->Increment(static_cast<double>(bytes));
       series_.latency[1]->Observe(seconds);
       break;
-    case v1::Response::TYPE_ALLGATHER:
+    case Response::Type::kAllgather:
       series_.bytes[2]->Increment(static_cast<double>(bytes));
       series_.latency[2]->Observe(seconds);
       break;
-    case v1::Response::TYPE_BARRIER:
+    case Response::Type::kBarrier:
       series_.latency[3]->Observe(seconds);
       break;
     default:

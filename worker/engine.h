@@ -8,6 +8,10 @@
 // engine forget its response cache and send every request not yet answered again, in full: the new
 // coordinator negotiates from scratch what the ranks still wait for.
 //
+// The engine works on the project's own types (common/negotiation_types.h and the structs below);
+// the daemon converts the local socket's and the session's protobuf messages at its edges
+// (worker/engine_wire.h).
+//
 // Thread-safe: Enqueue/OnResponses/Abort may be called from any thread; one engine thread owns the
 // executor and executes collectives with mu_ released.
 #pragma once
@@ -28,12 +32,43 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics.h"
-#include "ringmaster/v1/local.pb.h"
-#include "ringmaster/v1/worker.pb.h"
+#include "common/negotiation_types.h"
 #include "worker/executor.h"
 #include "worker/worker_cache.h"
 
 namespace ringmaster {
+
+// One collective the training process enqueued.
+struct LocalOp {
+  uint64_t handle = 0;  // the client's, unique among its operations in flight
+  TensorRequest request;
+  int64_t offset = 0;       // where the tensor's bytes are in the arena
+  int32_t ready_event = 0;  // GPU: the client's event to wait for (1-based; 0: the data is ready)
+};
+
+// How an operation ended.
+struct OpResult {
+  absl::Status status;
+  int64_t output_offset = 0;  // allgather: the output the daemon allocated in the arena
+  std::vector<int64_t> output_shape;
+  int32_t last_joined_rank = 0;  // join
+  int32_t done_event = 0;        // GPU: recorded once the result is in place (1-based; 0: none)
+};
+
+// One negotiation cycle's response list, as this rank applies it: in cycle order and once each (the
+// session below the engine sees to that).
+struct RankCycle {
+  // The response cache's generation; a new one means the coordinator negotiates afresh.
+  uint64_t cache_generation = 0;
+  // Negotiation parameters in force (they change under autotune). cycle_time_ms 0: unchanged.
+  int64_t fusion_threshold_bytes = 0;
+  double cycle_time_ms = 0;
+  std::vector<CacheAssignment> cache_assignments;  // applied before the responses
+  std::vector<uint32_t> evicted_ids;
+  std::vector<uint32_t> resend_ids;   // ids of this rank's to send again in full
+  std::vector<Response> rank_errors;  // kError responses for this rank's requests alone
+  std::vector<Response> responses;    // the same on every rank, executed in this order
+};
 
 struct EngineOptions {
   std::string job_id;
@@ -54,8 +89,11 @@ struct EngineOptions {
   // Executes the collectives (CpuExecutor, GpuExecutor); set up on the engine thread when it
   // starts. Null: every collective fails (no communicator).
   std::unique_ptr<Executor> executor;
-  // Sends a message to the coordinator on the worker's session. Must not block for long.
-  std::function<void(const v1::WorkerMessage&)> send;
+  // Send a request batch (job, epoch, rank and cache generation filled in; the session numbers it)
+  // and an executed response's timeline span (with the worker's clock when sent) to the
+  // coordinator. Must not block for long.
+  std::function<void(const RequestBatch&)> send_requests;
+  std::function<void(const ExecutionSpan&, int64_t sent_unix_us)> send_span;
   // Where the engine's series go (borrowed), labelled job, rank and host. Null: nothing is recorded
   // (the hot path does no metrics work at all; used to measure what metrics cost).
   MetricsRegistry* metrics = nullptr;
@@ -65,7 +103,7 @@ class Engine {
  public:
   static constexpr absl::Duration kClockPoll = absl::Milliseconds(50);
 
-  using Done = std::function<void(const v1::LocalCompletion&)>;
+  using Done = std::function<void(const OpResult&)>;
 
   explicit Engine(EngineOptions options);
   ~Engine();  // Stop()s
@@ -74,10 +112,10 @@ class Engine {
 
   // Queues one collective; `done` is called exactly once (from the engine thread, or from the
   // caller for an immediate rejection).
-  void Enqueue(const v1::LocalEnqueue& enqueue, Done done);
+  void Enqueue(LocalOp op, Done done);
 
   // A response list from the coordinator for this job.
-  void OnResponses(v1::ResponseList list);
+  void OnResponses(RankCycle cycle);
 
   // Fails every pending and future operation with `status` (job stopped, peer lost).
   void Abort(const absl::Status& status);
@@ -91,31 +129,33 @@ class Engine {
 
  private:
   struct Op {
-    v1::LocalEnqueue enqueue;
+    LocalOp local;
     Done done;
   };
 
   // A response list and when it arrived.
   struct Arrived {
-    v1::ResponseList list;
+    RankCycle cycle;
     absl::Time time;
   };
 
   void Loop();
-  void SendBatch(const std::vector<v1::TensorRequest>& requests);
-  void Process(v1::ResponseList& list, absl::Time arrived);
+  // An empty batch of this rank's, in the current cache generation.
+  RequestBatch NewBatch() const;
+  void SendBatch(const std::vector<TensorRequest>& requests);
+  void Process(RankCycle& cycle, absl::Time arrived);
   // A list of a new cache generation: forget the cache, queue every unanswered request again.
   void Renegotiate(uint64_t generation);
-  void Execute(const v1::Response& response, const std::vector<std::string>& names,
+  void Execute(const Response& response, const std::vector<std::string>& names,
                ExecutionTrace& trace);
   // The response as the executor runs it, on this rank's tensors (nullptr: this rank has none).
-  static Collective ToCollective(const v1::Response& r, const std::vector<Op*>& ops);
+  static Collective ToCollective(const Response& r, const std::vector<Op*>& ops);
   // Reports the executed response's activities for the timeline (when the job has one).
-  void SendSpan(const v1::Response& r, const std::vector<std::string>& names,
+  void SendSpan(const Response& r, const std::vector<std::string>& names,
                 const ExecutionTrace& trace);
   // Removes the named ops from the table (nullptr for names this rank does not have, e.g. joined).
   std::vector<Op*> Take(const std::vector<std::string>& names) ABSL_LOCKS_EXCLUDED(mu_);
-  void Complete(Op* op, const absl::Status& status, v1::LocalCompletion completion = {});
+  void Complete(Op* op, const absl::Status& status, OpResult result = {});
   std::string RankName() const;
 
   // The engine's metric series, registered once (null registry: a private one).
@@ -129,7 +169,7 @@ class Engine {
   };
   void CountError(absl::string_view kind);
   // Observes a successfully executed response. Engine thread only.
-  void Record(const v1::Response& r, const std::vector<Op*>& ops, absl::Duration took);
+  void Record(const Response& r, const std::vector<Op*>& ops, absl::Duration took);
 
   const EngineOptions options_;
   MetricsRegistry own_metrics_;
@@ -148,7 +188,7 @@ class Engine {
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);
-  std::vector<v1::TensorRequest> unsent_ ABSL_GUARDED_BY(mu_);  // copies: ops may be aborted
+  std::vector<TensorRequest> unsent_ ABSL_GUARDED_BY(mu_);  // copies: ops may be aborted
   absl::Time last_sent_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::deque<Arrived> responses_ ABSL_GUARDED_BY(mu_);
   absl::Duration cycle_time_ ABSL_GUARDED_BY(mu_);

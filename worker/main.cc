@@ -18,7 +18,8 @@
 #include "worker/daemon.h"
 
 ABSL_FLAG(std::string, coordinator, "",
-          "coordinator address host:port (env RINGMASTER_COORDINATOR)");
+          "coordinator address host:port, or its replicas' host:port,host:port,... (the leader is "
+          "followed) (env RINGMASTER_COORDINATOR)");
 ABSL_FLAG(
     std::string, device, "cpu",
     "the slot this daemon serves: cpu or cuda:N (also cpuN and cudaN, systemd instance names)");

@@ -18,21 +18,27 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-// Runs `call(context)` until it returns anything but UNAVAILABLE or `until` passes. Each attempt
-// waits for the channel to connect (wait_for_ready) and ends by `per_call` or `until`; a journal
-// (may be null) cancels them.
+// Runs `call(stub, context)` until it returns anything but UNAVAILABLE or `until` passes. With one
+// coordinator address each attempt waits for the channel to connect (wait_for_ready); with several
+// (replicas) an attempt fails at once and the next goes where the failure pointed (the leader a
+// follower named, or the next address). Each attempt ends by `per_call` or `until`; a journal (may
+// be null) cancels them.
 template <typename Call>
-absl::Status Retrying(RendezvousJournal* journal, absl::Time until, absl::Duration per_call,
-                      Call call) {
+absl::Status Retrying(CoordinatorChannels& channels, RendezvousJournal* journal, absl::Time until,
+                      absl::Duration per_call, Call call) {
   while (true) {
     grpc::ClientContext context;
-    context.set_wait_for_ready(true);
+    const std::shared_ptr<grpc::Channel> channel = channels.Current();
+    auto stub = v1::RendezvousService::NewStub(channel);
+    context.set_wait_for_ready(channels.size() == 1);
     const absl::Time attempt_until = std::min(until, absl::Now() + per_call);
     context.set_deadline(absl::ToChronoTime(attempt_until));
     if (journal != nullptr && !journal->Begin(&context)) {
       return absl::CancelledError("rendezvous cancelled: the job stopped");
     }
-    absl::Status s = FromGrpc(call(context));
+    const grpc::Status status = call(*stub, context);
+    channels.Failed(channel, context, status);
+    absl::Status s = FromGrpc(status);
     if (journal != nullptr) {
       journal->End(&context);
       if (journal->cancelled())
@@ -83,10 +89,10 @@ void RendezvousJournal::End(grpc::ClientContext* context) {
   calls_.erase(std::remove(calls_.begin(), calls_.end(), context), calls_.end());
 }
 
-RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> channel, std::string job_id,
-                                   int64_t epoch, std::shared_ptr<RendezvousJournal> journal,
-                                   std::string token)
-    : stub_(v1::RendezvousService::NewStub(std::move(channel))),
+RendezvousClient::RendezvousClient(std::shared_ptr<CoordinatorChannels> channels,
+                                   std::string job_id, int64_t epoch,
+                                   std::shared_ptr<RendezvousJournal> journal, std::string token)
+    : channels_(std::move(channels)),
       job_id_(std::move(job_id)),
       epoch_(epoch),
       journal_(std::move(journal)),
@@ -102,11 +108,11 @@ absl::Status RendezvousClient::SetOnce(const std::string& key, const std::string
   request.set_epoch(epoch_);
   request.set_key(key);
   request.set_value(value);
-  return Retrying(journal_.get(), absl::Now() + kRetryFor, kCallDeadline,
-                  [&](grpc::ClientContext& context) {
+  return Retrying(*channels_, journal_.get(), absl::Now() + kRetryFor, kCallDeadline,
+                  [&](v1::RendezvousService::Stub& stub, grpc::ClientContext& context) {
                     v1::SetResponse response;
                     Authorize(context);
-                    return stub_->Set(&context, request, &response);
+                    return stub.Set(&context, request, &response);
                   });
 }
 
@@ -128,10 +134,10 @@ absl::StatusOr<std::string> RendezvousClient::Get(const std::string& key) {
   request.set_epoch(epoch_);
   request.set_key(key);
   v1::GetResponse response;
-  absl::Status s = Retrying(journal_.get(), absl::Now() + kRetryFor, kCallDeadline,
-                            [&](grpc::ClientContext& context) {
+  absl::Status s = Retrying(*channels_, journal_.get(), absl::Now() + kRetryFor, kCallDeadline,
+                            [&](v1::RendezvousService::Stub& stub, grpc::ClientContext& context) {
                               Authorize(context);
-                              return stub_->Get(&context, request, &response);
+                              return stub.Get(&context, request, &response);
                             });
   if (!s.ok()) return s;
   return response.value();
@@ -146,14 +152,14 @@ absl::StatusOr<std::vector<std::string>> RendezvousClient::Wait(
   request.set_epoch(epoch_);
   for (const std::string& k : keys) request.add_keys(k);
   v1::WaitResponse response;
-  absl::Status s = Retrying(journal_.get(), until + kCallDeadline, timeout + kCallDeadline,
-                            [&](grpc::ClientContext& context) {
-                              const absl::Duration left =
-                                  std::max(absl::Milliseconds(1), until - absl::Now());
-                              request.set_timeout_ms(absl::ToInt64Milliseconds(left));
-                              Authorize(context);
-                              return stub_->Wait(&context, request, &response);
-                            });
+  absl::Status s =
+      Retrying(*channels_, journal_.get(), until + kCallDeadline, timeout + kCallDeadline,
+               [&](v1::RendezvousService::Stub& stub, grpc::ClientContext& context) {
+                 const absl::Duration left = std::max(absl::Milliseconds(1), until - absl::Now());
+                 request.set_timeout_ms(absl::ToInt64Milliseconds(left));
+                 Authorize(context);
+                 return stub.Wait(&context, request, &response);
+               });
   if (!s.ok()) return s;
   return std::vector<std::string>(response.values().begin(), response.values().end());
 }

@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/coordinator_channels.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "ringmaster/v1/rendezvous.grpc.pb.h"
@@ -49,7 +50,7 @@ class RendezvousClient : public KeyValueStore {
 
   // `journal` (may be null) records every key set. `token` is the epoch's rendezvous token
   // (JobAssignment.rendezvous_token): every call carries it.
-  RendezvousClient(std::shared_ptr<grpc::Channel> channel, std::string job_id, int64_t epoch,
+  RendezvousClient(std::shared_ptr<CoordinatorChannels> channels, std::string job_id, int64_t epoch,
                    std::shared_ptr<RendezvousJournal> journal = nullptr, std::string token = "");
 
   absl::Status Set(const std::string& key, const std::string& value) override;
@@ -63,7 +64,7 @@ class RendezvousClient : public KeyValueStore {
  private:
   absl::Status SetOnce(const std::string& key, const std::string& value);
 
-  std::unique_ptr<v1::RendezvousService::Stub> stub_;
+  const std::shared_ptr<CoordinatorChannels> channels_;
   const std::string job_id_;
   // The metadata every call carries.
   void Authorize(grpc::ClientContext& context) const;

@@ -1,25 +1,21 @@
 #include "worker/worker_cache.h"
 
-#include <algorithm>
-
 namespace ringmaster {
 
-bool SameMetadata(const v1::TensorRequest& a, const v1::TensorRequest& b) {
-  return a.type() == b.type() && a.dtype() == b.dtype() &&
-         std::equal(a.shape().begin(), a.shape().end(), b.shape().begin(), b.shape().end()) &&
-         a.root_rank() == b.root_rank() && a.reduce_op() == b.reduce_op() &&
-         a.prescale_factor() == b.prescale_factor() &&
-         a.postscale_factor() == b.postscale_factor() && a.device() == b.device() &&
-         a.group_id() == b.group_id() && a.group_size() == b.group_size();
+bool SameMetadata(const TensorRequest& a, const TensorRequest& b) {
+  return a.type == b.type && a.dtype == b.dtype && a.shape == b.shape &&
+         a.root_rank == b.root_rank && a.reduce_op == b.reduce_op &&
+         a.prescale_factor == b.prescale_factor && a.postscale_factor == b.postscale_factor &&
+         a.device == b.device && a.group_id == b.group_id && a.group_size == b.group_size;
 }
 
-uint32_t WorkerCache::Find(const v1::TensorRequest& request) const {
-  auto it = by_name_.find(request.name());
+uint32_t WorkerCache::Find(const TensorRequest& request) const {
+  auto it = by_name_.find(request.name);
   if (it == by_name_.end() || !SameMetadata(it->second.second, request)) return 0;
   return it->second.first;
 }
 
-void WorkerCache::Assign(const std::string& name, uint32_t id, const v1::TensorRequest& request) {
+void WorkerCache::Assign(const std::string& name, uint32_t id, const TensorRequest& request) {
   if (auto old = by_name_.find(name); old != by_name_.end()) by_id_.erase(old->second.first);
   by_name_[name] = {id, request};
   by_id_[id] = name;
@@ -37,11 +33,11 @@ const std::string* WorkerCache::NameOf(uint32_t id) const {
   return it == by_id_.end() ? nullptr : &it->second;
 }
 
-std::optional<v1::TensorRequest> WorkerCache::TakeForResend(uint32_t id) {
+std::optional<TensorRequest> WorkerCache::TakeForResend(uint32_t id) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return std::nullopt;
   auto entry = by_name_.find(it->second);
-  std::optional<v1::TensorRequest> request;
+  std::optional<TensorRequest> request;
   if (entry != by_name_.end()) {
     request = std::move(entry->second.second);
     by_name_.erase(entry);

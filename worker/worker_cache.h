@@ -8,26 +8,26 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "ringmaster/v1/worker.pb.h"
+#include "common/negotiation_types.h"
 
 namespace ringmaster {
 
 // Same collective metadata (names are compared by the caller's lookup).
-bool SameMetadata(const v1::TensorRequest& a, const v1::TensorRequest& b);
+bool SameMetadata(const TensorRequest& a, const TensorRequest& b);
 
 class WorkerCache {
  public:
   // The id under which `request` may be sent, or 0 when it must go in full.
-  uint32_t Find(const v1::TensorRequest& request) const;
-  void Assign(const std::string& name, uint32_t id, const v1::TensorRequest& request);
+  uint32_t Find(const TensorRequest& request) const;
+  void Assign(const std::string& name, uint32_t id, const TensorRequest& request);
   void Evict(uint32_t id);
   // The name cached under `id`, or nullptr.
   const std::string* NameOf(uint32_t id) const;
   // Drops `id` and returns its request, to be re-sent in full.
-  std::optional<v1::TensorRequest> TakeForResend(uint32_t id);
+  std::optional<TensorRequest> TakeForResend(uint32_t id);
 
  private:
-  absl::flat_hash_map<std::string, std::pair<uint32_t, v1::TensorRequest>> by_name_;
+  absl::flat_hash_map<std::string, std::pair<uint32_t, TensorRequest>> by_name_;
   absl::flat_hash_map<uint32_t, std::string> by_id_;
 };
 

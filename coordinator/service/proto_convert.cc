@@ -245,46 +245,6 @@ absl::Status FromProto(const v1::TimelineSpans& in, std::vector<ExecutionSpan>* 
   return absl::OkStatus();
 }
 
-void FromProto(const v1::TensorRequest& in, TensorRequest* out) {
-  out->name = in.name();
-  out->type = static_cast<RequestType>(in.type());
-  out->dtype = static_cast<DataType>(in.dtype());
-  out->shape.assign(in.shape().begin(), in.shape().end());
-  out->root_rank = in.root_rank();
-  out->reduce_op = static_cast<ReduceOp>(in.reduce_op());
-  out->prescale_factor = in.prescale_factor();
-  out->postscale_factor = in.postscale_factor();
-  out->device = in.device();
-  out->group_id = in.group_id();
-  out->group_size = in.group_size();
-}
-
-void ToProto(const TensorRequest& in, v1::TensorRequest* out) {
-  out->set_name(in.name);
-  out->set_type(static_cast<v1::RequestType>(in.type));
-  out->set_dtype(static_cast<v1::DataType>(in.dtype));
-  for (int64_t d : in.shape) out->add_shape(d);
-  out->set_root_rank(in.root_rank);
-  out->set_reduce_op(static_cast<v1::ReduceOp>(in.reduce_op));
-  out->set_prescale_factor(in.prescale_factor);
-  out->set_postscale_factor(in.postscale_factor);
-  out->set_device(in.device);
-  out->set_group_id(in.group_id);
-  out->set_group_size(in.group_size);
-}
-
-void FromProto(const v1::RequestBatch& in, RequestBatch* out) {
-  out->job_id = in.job_id();
-  out->epoch = in.epoch();
-  out->rank = in.rank();
-  out->requests.resize(in.requests_size());
-  for (int i = 0; i < in.requests_size(); ++i) FromProto(in.requests(i), &out->requests[i]);
-  out->cached_ids.assign(in.cached_ids().begin(), in.cached_ids().end());
-  out->seq = in.seq();
-  out->ack_responses = in.ack_responses();
-  out->cache_generation = in.cache_generation();
-}
-
 absl::Status FromProto(const v1::RankUpdate& in, RankUpdate* out) {
   out->job_id = in.job_id();
   out->epoch = in.epoch();
@@ -320,45 +280,6 @@ void ToProto(const LogChunk& in, v1::LogChunk* out) {
                                                      : v1::RANK_OUTPUT_STREAM_STDOUT);
   out->set_data(in.data);
   out->set_time_unix_ms(UnixMs(in.time));
-}
-
-void ToProto(const Response& in, v1::Response* out) {
-  out->set_type(static_cast<v1::Response::Type>(static_cast<int>(in.type) + 1));
-  // Steady state: every tensor has a cache id, and the names are left out altogether.
-  const bool all_cached =
-      !in.cache_ids.empty() &&
-      std::find(in.cache_ids.begin(), in.cache_ids.end(), 0u) == in.cache_ids.end();
-  if (!all_cached) {
-    for (const std::string& name : in.names) out->add_names(name);
-  }
-  for (uint32_t id : in.cache_ids) out->add_cache_ids(id);
-  out->set_dtype(static_cast<v1::DataType>(in.dtype));
-  out->set_reduce_op(static_cast<v1::ReduceOp>(in.reduce_op));
-  out->set_prescale_factor(in.prescale_factor);
-  out->set_postscale_factor(in.postscale_factor);
-  out->set_root_rank(in.root_rank);
-  out->set_device(in.device);
-  for (int64_t s : in.tensor_sizes) out->add_tensor_sizes(s);
-  for (int64_t s : in.row_elements) out->add_row_elements(s);
-  out->set_error_message(in.error_message);
-  out->set_last_joined_rank(in.last_joined_rank);
-}
-
-void FromProto(const v1::Response& in, Response* out) {
-  out->type = static_cast<Response::Type>(static_cast<int>(in.type()) - 1);
-  out->cache_ids.assign(in.cache_ids().begin(), in.cache_ids().end());
-  out->names.assign(in.names().begin(), in.names().end());
-  out->names.resize(std::max(out->names.size(), out->cache_ids.size()));
-  out->dtype = static_cast<DataType>(in.dtype());
-  out->reduce_op = static_cast<ReduceOp>(in.reduce_op());
-  out->prescale_factor = in.prescale_factor();
-  out->postscale_factor = in.postscale_factor();
-  out->root_rank = in.root_rank();
-  out->device = in.device();
-  out->tensor_sizes.assign(in.tensor_sizes().begin(), in.tensor_sizes().end());
-  out->row_elements.assign(in.row_elements().begin(), in.row_elements().end());
-  out->error_message = in.error_message();
-  out->last_joined_rank = in.last_joined_rank();
 }
 
 void ToProto(const CycleBroadcast& in, v1::ResponseList* out) {

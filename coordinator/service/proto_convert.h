@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/negotiation_wire.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/job.h"
 #include "coordinator/log_store.h"
@@ -34,9 +35,6 @@ v1::JobState ToProto(JobState state);
 // INVALID_ARGUMENT for JOB_STATE_UNSPECIFIED or an unknown value.
 absl::Status FromProto(v1::JobState in, JobState* out);
 
-void FromProto(const v1::TensorRequest& in, TensorRequest* out);
-void ToProto(const TensorRequest& in, v1::TensorRequest* out);
-void FromProto(const v1::RequestBatch& in, RequestBatch* out);
 // A job as stored (the durable store keeps jobs as serialized v1::Job); live figures are not kept.
 absl::Status FromProto(const v1::Job& in, Job* out);
 // INVALID_ARGUMENT for a state other than STARTED or EXITED.
@@ -50,8 +48,6 @@ absl::Status FromProto(const v1::TimelineSpans& in, std::vector<ExecutionSpan>* 
 // The part of a cycle every rank receives alike (no resend_ids, no rank_errors).
 void ToProto(const CycleBroadcast& in, v1::ResponseList* out);
 void ToProto(const RankNotice& in, v1::ResponseList* out);
-void ToProto(const Response& in, v1::Response* out);
-void FromProto(const v1::Response& in, Response* out);
 // A list a worker retained (RankResume.retained), as the cycle it was: INVALID_ARGUMENT naming the
 // field for one of another job, unnumbered, or with an unknown response type.
 absl::StatusOr<std::shared_ptr<CycleBroadcast>> CycleFromProto(const v1::ResponseList& in,

@@ -6,10 +6,14 @@ daemons and ranks on loopback, each trial checked with exact values.
   every step with the exact result (train_loop checks each);
 - session resets at random messages (every worker drops the N-th message it sends and cuts its
   session, N drawn per worker and job): every job SUCCEEDED with exact results, none hangs;
-- a daemon killed mid-job still fails the job within 10 s, naming its rank and host.
+- a daemon killed mid-job still fails the job within 10 s, naming its rank and host;
+- two coordinator replicas on one etcd (--store etcd://): the leader killed (kill -9) at a random
+  moment of a 4-rank job, the follower takes over within the lease TTL plus a few seconds, and every
+  job SUCCEEDED with every step exact; the killed replica comes back as a follower.
 
 Trial counts come from RINGMASTER_CHAOS_KILLS (default 20), RINGMASTER_CHAOS_RESET_JOBS (default
-4 jobs, and more until 100 resets were injected) and RINGMASTER_CHAOS_SEED; bench/chaos.sh runs larger
+4 jobs, and more until 100 resets were injected), RINGMASTER_CHAOS_LEADER_KILLS (default 5) and
+RINGMASTER_CHAOS_SEED; bench/chaos.sh runs larger
 counts and prints the figures (trials, hangs, time to resume). Each trial is bounded in time.
 
 Run by ctest with /usr/bin/python3 -m pytest; helpers from tests/cli/test_first_hour.py."""
@@ -20,14 +24,17 @@ import re
 import signal
 import sys
 import time
+import types
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "cli"))
-from test_first_hour import BIN, Cluster, free_port, submit, wait_for  # noqa: E402
+from test_first_hour import BIN, Cluster, PORT_RE, free_port, submit, wait_for  # noqa: E402
+from test_coordinator_restart import etcd  # noqa: E402,F401 (a fixture)
 
 import pytest  # noqa: E402
 
 TRAIN = str(BIN / "train_loop")
 KILLS = int(os.environ.get("RINGMASTER_CHAOS_KILLS", "20"))
+LEADER_KILLS = int(os.environ.get("RINGMASTER_CHAOS_LEADER_KILLS", "5"))
 RESET_JOBS = int(os.environ.get("RINGMASTER_CHAOS_RESET_JOBS", "4"))
 SEED = int(os.environ.get("RINGMASTER_CHAOS_SEED", str(int(time.time()))))
 REPORT = os.environ.get("RINGMASTER_CHAOS_REPORT")  # a JSON lines file for bench/chaos.sh
@@ -160,3 +167,78 @@ def test_a_daemon_kill_still_fails_the_job_within_10_s_naming_rank_and_host(clus
     assert failed["state"] == "JOB_STATE_FAILED"
     assert re.match(rf"worker {victim['worker_id']} serving rank 2 on host {victim['host']} ",
                     failed["reason"]), failed["reason"]
+
+
+def leads(replica):
+    """Whether a coordinator replica said it serves (not only that it listens as a follower)."""
+    return any(PORT_RE.match(line) and "follower" not in line
+               for line in replica.stdout().splitlines())
+
+
+def test_leader_kill_with_etcd_loses_no_step(cluster, tmp_path, etcd):
+    rng = random.Random(SEED + 2)
+    ttl = 2
+    ports = [free_port(), free_port()]
+
+    def replica(i):
+        # The jobs are in etcd; the output journal is in a --state-dir the replicas share (a shared
+        # volume), so a job that ended just before a takeover still has its logs.
+        return cluster.coordinator("--store", etcd, "--leader-ttl", f"{ttl}s", "--state-dir",
+                                   str(tmp_path / "state"), port=ports[i])
+
+    replicas = [replica(0), None]
+    wait_for(lambda: leads(replicas[0]), 10, "the first replica to lead")
+    replicas[1] = replica(1)
+    assert not leads(replicas[1]) and "as a follower" in replicas[1].stdout()
+    # A follower answers every call UNAVAILABLE, naming the leader.
+    r = cluster.cli(replicas[1], "jobs")
+    assert r.returncode == 1
+    assert r.stderr.startswith(
+        "ringmaster: UNAVAILABLE: this ringmaster-coordinator replica is not the leader; the "
+        f"leader is at 127.0.0.1:{ports[0]}\n"), r.stderr
+    # Daemons and the CLI are given both addresses, and follow the leader.
+    both = types.SimpleNamespace(address=f"127.0.0.1:{ports[1]},127.0.0.1:{ports[0]}")
+    for i in range(4):
+        cluster.worker(both, host=f"h{i // 2}")
+    wait_for(lambda: len(cluster.idle_workers(both)) == 4, 20, "the workers")
+    leader, steps, takeovers, first_cycles = 0, 40, [], []
+    for trial in range(LEADER_KILLS):
+        job = submit(cluster, both, "--np", "4", "--processes-per-host", "2", "--", TRAIN,
+                     str(steps))
+        delay = rng.uniform(0.2, 1.6)
+        time.sleep(delay)
+        replicas[leader].stop(signal.SIGKILL)
+        killed = time.monotonic()
+        follower = 1 - leader
+        wait_for(lambda: leads(replicas[follower]), ttl + 5, "the follower to take over")
+        took = time.monotonic() - killed
+        takeovers.append(took)
+        done = cluster.wait_state(both, job, TERMINAL, 60)  # a hang fails here
+        logs = cluster.cli(both, "logs", job).stdout
+        why = (f"seed {SEED} trial {trial} (leader kill after {delay:.3f} s, taken over in "
+               f"{took:.3f} s): {done.get('reason')}\n{logs}")
+        assert done["state"] == "JOB_STATE_SUCCEEDED", why
+        assert done["reason"] == "all 4 ranks exited 0", why
+        assert exact(logs, 4, steps) == {0: 1, 1: 1, 2: 1, 3: 1}, why
+        assert took < ttl + 3, why
+        # From the kill to the job's first negotiated cycle with the new leader (when the job was
+        # still negotiating): the takeover, then the new leader's first cycle.
+        first = None
+        for e in done["events"]:
+            m = re.match(r"negotiating again: the first cycle after the restart came (\S+) ",
+                         e["message"])
+            first = seconds(m.group(1)) if m else first
+        if first is not None:
+            first_cycles.append(took + first)
+        report(kind="leader_kill", trial=trial, delay_s=round(delay, 3), state=done["state"],
+               takeover_s=round(took, 3),
+               kill_to_first_cycle_s=None if first is None else round(took + first, 3))
+        # The killed replica comes back, and follows.
+        replicas[leader] = replica(leader)
+        assert not leads(replicas[leader]), replicas[leader].stdout()
+        leader = follower
+        wait_for(lambda: len(cluster.idle_workers(both)) == 4, 20, "the workers to be free")
+    report(kind="leader_kill_summary", trials=LEADER_KILLS, hangs=0, ttl_s=ttl,
+           takeover_median_s=median(takeovers), takeover_max_s=max(takeovers, default=None),
+           resumed=len(first_cycles), first_cycle_median_s=median(first_cycles),
+           first_cycle_max_s=max(first_cycles, default=None))

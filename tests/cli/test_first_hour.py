@@ -159,7 +159,7 @@ def submit(cluster, coordinator, *args, **kw):
                                 "--tls-cert", "--tls-key", "--tls-ca", "--token-file",
                                 "--admin-group", "--worker-group", "--insecure",
                                 "--insecure-allow-remote", "--job-retention", "--max-ended-jobs",
-                                "--max-active-jobs"]),
+                                "--max-active-jobs", "--advertise-address", "--leader-ttl"]),
     ("ringmaster-worker", ["--coordinator", "--device", "--host-name", "--socket", "--iface",
                            "--metrics-listen", "--arena-mb", "--collective-timeout-seconds", "--log-level",
                            "--coordinator-grace", "--tls-cert", "--tls-key", "--tls-ca",

@@ -1,80 +1,36 @@
 // The etcd JobStore against a real etcd (Debian's etcd-server, installed by
 // scripts/install-deps.sh) started on loopback by the test, with its own data directory; skipped
-// where etcd is not installed.
+// where etcd is not installed. Its fenced writes are tested with the leader election
+// (leader_election_test.cc).
 #include "coordinator/etcd_job_store.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
+#include "coordinator/etcd_client.h"
 #include "coordinator/job_registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/service/etcd_server.h"
 
 namespace ringmaster {
 namespace {
 
-constexpr char kEtcd[] = "/usr/bin/etcd";
-
-int FreePort() {
-  // Ports from the pid, in a range nothing else here uses: two concurrent tests do not collide.
-  static int next = 0;
-  return 23000 + (getpid() % 500) * 4 + (next++ % 4);
-}
-
 class EtcdJobStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (access(kEtcd, X_OK) != 0) GTEST_SKIP() << kEtcd << " is not installed (etcd-server)";
-    const int client = FreePort(), peer = FreePort();
-    url_ = absl::StrCat("etcd://127.0.0.1:", client);
-    const std::string c = absl::StrCat("http://127.0.0.1:", client);
-    const std::string p = absl::StrCat("http://127.0.0.1:", peer);
-    std::vector<std::string> argv = {kEtcd,
-                                     "--name=t",
-                                     "--data-dir=" + dir_,
-                                     "--listen-client-urls=" + c,
-                                     "--advertise-client-urls=" + c,
-                                     "--listen-peer-urls=" + p,
-                                     "--initial-advertise-peer-urls=" + p,
-                                     "--initial-cluster=t=" + p,
-                                     "--log-level=error"};
-    pid_ = fork();
-    if (pid_ == 0) {
-      // Quiet (raft logs its elections on stderr whatever the level).
-      const int null = open("/dev/null", O_WRONLY);
-      dup2(null, 1);
-      dup2(null, 2);
-      std::vector<char*> args;
-      for (std::string& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(kEtcd, args.data());
-      _exit(127);
+    if (!EtcdServer::Installed()) {
+      GTEST_SKIP() << EtcdServer::kBinary << " is not installed (etcd-server)";
     }
-    ASSERT_GT(pid_, 0);
-    // Until it answers (bounded: 20 s).
-    for (int i = 0; i < 200; ++i) {
-      if (OpenEtcdJobStore(url_, "/test", absl::Milliseconds(200)).ok()) return;
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    FAIL() << "etcd did not start on " << url_;
-  }
-
-  void TearDown() override {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    std::error_code error;
-    std::filesystem::remove_all(dir_, error);
+    etcd_ = std::make_unique<EtcdServer>("etcd_job_store_test", [](const std::string& url) {
+      return OpenEtcdJobStore(url, "/test", absl::Milliseconds(200)).ok();
+    });
+    ASSERT_TRUE(etcd_->ready()) << "etcd did not start on " << etcd_->url();
+    url_ = etcd_->url();
   }
 
   static Job Running() {
@@ -97,10 +53,8 @@ class EtcdJobStoreTest : public ::testing::Test {
     return job;
   }
 
-  const std::string dir_ = absl::StrCat(std::filesystem::temp_directory_path().string(),
-                                        "/etcd_job_store_test_", getpid());
+  std::unique_ptr<EtcdServer> etcd_;
   std::string url_;
-  pid_t pid_ = -1;
 };
 
 TEST_F(EtcdJobStoreTest, JobsAreKeptInEtcdAndSurviveTheStore) {

@@ -65,9 +65,9 @@ TEST(CoordinatorSessionTest, AWriteTheCoordinatorNeverTakesFailsWithinTheWriteTi
   v1::RegisterWorkerRequest registration;
   registration.set_host("host-a");
   registration.set_device("cpu");
-  CoordinatorSession session(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()),
-      registration, &listener, absl::Seconds(1));
+  CoordinatorSession session(*CoordinatorChannels::Create(absl::StrCat("127.0.0.1:", port),
+                                                          grpc::InsecureChannelCredentials()),
+                             registration, &listener, absl::Seconds(1));
   session.Start();
   const absl::Time connect_deadline = absl::Now() + absl::Seconds(10);
   while (!session.connected() && absl::Now() < connect_deadline)

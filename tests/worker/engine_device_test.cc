@@ -9,10 +9,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "common/negotiation_wire.h"
 #include "common/shared_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/engine.h"
+#include "worker/engine_wire.h"
 #include "worker/gpu_executor.h"
 
 namespace ringmaster {
@@ -88,9 +90,19 @@ class EngineDeviceTest : public ::testing::Test {
     o.arena_bytes = arena_.size();
     o.cycle_time = absl::Milliseconds(1);
     o.executor = std::make_unique<GpuExecutor>(&device_, &outputs_, rank, size);
-    o.send = [this](const v1::WorkerMessage& m) {
+    // As the daemon does: what the engine sends is converted to the session's messages.
+    o.send_requests = [this](const RequestBatch& batch) {
+      v1::WorkerMessage m;
+      ToProto(batch, m.mutable_requests());
       absl::MutexLock lock(&mu_);
-      sent_.push_back(m);
+      sent_.push_back(std::move(m));
+    };
+    o.send_span = [this](const ExecutionSpan& span, int64_t sent_unix_us) {
+      v1::WorkerMessage m;
+      ToProto(span, m.mutable_timeline()->add_spans());
+      m.mutable_timeline()->set_sent_unix_us(sent_unix_us);
+      absl::MutexLock lock(&mu_);
+      sent_.push_back(std::move(m));
     };
     engine_ = std::make_unique<Engine>(std::move(o));
     engine_->Start();
@@ -109,10 +121,21 @@ class EngineDeviceTest : public ::testing::Test {
     r->set_dtype(v1::DATA_TYPE_FLOAT32);
     for (int64_t d : shape) r->add_shape(d);
     // As the daemon does: the engine's completion is matched to its handle by the caller.
-    engine_->Enqueue(e, [this, handle](const v1::LocalCompletion& c) {
+    LocalOp op;
+    FromProto(e, &op);
+    engine_->Enqueue(std::move(op), [this, handle](const OpResult& result) {
+      v1::LocalCompletion c;
+      ToProto(result, handle, &c);
       absl::MutexLock lock(&mu_);
       completions_[handle] = c;
     });
+  }
+
+  // A response list from the session, converted as the daemon converts it.
+  void Deliver(const v1::ResponseList& list) {
+    RankCycle cycle;
+    FromProto(list, &cycle);
+    engine_->OnResponses(std::move(cycle));
   }
 
   v1::LocalCompletion WaitFor(uint64_t handle) {
@@ -150,7 +173,7 @@ TEST_F(EngineDeviceTest, AFusedAllreduceReachesTheDeviceWithEveryTensorsReadyEve
   Enqueue(2, "b", v1::REQUEST_TYPE_ALLREDUCE, {50}, 4096, 4);
   v1::ResponseList list;
   *list.add_responses() = Allreduce({"a", "b"}, {100, 50});
-  engine_->OnResponses(list);
+  Deliver(list);
   const v1::LocalCompletion a = WaitFor(1), b = WaitFor(2);
   EXPECT_EQ(a.code(), 0) << a.message();
   EXPECT_EQ(a.done_event(), 7);  // what the device recorded, for the client's stream to wait on
@@ -178,7 +201,7 @@ TEST_F(EngineDeviceTest, BroadcastAndAllgatherGoToTheDeviceWithTheirOutputs) {
   ag->add_tensor_sizes(2);  // rank 0: 2 rows
   ag->add_tensor_sizes(3);  // rank 1 (this one): 3 rows
   ag->add_row_elements(4);
-  engine_->OnResponses(list);
+  Deliver(list);
   EXPECT_EQ(WaitFor(1).done_event(), 7);
   const v1::LocalCompletion g = WaitFor(2);
   EXPECT_EQ(g.code(), 0) << g.message();
@@ -198,7 +221,7 @@ TEST_F(EngineDeviceTest, ADeviceFailureFailsTheOpsAndAbortsTheRank) {
   Enqueue(2, "later", v1::REQUEST_TYPE_ALLREDUCE, {10}, 1024, 2);
   v1::ResponseList list;
   *list.add_responses() = Allreduce({"a"}, {10});
-  engine_->OnResponses(list);
+  Deliver(list);
   EXPECT_EQ(WaitFor(1).code(), static_cast<int>(absl::StatusCode::kUnavailable));
   // The rank is out of the job: the op still waiting fails too, and the communicator is aborted.
   EXPECT_EQ(WaitFor(2).code(), static_cast<int>(absl::StatusCode::kUnavailable));
@@ -223,7 +246,7 @@ TEST_F(EngineDeviceTest, AFailedAllgatherReturnsEarlierOutputsToTheArena) {
   ag->add_tensor_sizes(4);
   ag->add_row_elements(1);
   ag->add_row_elements(1);
-  engine_->OnResponses(list);
+  Deliver(list);
   EXPECT_EQ(WaitFor(1).code(), static_cast<int>(absl::StatusCode::kUnavailable));
   EXPECT_EQ(WaitFor(2).code(), static_cast<int>(absl::StatusCode::kUnavailable));
   engine_->Stop();

@@ -11,8 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/negotiation_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/engine_wire.h"
 
 namespace ringmaster {
 namespace {
@@ -89,9 +91,19 @@ class EngineTest : public ::testing::Test {
     o.cycle_time = cycle;
     o.clock = &clock_;
     o.executor = std::make_unique<FakeExecutor>(&executor_);
-    o.send = [this](const v1::WorkerMessage& m) {
+    // As the daemon does: what the engine sends is converted to the session's messages.
+    o.send_requests = [this](const RequestBatch& batch) {
+      v1::WorkerMessage m;
+      ToProto(batch, m.mutable_requests());
       absl::MutexLock lock(&mu_);
-      sent_.push_back(m);
+      sent_.push_back(std::move(m));
+    };
+    o.send_span = [this](const ExecutionSpan& span, int64_t sent_unix_us) {
+      v1::WorkerMessage m;
+      ToProto(span, m.mutable_timeline()->add_spans());
+      m.mutable_timeline()->set_sent_unix_us(sent_unix_us);
+      absl::MutexLock lock(&mu_);
+      sent_.push_back(std::move(m));
     };
     engine_ = std::make_unique<Engine>(std::move(o));
     engine_->Start();
@@ -108,10 +120,21 @@ class EngineTest : public ::testing::Test {
     r->set_type(type);
     r->set_dtype(v1::DATA_TYPE_FLOAT32);
     for (int64_t d : shape) r->add_shape(d);
-    engine_->Enqueue(e, [this, handle](const v1::LocalCompletion& c) {
+    LocalOp op;
+    FromProto(e, &op);
+    engine_->Enqueue(std::move(op), [this, handle](const OpResult& result) {
+      v1::LocalCompletion c;
+      ToProto(result, handle, &c);
       absl::MutexLock lock(&mu_);
       completions_[handle] = c;
     });
+  }
+
+  // A response list from the session, converted as the daemon converts it.
+  void Deliver(const v1::ResponseList& list) {
+    RankCycle cycle;
+    FromProto(list, &cycle);
+    engine_->OnResponses(std::move(cycle));
   }
 
   v1::LocalCompletion WaitFor(uint64_t handle) {
@@ -175,7 +198,7 @@ class EngineTest : public ::testing::Test {
   void Respond(v1::Response r) {
     v1::ResponseList list;
     *list.add_responses() = std::move(r);
-    engine_->OnResponses(list);
+    Deliver(list);
   }
 
   FakeExecutor::State executor_;
@@ -223,7 +246,7 @@ TEST_F(EngineTest, CachedTensorsTravelByIdAndResponsesByIdFindThem) {
   Start(/*cycle=*/absl::Milliseconds(1));
   Enqueue(1, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
   EXPECT_THAT(Batches(1), ElementsAre("w|"));
-  engine_->OnResponses(AssignAndAllreduce("w", 9, 4));
+  Deliver(AssignAndAllreduce("w", 9, 4));
   EXPECT_EQ(WaitFor(1).code(), 0);
   // The same tensor again: by its id; and the response may name it by id alone.
   clock_.Advance(absl::Milliseconds(1));  // a cycle later
@@ -239,7 +262,7 @@ TEST_F(EngineTest, CachedTensorsTravelByIdAndResponsesByIdFindThem) {
   EXPECT_THAT(Batches(3), ElementsAre("w|", "|#9", "|#9"));
   v1::ResponseList resend;
   resend.add_resend_ids(9);
-  engine_->OnResponses(resend);
+  Deliver(resend);
   EXPECT_THAT(Batches(4), ElementsAre("w|", "|#9", "|#9", "w|"));
 }
 
@@ -247,7 +270,7 @@ TEST_F(EngineTest, ANewCacheGenerationSendsEveryUnansweredRequestAgainInFull) {
   Start(/*cycle=*/absl::Hours(1));  // on the fake clock: a batch goes when Advance ends a cycle
   Enqueue(1, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
   EXPECT_THAT(Batches(1), ElementsAre("w|"));
-  engine_->OnResponses(AssignAndAllreduce("w", 9, 4));
+  Deliver(AssignAndAllreduce("w", 9, 4));
   EXPECT_EQ(WaitFor(1).code(), 0);
   // Two requests out in one batch (w by its cache id), unanswered when the coordinator restarts.
   Enqueue(2, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
@@ -266,7 +289,7 @@ TEST_F(EngineTest, ANewCacheGenerationSendsEveryUnansweredRequestAgainInFull) {
   // full (the old cache ids mean nothing to it), in the order they were enqueued, and say so.
   v1::ResponseList first;
   first.set_cache_generation(77);
-  engine_->OnResponses(first);
+  Deliver(first);
   EXPECT_THAT(Batches(3), ElementsAre("w|", "v|#9", "w,v|"));
   {
     absl::MutexLock lock(&mu_);
@@ -276,7 +299,7 @@ TEST_F(EngineTest, ANewCacheGenerationSendsEveryUnansweredRequestAgainInFull) {
   v1::ResponseList answer;
   answer.set_cache_generation(77);
   *answer.add_responses() = Allreduce({"w", "v"}, {4, 4});
-  engine_->OnResponses(answer);
+  Deliver(answer);
   EXPECT_EQ(WaitFor(2).code(), 0);
   EXPECT_EQ(WaitFor(3).code(), 0);
   // The old id is gone with the old cache: the next request of w goes in full.
@@ -293,7 +316,7 @@ TEST_F(EngineTest, ANegotiationErrorFailsExactlyTheTensorsItNames) {
   v1::Response* error = list.add_rank_errors();
   error->add_names("a");
   error->set_error_message("Mismatched shapes for tensor 'a': rank 0 has [4], rank 1 has [5]");
-  engine_->OnResponses(list);
+  Deliver(list);
   const v1::LocalCompletion a = WaitFor(1);
   EXPECT_EQ(a.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
   EXPECT_EQ(a.message(), "Mismatched shapes for tensor 'a': rank 0 has [4], rank 1 has [5]");
