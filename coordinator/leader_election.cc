@@ -42,13 +42,18 @@ std::string LeaderElection::lost() const {
 }
 
 absl::Status LeaderElection::AwaitLeadership(const std::function<bool()>& stop) {
-  absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return leading_ || stopping_; };
-  while (!mu_.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(50))) {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(50))) {
+        if (leading_) return absl::OkStatus();
+        return absl::CancelledError("stopped before this replica led");
+      }
+    }
+    // Asked with the lock released: `stop` is the caller's.
     if (stop()) return absl::CancelledError("stopped before this replica led");
   }
-  if (!leading_) return absl::CancelledError("stopped before this replica led");
-  return absl::OkStatus();
 }
 
 void LeaderElection::Resign() {

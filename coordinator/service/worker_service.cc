@@ -16,6 +16,13 @@ namespace ringmaster {
 // retained per rank (RankResume.retained; the worker keeps at most 1024).
 constexpr int kMaxResumeEntries = 4;
 constexpr int kMaxRetainedLists = 1024;
+// At most this many messages wait to be written to one worker. A worker that reads its session
+// more slowly than the coordinator writes to it (or not at all: its transport stops taking data)
+// has its session ended past it, rather than the coordinator's memory growing: a worker that was
+// merely slow reconnects and resumes (the reliable session re-sends what it lacks). Below the 4096
+// lists a job keeps for a rank that has not acknowledged them, so a reader that acknowledges lists
+// it never reads is cut too.
+constexpr size_t kMaxQueuedMessages = 2048;
 namespace {
 
 using Outbound = std::shared_ptr<const v1::CoordinatorMessage>;
@@ -26,8 +33,9 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
                        public WorkerChannel {
  public:
   // `caller`: who opened the stream; an error ends it at once.
-  SessionReactor(Coordinator& coordinator, absl::StatusOr<Principal> caller)
-      : coordinator_(coordinator) {
+  SessionReactor(Coordinator& coordinator, grpc::CallbackServerContext* context,
+                 absl::StatusOr<Principal> caller)
+      : coordinator_(coordinator), context_(context) {
     if (!caller.ok()) {
       absl::MutexLock lock(&mu_);
       finishing_ = true;
@@ -152,6 +160,10 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
         spdlog::warn("session for {} refused: {}", m.open().worker_id(), s.ToString());
         return s;
       }
+      {
+        absl::MutexLock lock(&mu_);
+        opening_ = m.open().worker_id();
+      }
       if (absl::Status s =
               coordinator_.OpenSession(m.open().worker_id(), this, m.open().incarnation());
           !s.ok()) {
@@ -263,6 +275,25 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
   void Enqueue(Outbound message) {
     absl::MutexLock lock(&mu_);
     if (finishing_) return;
+    if (queue_.size() >= kMaxQueuedMessages) {
+      const std::string why = absl::StrCat(
+          kMaxQueuedMessages, " messages wait to be written to worker ",
+          opening_.empty() ? std::string("(not yet open)") : opening_,
+          ": it reads its session too slowly, so the session ends (a worker that is merely slow "
+          "reconnects and resumes)");
+      spdlog::warn("{}", why);
+      finishing_ = true;
+      final_status_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, why);
+      // The write in progress may never complete (the worker's transport takes nothing more):
+      // cancel it; OnWriteDone then finishes the stream.
+      if (writing_) {
+        context_->TryCancel();
+      } else {
+        FinishLocked();
+      }
+      queue_.erase(queue_.begin() + (writing_ ? 1 : 0), queue_.end());
+      return;
+    }
     queue_.push_back(std::move(message));
     PumpLocked();
   }
@@ -284,12 +315,14 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
   }
 
   Coordinator& coordinator_;
+  grpc::CallbackServerContext* const context_;  // gRPC's, valid until OnDone
   v1::WorkerMessage in_;
   std::string identity_;   // the authenticated caller ("" without authentication)
   std::string worker_id_;  // set once the session is open; read only by reactor callbacks
 
   absl::Mutex mu_;
   std::deque<Outbound> queue_ ABSL_GUARDED_BY(mu_);
+  std::string opening_ ABSL_GUARDED_BY(mu_);  // the worker id the open asked for, for messages
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -333,7 +366,7 @@ grpc::ServerUnaryReactor* WorkerService::RegisterWorker(grpc::CallbackServerCont
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerService::Session(
     grpc::CallbackServerContext* context) {
-  return new SessionReactor(coordinator_, auth_.Authenticate(*context));
+  return new SessionReactor(coordinator_, context, auth_.Authenticate(*context));
 }
 
 }  // namespace ringmaster

@@ -108,6 +108,31 @@ def test_the_overlays_render_with_probes_security_and_monitoring():
 
 
 
+def test_the_ha_overlay_runs_two_coordinator_replicas_on_etcd():
+    ha = render(K8S / "overlays" / "ha")
+    # No volume a second replica could not mount: the jobs are in etcd.
+    assert not [d for d in ha if d["kind"] == "PersistentVolumeClaim"]
+    deployment = find(ha, "Deployment", "ringmaster-coordinator")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    pod = deployment["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    args = c["args"]
+    assert {"--store=$(ETCD)", "--leader-ttl=$(LEADER_TTL)",
+            "--advertise-address=$(POD_IP):50051", "--state-dir=/var/lib/ringmaster",
+            "--tls-cert=/etc/ringmaster/tls/tls.crt"} <= set(args), args
+    env = {e["name"]: e.get("valueFrom") for e in c["env"]}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    config = find(ha, "ConfigMap", "ringmaster-coordinator")["data"]
+    assert config["ETCD"].startswith("etcd://") and config["LEADER_TTL"] == "5s"
+    assert {v["name"]: v for v in pod["volumes"]}["state"] == {"name": "state", "emptyDir": {}}
+    # Only the leader is ready (a follower's /readyz is 503), so the Service sends it everything.
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0][
+        "podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+
+
 # The Secrets the manifests mount, and the scripts/dev-ca.sh pair each holds in the test (an operator
 # makes them as docs/security.md shows).
 SECRET_PAIRS = {"ringmaster-coordinator-tls": "coordinator", "ringmaster-worker-tls": "worker",

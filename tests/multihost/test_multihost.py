@@ -235,3 +235,94 @@ def test_hosts_whose_clocks_are_minutes_off_still_work_and_line_up_in_the_timeli
             assert begin <= started <= end + 1_000_000, (name, begin, end, started)
             checked += 1
     assert checked == 2 * steps, checked
+
+
+@pytest.fixture
+def four_hosts():
+    yield from hosts_or_skip(4)
+
+
+def test_coordinator_replicas_on_etcd_survive_the_leaders_host_going_down(four_hosts, tmp_path):
+    """Two coordinator replicas in two hosts keep the jobs in etcd (in the second replica's host)
+    and elect a leader; the daemons in two more hosts are given both addresses. The leader's host
+    is cut off mid-job: it steps down (etcd out of reach), the other replica takes over within the
+    lease's TTL and a few seconds, and the job finishes with every step exact."""
+    hs = four_hosts
+    if not os.path.exists("/usr/bin/etcd"):
+        pytest.skip("etcd is not installed (etcd-server; scripts/install-deps.sh installs it)")
+    a, b = hs[0], hs[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TMPDIR"] = str(tmp_path)
+    subprocess.run(["bash", str(REPO / "scripts" / "dev-ca.sh"), str(tmp_path / "ca"),
+                    "--san", f"IP:{a.address}", "--san", f"IP:{b.address}"], check=True,
+                   capture_output=True, timeout=60)
+    ca = tmp_path / "ca"
+    etcd_url = f"http://{b.address}:2379"
+    b.popen(["/usr/bin/etcd", "--name=e", f"--data-dir={tmp_path / 'etcd'}",
+             f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+             f"--listen-peer-urls=http://{b.address}:2380",
+             f"--initial-advertise-peer-urls=http://{b.address}:2380",
+             f"--initial-cluster=e=http://{b.address}:2380", "--log-level=error"],
+            tmp_path / "etcd.log", env=env)
+    ttl = 2
+
+    def replica(h, name):
+        log = tmp_path / f"{name}.log"
+        h.popen([str(BIN / "ringmaster-coordinator"), "--listen", f"{h.address}:{PORT}",
+                 *tls_flags(ca, "coordinator"), "--store", f"etcd://{b.address}:2379",
+                 "--leader-ttl", f"{ttl}s", "--log-level", "info",
+                 "--state-dir", str(tmp_path / f"{name}-state")], log, env=env)
+        return log
+
+    # etcd needs a moment: the first replica is refused at start until it answers.
+    log_a = tmp_path / "replica-a.log"
+    for _ in range(20):
+        log_a = replica(a, "replica-a")
+        wait_for(lambda: "listening on" in log_a.read_text(errors="replace")
+                 or "does not answer" in log_a.read_text(errors="replace"), 20, "replica a")
+        if "listening on" in log_a.read_text(errors="replace"):
+            break
+        time.sleep(0.5)
+    assert "leads: serving" in log_a.read_text(errors="replace"), log_a.read_text()
+    log_b = replica(b, "replica-b")
+    wait_for(lambda: f"follows (the leader is at {a.address}:{PORT})"
+             in log_b.read_text(errors="replace"), 20, "replica b to follow")
+
+    both = f"{a.address}:{PORT},{b.address}:{PORT}"
+
+    def cli(*args, timeout=30):
+        r = hs[2].run([str(BIN / "ringmaster"), "--coordinator", both,
+                       *tls_flags(ca, "user"), *args], timeout=timeout, env=env)
+        assert r.returncode == 0, f"ringmaster {' '.join(args)}: {r.stderr}"
+        return r.stdout
+
+    for h in hs.hosts[2:]:
+        name = f"host-{chr(ord('a') + h.index - 2)}"
+        for slot in range(2):
+            h.popen([str(BIN / "ringmaster-worker"), "--coordinator", both, "--device", "cpu",
+                     "--host-name", name, "--socket", str(tmp_path / f"{name}-w{slot}.sock"),
+                     "--arena-mb", "256", "--log-level", "info"],
+                    tmp_path / f"{name}-w{slot}.log", env=dict(env, **tls_env(ca, "worker")))
+    wait_for(lambda: len([w for w in json.loads(cli("workers", "--json")).get("workers", [])
+                          if w["state"] == "WORKER_STATE_IDLE"]) == 4, 30, "4 idle workers")
+    steps = 300
+    job = json.loads(cli("--json", "submit", "--np", "4", "--processes-per-host", "2", "--",
+                         str(BIN / "train_loop"), str(steps)))["id"]
+    wait_for(lambda: re.search(r"^\[3\] step 40$", cli("logs", job), re.M), 60, "training")
+    a.unplug()  # the leader's host is cut off: from etcd, the daemons and the CLI
+    down = time.monotonic()
+    wait_for(lambda: "leads: serving" in log_b.read_text(errors="replace"), ttl + 10,
+             "replica b to take over")
+    took = time.monotonic() - down
+    done = wait_for(lambda: (lambda j: j if j["state"] in TERMINAL else None)(
+        json.loads(cli("status", job, "--json"))), 90, f"{job} to end")
+    logs = cli("logs", job)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", f"{done.get('reason')}\n{logs}"
+    for rank in range(4):
+        assert re.search(rf"^\[{rank}\] rank {rank}: {steps} steps, every result exact$", logs,
+                         re.M), logs
+    print(f"replica b led {took:.1f} s after the leader's host went down")
+    assert took < ttl + 5, f"replica b led {took:.1f} s after the leader's host went down"
+    # The cut-off leader stepped down on its own (it could not keep its lease).
+    wait_for(lambda: "no longer the leader" in log_a.read_text(errors="replace"), 10,
+             "replica a to step down")

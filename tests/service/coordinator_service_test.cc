@@ -37,8 +37,8 @@ class ServiceTest : public ::testing::Test {
     server_ = std::make_unique<CoordinatorServer>(std::move(options));
     absl::StatusOr<int> port = server_->Start("127.0.0.1:0");
     ASSERT_TRUE(port.ok()) << port.status();
-    channel_ =
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials());
+    server_address_ = absl::StrCat("127.0.0.1:", *port);
+    channel_ = grpc::CreateChannel(server_address_, grpc::InsecureChannelCredentials());
     jobs_ = v1::JobService::NewStub(channel_);
     workers_ = v1::WorkerService::NewStub(channel_);
     rendezvous_ = v1::RendezvousService::NewStub(channel_);
@@ -99,6 +99,7 @@ class ServiceTest : public ::testing::Test {
   }
 
   std::unique_ptr<CoordinatorServer> server_;
+  std::string server_address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
   std::unique_ptr<v1::WorkerService::Stub> workers_;
@@ -256,6 +257,66 @@ TEST_F(ServiceTest, BadWorkerInputIsRejectedWithTheFieldNamed) {
   s = stream->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(s.error_message(), "worker_id 'worker-424242' is not registered");
+}
+
+TEST_F(ServiceTest, AWorkerThatStopsReadingItsSessionIsCutOffNotQueuedForWithoutEnd) {
+  // A worker whose transport takes only a little and which never reads: no BDP probing (which
+  // would grow its window without end), a small stream window.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 10);
+  auto channel =
+      grpc::CreateCustomChannel(server_address_, grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::WorkerService::NewStub(channel);
+  v1::RegisterWorkerRequest registration;
+  registration.set_host("h0");
+  registration.set_device("cpu");
+  registration.set_incarnation(7);
+  v1::RegisterWorkerResponse registered;
+  ASSERT_TRUE(stub->RegisterWorker(Ctx().get(), registration, &registered).ok());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->Session(&context);
+  v1::WorkerMessage open;
+  open.mutable_open()->set_worker_id(registered.worker_id());
+  open.mutable_open()->set_incarnation(7);
+  open.mutable_open()->set_secret(registered.session_secret());
+  ASSERT_TRUE(stream->Write(open));
+  // A one-rank job: every tensor it submits is ready at once, and each cycle's list is queued for
+  // it.
+  const v1::Job job = AwaitState(Submit(1).id(), v1::JOB_STATE_STARTING);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_STARTING);
+  v1::WorkerMessage started;
+  started.mutable_rank_update()->set_job_id(job.id());
+  started.mutable_rank_update()->set_epoch(job.epoch());
+  started.mutable_rank_update()->set_state(v1::RANK_STATE_STARTED);
+  ASSERT_TRUE(stream->Write(started));
+  // Tensors, one batch at a time, until the coordinator ends the session (bounded: 30 s).
+  int sent = 0;
+  const absl::Time end = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < end) {
+    v1::WorkerMessage m;
+    v1::RequestBatch* b = m.mutable_requests();
+    b->set_job_id(job.id());
+    b->set_epoch(job.epoch());
+    *b->add_requests() = Allreduce(absl::StrCat("t", sent), {1});
+    if (!stream->Write(m)) break;
+    ++sent;
+    absl::SleepFor(absl::Microseconds(500));
+  }
+  EXPECT_LT(absl::Now(), end) << "the session was never cut; " << sent << " tensors sent";
+  // What the transport took before it stopped, then the end (Finish waits for every message).
+  v1::CoordinatorMessage m;
+  int buffered = 0;
+  while (stream->Read(&m)) ++buffered;
+  const grpc::Status ended = stream->Finish();
+  // Cancelled in the middle of a write that could not complete (what the coordinator logs is
+  // RESOURCE_EXHAUSTED: "2048 messages wait to be written to worker ...").
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::CANCELLED) << ended.error_message();
+  // More than the bound were answered: the cut came from the queue, not from anything sooner; the
+  // worker's transport had taken only a small part of them (the rest waited in the queue).
+  EXPECT_GT(sent, 2048);
+  EXPECT_LT(buffered, sent / 4) << sent << " sent";
 }
 
 TEST_F(ServiceTest, RequestsForAJobTheWorkerDoesNotServeAreRefused) {
