@@ -17,6 +17,7 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
@@ -39,6 +40,45 @@ class UnknownMethods final : public grpc::CallbackGenericService {
       void OnDone() override { delete this; }
     };
     return new Refusal(ctx->method());
+  }
+};
+
+// gRPC answers a request whose bytes do not parse as the method's message itself, before any
+// handler runs, with UNIMPLEMENTED and no message (nothing is done). This says what it was: the
+// caller's bad input. Only calls with one request (unary, server-streaming): the session stream's
+// messages are checked by its reactor, and it is left free of interception.
+class MalformedRequests final : public grpc::experimental::Interceptor {
+ public:
+  explicit MalformedRequests(std::string method) : method_(std::move(method)) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const grpc::Status status = methods->GetSendStatus();
+      if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED &&
+          status.error_message().empty()) {
+        methods->ModifySendStatus(grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("the request to ", method_.substr(0, 256),
+                         " does not parse as that method's request message (proto/ringmaster/v1); "
+                         "nothing was done")));
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string method_;
+};
+
+class MalformedRequestsFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    using Type = grpc::experimental::ServerRpcInfo::Type;
+    if (info->type() != Type::UNARY && info->type() != Type::SERVER_STREAMING) return nullptr;
+    return new MalformedRequests(info->method());
   }
 };
 
@@ -161,6 +201,9 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
   builder.RegisterService(cluster_service_.get());
   unknown_methods_ = std::make_unique<UnknownMethods>();
   builder.RegisterCallbackGenericService(unknown_methods_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<MalformedRequestsFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetMaxReceiveMessageSize(64 << 20);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {

@@ -117,6 +117,8 @@ def pb(tmp_path_factory):
         job_pb2_grpc = importlib.import_module("ringmaster.v1.job_pb2_grpc")
         worker_pb2 = importlib.import_module("ringmaster.v1.worker_pb2")
         worker_pb2_grpc = importlib.import_module("ringmaster.v1.worker_pb2_grpc")
+        rendezvous_pb2 = importlib.import_module("ringmaster.v1.rendezvous_pb2")
+        rendezvous_pb2_grpc = importlib.import_module("ringmaster.v1.rendezvous_pb2_grpc")
     finally:
         sys.path.remove(str(out_dir))
 
@@ -128,6 +130,8 @@ def pb(tmp_path_factory):
     stubs.job_pb2_grpc = job_pb2_grpc
     stubs.worker_pb2 = worker_pb2  # for tests/python/test_floods.py
     stubs.worker_pb2_grpc = worker_pb2_grpc
+    stubs.rendezvous_pb2 = rendezvous_pb2
+    stubs.rendezvous_pb2_grpc = rendezvous_pb2_grpc
     yield stubs
 
     for name in [m for m in sys.modules if m == "ringmaster" or m.startswith("ringmaster.")]:
