@@ -1,0 +1,258 @@
+"""Jobs from Python: a client of the coordinator's JobService (proto/ringmaster/v1), over the
+ringmaster.v1 stubs built and shipped with this package.
+
+    from ringmaster.jobs import Client
+    client = Client("coordinator.example.com:50051", tls={"ca": "ca.crt"}, token="...")
+    job = client.submit(["python3", "train.py"], np=4, processes_per_host=2)
+    for chunk in client.logs(job.id, follow=True):
+        print(f"[{chunk.rank}] {chunk.text}", end="")
+    print(client.wait(job.id).state)        # "SUCCEEDED", "FAILED" or "CANCELLED"
+
+Defaults come from the environment as for the `ringmaster` command: RINGMASTER_COORDINATOR (else
+localhost:50051; several replicas' addresses, comma-separated, are asked in turn for the leader),
+RINGMASTER_TOKEN, RINGMASTER_TLS_CA / RINGMASTER_TLS_CERT / RINGMASTER_TLS_KEY. Errors the coordinator
+returns are raised as RingmasterError, keeping its status code and message.
+"""
+import dataclasses
+import os
+import time
+
+import grpc
+
+try:
+    from ringmaster.v1 import job_pb2, job_pb2_grpc
+except ImportError as e:  # a build without grpc_python_plugin
+    raise ImportError(f"ringmaster.jobs needs the ringmaster.v1 stubs built with the package "
+                      f"(Debian's protobuf-compiler-grpc provides grpc_python_plugin): {e}") from e
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+class RingmasterError(Exception):
+    """A call the coordinator refused or could not answer: `code` is the gRPC status code's name
+    ("PERMISSION_DENIED", "NOT_FOUND", "UNAVAILABLE", ...), `message` the coordinator's words."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclasses.dataclass
+class Rank:
+    rank: int
+    host: str
+    worker_id: str
+    device: str
+    state: str  # "ASSIGNED", "STARTED", "EXITED", "STOPPED"
+    exit_code: int
+
+
+@dataclasses.dataclass
+class Job:
+    id: str
+    name: str
+    state: str  # "PENDING", "STARTING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"
+    reason: str
+    np: int
+    owner: str
+    ranks: list
+    events: list  # the job's event messages, oldest first
+    proto: object = dataclasses.field(repr=False)  # the ringmaster.v1.Job as received
+
+    @property
+    def done(self):
+        return self.state in TERMINAL
+
+
+@dataclasses.dataclass
+class LogChunk:
+    rank: int
+    stream: str  # "stdout" or "stderr"
+    text: str
+    time_unix_ms: int
+
+
+def _state(enum_type, value, prefix):
+    return enum_type.Name(value)[len(prefix):]
+
+
+def _job(j):
+    return Job(id=j.id, name=j.spec.name, state=_state(job_pb2.JobState, j.state, "JOB_STATE_"),
+               reason=j.reason, np=j.spec.np, owner=j.owner,
+               ranks=[Rank(rank=r.rank, host=r.host, worker_id=r.worker_id, device=r.device,
+                           state=_state(job_pb2.RankState, r.state, "RANK_STATE_"),
+                           exit_code=r.exit_code) for r in j.ranks],
+               events=[e.message for e in j.events], proto=j)
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class Client:
+    """A connection to the coordinator. `tls`: None takes RINGMASTER_TLS_* from the environment
+    (plaintext when unset), False is plaintext, or a dict of file paths {"ca": ..., "cert": ...,
+    "key": ...} (cert and key: a user certificate instead of a token). `token`: a bearer token from
+    the coordinator's --token-file (default RINGMASTER_TOKEN). `timeout`: seconds per call."""
+
+    def __init__(self, address=None, tls=None, token=None, timeout=10.0):
+        address = address or os.environ.get("RINGMASTER_COORDINATOR") or "localhost:50051"
+        self.token = token if token is not None else os.environ.get("RINGMASTER_TOKEN") or None
+        self.timeout = timeout
+        if tls is None:
+            tls = {k: os.environ[f"RINGMASTER_TLS_{k.upper()}"] for k in ("ca", "cert", "key")
+                   if os.environ.get(f"RINGMASTER_TLS_{k.upper()}")} or False
+        self._credentials = None
+        if tls:
+            self._credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(tls["ca"]) if tls.get("ca") else None,
+                private_key=_read(tls["key"]) if tls.get("key") else None,
+                certificate_chain=_read(tls["cert"]) if tls.get("cert") else None)
+        addresses = [a.strip() for a in address.split(",") if a.strip()]
+        if not addresses:
+            raise ValueError(f"coordinator address '{address}' names no HOST:PORT")
+        self.address = addresses[0] if len(addresses) == 1 else self._leader(addresses)
+        self._channel = self._open(self.address)
+        self._stub = job_pb2_grpc.JobServiceStub(self._channel)
+
+    def _open(self, address):
+        if self._credentials is not None:
+            return grpc.secure_channel(address, self._credentials)
+        return grpc.insecure_channel(address)
+
+    def _leader(self, addresses):
+        # A follower replica refuses every call UNAVAILABLE, naming the leader in a trailer.
+        end = time.monotonic() + self.timeout
+        while time.monotonic() < end:
+            for address in list(addresses):
+                with self._open(address) as channel:
+                    try:
+                        job_pb2_grpc.JobServiceStub(channel).ListJobs(
+                            job_pb2.ListJobsRequest(page_size=1), timeout=2,
+                            metadata=self._metadata())
+                        return address
+                    except grpc.RpcError as e:
+                        if e.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                            grpc.StatusCode.DEADLINE_EXCEEDED):
+                            return address
+                        leader = dict(e.trailing_metadata() or ()).get("x-ringmaster-leader")
+                        if leader and leader not in addresses:
+                            addresses.append(leader)
+            time.sleep(0.2)
+        return addresses[0]
+
+    def _metadata(self):
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def _call(self, method, request, timeout=True):
+        try:
+            return getattr(self._stub, method)(
+                request, timeout=self.timeout if timeout else None, metadata=self._metadata())
+        except grpc.RpcError as e:
+            raise RingmasterError(e.code().name, e.details()) from None
+
+    def _stream(self, method, request):
+        try:
+            yield from getattr(self._stub, method)(request, metadata=self._metadata())
+        except grpc.RpcError as e:
+            raise RingmasterError(e.code().name, e.details()) from None
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def submit(self, command, np=1, processes_per_host=0, name="", env=None, working_dir="",
+               labels=None, fusion_threshold_mb=None, cycle_time_ms=None, cache_capacity=None,
+               autotune=False, autotune_log="", timeline="", timeline_mark_cycles=False):
+        """Registers a job running `command` (a list of arguments) as `np` ranks; returns it.
+        `name` defaults to the command's base name, as `ringmaster submit` names it. The knobs are
+        Horovod's, with its defaults when left None (docs/configuration.md)."""
+        command = [str(c) for c in command]
+        if not name:
+            name = (os.path.basename(command[0]) if command else "") or "job"
+        spec = job_pb2.JobSpec(name=name[:128], np=np, processes_per_host=processes_per_host,
+                               command=command, env=dict(env or {}),
+                               working_dir=working_dir, labels=dict(labels or {}))
+        knobs = spec.knobs
+        if fusion_threshold_mb is not None:
+            knobs.fusion_threshold_bytes = int(fusion_threshold_mb * (1 << 20))
+        if cycle_time_ms is not None:
+            knobs.cycle_time_ms = cycle_time_ms
+        if cache_capacity is not None:
+            knobs.cache_capacity = cache_capacity
+        knobs.autotune = autotune
+        knobs.autotune_log = autotune_log
+        knobs.timeline = timeline
+        knobs.timeline_mark_cycles = timeline_mark_cycles
+        return _job(self._call("RegisterJob", job_pb2.RegisterJobRequest(spec=spec)).job)
+
+    def get(self, job_id):
+        return _job(self._call("GetJob", job_pb2.GetJobRequest(job_id=job_id)).job)
+
+    def list(self, states=()):
+        """Every job the caller may see (its own; an admin every job), newest first, all pages.
+        `states`: names such as "RUNNING" to keep only those."""
+        request = job_pb2.ListJobsRequest(
+            states=[job_pb2.JobState.Value(f"JOB_STATE_{s}") for s in states])
+        jobs = []
+        while True:
+            page = self._call("ListJobs", request)
+            jobs += [_job(j) for j in page.jobs]
+            if not page.next_page_token:
+                return jobs
+            request.page_token = page.next_page_token
+
+    def cancel(self, job_id, reason=""):
+        return _job(self._call("CancelJob",
+                               job_pb2.CancelJobRequest(job_id=job_id, reason=reason)).job)
+
+    def watch(self, job_id):
+        """The job now, then after each of its events, until it ends."""
+        for r in self._stream("WatchJob", job_pb2.WatchJobRequest(job_id=job_id)):
+            yield _job(r.job)
+
+    def wait(self, job_id, timeout=None):
+        """The job once it has ended; TimeoutError after `timeout` seconds (None: no limit)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.get(job_id)
+            if job.done:
+                return job
+            if end is not None and time.monotonic() >= end:
+                raise TimeoutError(f"job {job_id} is still {job.state} after {timeout} s")
+            time.sleep(0.2)
+
+    def logs(self, job_id, follow=False, rank=None):
+        """The ranks' output kept so far (the last 4 MiB of each), and with `follow` new output
+        until the job ends, as LogChunks."""
+        request = job_pb2.GetLogsRequest(job_id=job_id, follow=follow,
+                                         rank=-1 if rank is None else rank, all_ranks=rank is None)
+        for r in self._stream("GetLogs", request):
+            for c in r.chunks:
+                yield LogChunk(rank=c.rank, stream="stderr" if c.stream == 2 else "stdout",
+                               text=c.data.decode(errors="replace"), time_unix_ms=c.time_unix_ms)
+
+    def artifacts(self, job_id):
+        """The job's artifacts (its timeline, its autotune log) as (name, size in bytes)."""
+        listed = self._call("ListArtifacts", job_pb2.ListArtifactsRequest(job_id=job_id))
+        return [(a.name, a.size_bytes) for a in listed.artifacts]
+
+    def download(self, job_id, directory):
+        """Writes every artifact of the job into `directory`; returns their paths."""
+        os.makedirs(directory, exist_ok=True)
+        paths = []
+        for name, _ in self.artifacts(job_id):
+            path = os.path.join(directory, os.path.basename(name))
+            with open(path, "wb") as f:
+                for r in self._stream("GetArtifact",
+                                      job_pb2.GetArtifactRequest(job_id=job_id, name=name)):
+                    f.write(r.data)
+            paths.append(path)
+        return paths
