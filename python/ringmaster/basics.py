@@ -180,9 +180,11 @@ def mpi_threads_supported():
 
 
 def nccl_built():
-    """Whether this build has the NCCL data plane (worker daemons serving GPUs)."""
+    """As Horovod's: NCCL's version code (NCCL_VERSION_CODE, e.g. 22809 for 2.28.9) when this build
+    has the NCCL data plane (worker daemons serving GPUs), else 0. Scripts compare it with version
+    numbers, or take it as a truth value."""
     from ringmaster import _ringmaster
-    return bool(_ringmaster.CUDA_BUILT)
+    return int(_ringmaster.NCCL_VERSION_CODE)
 
 
 def ddl_built():

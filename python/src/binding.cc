@@ -326,4 +326,9 @@ PYBIND11_MODULE(_ringmaster, m) {
 #else
   m.attr("CUDA_BUILT") = false;
 #endif
+#ifdef RINGMASTER_NCCL_VERSION_CODE
+  m.attr("NCCL_VERSION_CODE") = RINGMASTER_NCCL_VERSION_CODE;
+#else
+  m.attr("NCCL_VERSION_CODE") = 0;
+#endif
 }
