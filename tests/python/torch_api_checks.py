@@ -406,9 +406,11 @@ def errors():
 def duplicate_names():
     mine = torch.full((2,), float(RANK))
     first = hvd.allreduce_async(mine, name=f"dup.{RANK}", op=hvd.Sum)
-    second = hvd.allreduce_async(mine, name=f"dup.{RANK}", op=hvd.Sum)
-    raises(hvd.HorovodInternalError, lambda: hvd.synchronize(second),
-           f"Tensor 'dup.{RANK}' is already in flight")
+    # As Horovod: a ValueError at the call, before anything is enqueued.
+    raises(ValueError, lambda: hvd.allreduce_async(mine, name=f"dup.{RANK}", op=hvd.Sum),
+           f"Tensor 'dup.{RANK}' is already in flight on this rank: requested to allreduce")
+    raises(ValueError, lambda: hvd.broadcast_async(mine, root_rank=0, name=f"dup.{RANK}"),
+           "with the same name as another tensor that is currently being processed")
     others = {r: hvd.allreduce_async(torch.full((2,), float(RANK)), name=f"dup.{r}", op=hvd.Sum)
               for r in range(SIZE) if r != RANK}
     total = float(SIZE * (SIZE - 1) // 2)

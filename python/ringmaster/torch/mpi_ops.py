@@ -103,24 +103,50 @@ def handle_average_backwards_compatibility(op, average):
 class _Op:
     """An operation in flight: the client's handles, what completes it, what must stay alive."""
 
-    __slots__ = ("handles", "finish", "keep")
+    __slots__ = ("handles", "finish", "keep", "names")
 
-    def __init__(self, handles, finish, keep):
+    def __init__(self, handles, finish, keep, names=()):
         self.handles = handles  # the client's handles (several for grouped operations)
         self.finish = finish  # () -> the operation's output, once every handle completed OK
         self.keep = keep  # tensors the daemon reads or writes until completion
+        self.names = names  # the caller-given names among its tensors' (see _claim)
 
 
 _lock = threading.Lock()
 _handle_counter = itertools.count(1)  # never reset: automatic names stay unique across re-init
 _handle_map = {}  # handle -> _Op
 _forgotten = []  # operations in flight at shutdown(): their tensors must outlive them
+# Names given by the caller -> the client's handle of the operation that used it last, so that a
+# name still in flight is refused at once, as Horovod refuses it (its DUPLICATE_NAME_ERROR).
+# An entry goes when its operation is synchronized; a completed one no longer refuses.
+_named = {}
 
 
 def _forget_handles():
     with _lock:
         _forgotten.extend(_handle_map.values())
         _handle_map.clear()
+        _named.clear()
+
+
+def _claim(c, names):
+    """Raises ValueError, before anything is enqueued, when one of `names` (caller-given tensor
+    names) belongs to an operation of this process still in flight: Horovod refuses it so."""
+    with _lock:
+        for n in names:
+            h = _named.get(n)
+            if h is not None and not c.poll(h):
+                raise ValueError(
+                    f"Tensor '{n}' is already in flight on this rank: requested to allreduce, "
+                    "allgather, or broadcast a tensor with the same name as another tensor that "
+                    "is currently being processed. If you want to request another tensor, use a "
+                    "different tensor name.")
+
+
+def _named_handles(names, handles):
+    with _lock:
+        for n, h in zip(names, handles):
+            _named[n] = h
 
 
 def _new_handle():
@@ -134,6 +160,8 @@ def _op_name(prefix, name, handle):
 
 def _register(handle, op):
     _handle_map[handle] = op
+    if op.names:
+        _named_handles(op.names, op.handles)
     return handle
 
 
@@ -165,6 +193,11 @@ def synchronize(handle):
             if error is None:
                 error = e
     _handle_map.pop(handle, None)
+    if op.names:
+        with _lock:
+            for n, h in zip(op.names, op.handles):
+                if _named.get(n) == h:
+                    del _named[n]
     if error is not None:
         raise _status_error(error)
     return op.finish()
@@ -277,6 +310,8 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     _check_dense(tensor)
     code = _dtype_code(tensor)
     c = _basics.client()
+    names = () if name is None else (name,)
+    _claim(c, names)
     handle = _new_handle()
     buf, write_back = _daemon_buffer(output)
     try:
@@ -290,7 +325,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
             write_back()
         return output
 
-    return _register(handle, _Op([h], finish, (tensor, output, buf)))
+    return _register(handle, _Op([h], finish, (tensor, output, buf), names))
 
 
 def _copy_for_output(tensor):
@@ -375,6 +410,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     base = _op_name("grouped_allreduce", name, handle)
     n = len(tensors)
     names = [f"{base}_{i + 1}of{n}" for i in range(n)]
+    _claim(c, names if name is not None else ())
     buffers = [_daemon_buffer(o) for o in outputs]
     # The data plane fuses one data type per group: a group that mixes types is sent as one
     # group per type, in order of first appearance (the same on every rank).
@@ -402,7 +438,10 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
                 write_back()
         return outputs
 
-    return _register(handle, _Op(handles, finish, (tensors, outputs, buffers)))
+    # In the order they were enqueued: by data type, as above.
+    order = [names[i] for indices in by_dtype.values() for i in indices]
+    return _register(handle, _Op(handles, finish, (tensors, outputs, buffers),
+                                 order if name is not None else ()))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -500,6 +539,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     returns a handle."""
     _check_process_set(process_set)
     c = _basics.client()
+    names = () if name is None else (name,)
+    _claim(c, names)
     handle = _new_handle()
     try:
         h, buf, as_bytes = _enqueue_allgather(c, _op_name("allgather", name, handle), tensor)
@@ -507,7 +548,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
         raise _status_error(e) from None
     dtype, device = tensor.dtype, tensor.device
     return _register(handle, _Op([h], lambda: _gathered_tensor(c, h, dtype, as_bytes, device),
-                                 (tensor, buf)))
+                                 (tensor, buf), names))
 
 
 class HorovodAllgather(torch.autograd.Function):
@@ -546,6 +587,8 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     handle = _new_handle()
     base = _op_name("grouped_allgather", name, handle)
     n = len(tensors)
+    names = [f"{base}_{i + 1}of{n}" for i in range(n)] if name is not None else []
+    _claim(c, names)
     enqueued = []
     try:
         for i, t in enumerate(tensors):
@@ -562,7 +605,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
         return [_gathered_tensor(c, h, t.dtype, as_bytes, t.device)
                 for (h, _, as_bytes), t in zip(enqueued, tensors)]
 
-    return _register(handle, _Op([h for h, _, _ in enqueued], finish, (tensors, enqueued)))
+    return _register(handle, _Op([h for h, _, _ in enqueued], finish, (tensors, enqueued), names))
 
 
 class HorovodGroupedAllgather(torch.autograd.Function):
@@ -599,6 +642,8 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
     _check_process_set(process_set)
     _check_dense(tensor)
     c = _basics.client()
+    names = () if name is None else (name,)
+    _claim(c, names)
     handle = _new_handle()
     buf, write_back = _daemon_buffer(output)
     as_bytes = buf.dtype not in _DTYPES
@@ -614,7 +659,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
             write_back()
         return output
 
-    return _register(handle, _Op([h], finish, (tensor, output, buf)))
+    return _register(handle, _Op([h], finish, (tensor, output, buf), names))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
