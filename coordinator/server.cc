@@ -45,8 +45,9 @@ class UnknownMethods final : public grpc::CallbackGenericService {
 
 // gRPC answers a request whose bytes do not parse as the method's message itself, before any
 // handler runs, with UNIMPLEMENTED and no message (nothing is done). This says what it was: the
-// caller's bad input. Only calls with one request (unary, server-streaming): the session stream's
-// messages are checked by its reactor, and it is left free of interception.
+// caller's bad input. Only calls with one request (unary, server-streaming): the session stream
+// takes raw bytes and parses each message itself (service/worker_service.cc), and is left free of
+// interception.
 class MalformedRequests final : public grpc::experimental::Interceptor {
  public:
   explicit MalformedRequests(std::string method) : method_(std::move(method)) {}

@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "coordinator/service/grpc_status.h"
 #include "coordinator/service/proto_convert.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
@@ -25,11 +26,30 @@ constexpr int kMaxRetainedLists = 1024;
 constexpr size_t kMaxQueuedMessages = 2048;
 namespace {
 
-using Outbound = std::shared_ptr<const v1::CoordinatorMessage>;
+// Messages travel as bytes: the session parses what it reads itself (a message that does not parse
+// ends the session INVALID_ARGUMENT, naming it), and a cycle's response list, the same for every
+// rank, is serialized once for all of them.
+using Outbound = std::shared_ptr<const grpc::ByteBuffer>;
+
+Outbound Serialize(const v1::CoordinatorMessage& message) {
+  auto bytes = std::make_shared<grpc::ByteBuffer>();
+  bool own = false;
+  // Serializing a message we built cannot fail but for its size, which is bounded.
+  grpc::SerializationTraits<v1::CoordinatorMessage>::Serialize(message, bytes.get(), &own)
+      .IgnoreError();
+  return bytes;
+}
+
+// A cycle's list as every rank receives it: the message (a rank with a notice of its own gets a
+// copy with it added) and its bytes.
+struct EncodedCycle {
+  v1::CoordinatorMessage message;
+  Outbound bytes;
+};
 
 // One worker's session. Reads are handled one at a time (the next read starts when the last message
 // was handed to the coordinator); writes are queued and sent one at a time. Nothing here blocks.
-class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>,
+class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                        public WorkerChannel {
  public:
   // `caller`: who opened the stream; an error ends it at once.
@@ -49,8 +69,8 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
 
   // WorkerChannel. Called by the coordinator (with its lock held): queue only.
   void SendAssignment(const Job& job, int rank) override {
-    auto message = std::make_shared<v1::CoordinatorMessage>();
-    v1::JobAssignment* a = message->mutable_assignment();
+    v1::CoordinatorMessage message;
+    v1::JobAssignment* a = message.mutable_assignment();
     ToProto(job, a->mutable_job());
     // The token goes in its own field; no worker needs another's secret digest.
     a->mutable_job()->clear_rendezvous_token();
@@ -58,52 +78,53 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
     a->set_rendezvous_token(job.rendezvous_token);
     a->set_rank(rank);
     a->set_epoch(job.epoch);
-    Enqueue(std::move(message));
+    Enqueue(Serialize(message));
   }
 
   void SendResponses(const std::shared_ptr<CycleBroadcast>& cycle, int rank) override {
-    Outbound shared;
+    std::shared_ptr<const EncodedCycle> shared;
     {
       absl::MutexLock lock(&cycle->mu);
       if (cycle->encoded == nullptr) {
-        auto message = std::make_shared<v1::CoordinatorMessage>();
-        ToProto(*cycle, message->mutable_responses());
-        cycle->encoded = message;
+        auto encoded = std::make_shared<EncodedCycle>();
+        ToProto(*cycle, encoded->message.mutable_responses());
+        encoded->bytes = Serialize(encoded->message);
+        cycle->encoded = encoded;
       }
-      shared = std::static_pointer_cast<const v1::CoordinatorMessage>(cycle->encoded);
+      shared = std::static_pointer_cast<const EncodedCycle>(cycle->encoded);
     }
     const RankNotice& notice = cycle->output.notices[rank];
     if (notice.empty()) {
-      Enqueue(std::move(shared));
+      Enqueue(shared->bytes);
       return;
     }
-    auto own = std::make_shared<v1::CoordinatorMessage>(*shared);
-    ToProto(notice, own->mutable_responses());
-    Enqueue(std::move(own));
+    v1::CoordinatorMessage own = shared->message;
+    ToProto(notice, own.mutable_responses());
+    Enqueue(Serialize(own));
   }
 
   void SendResumed(const std::string& job_id, int64_t epoch, int rank,
                    uint64_t last_request_seq) override {
-    auto message = std::make_shared<v1::CoordinatorMessage>();
-    v1::SessionResumed* r = message->mutable_resumed();
+    v1::CoordinatorMessage message;
+    v1::SessionResumed* r = message.mutable_resumed();
     r->set_job_id(job_id);
     r->set_epoch(epoch);
     r->set_rank(rank);
     r->set_last_request_seq(last_request_seq);
-    Enqueue(std::move(message));
+    Enqueue(Serialize(message));
   }
 
   void SendStopJob(const std::string& job_id, const std::string& reason) override {
-    auto message = std::make_shared<v1::CoordinatorMessage>();
-    message->mutable_stop_job()->set_job_id(job_id);
-    message->mutable_stop_job()->set_reason(reason);
-    Enqueue(std::move(message));
+    v1::CoordinatorMessage message;
+    message.mutable_stop_job()->set_job_id(job_id);
+    message.mutable_stop_job()->set_reason(reason);
+    Enqueue(Serialize(message));
   }
 
   void SendShutdown(const std::string& reason) override {
-    auto message = std::make_shared<v1::CoordinatorMessage>();
-    message->mutable_shutdown()->set_reason(reason);
-    Enqueue(std::move(message));
+    v1::CoordinatorMessage message;
+    message.mutable_shutdown()->set_reason(reason);
+    Enqueue(Serialize(message));
   }
 
   void Close(const absl::Status& status) override {
@@ -120,7 +141,13 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
       Close(absl::OkStatus());
       return;
     }
-    if (absl::Status s = Handle(in_); !s.ok()) {
+    v1::WorkerMessage message;
+    if (!grpc::SerializationTraits<v1::WorkerMessage>::Deserialize(&in_, &message).ok()) {
+      Close(absl::InvalidArgumentError(
+          "a session message does not parse as ringmaster.v1.WorkerMessage; the session ends"));
+      return;
+    }
+    if (absl::Status s = Handle(message); !s.ok()) {
       Close(s);
       return;
     }
@@ -170,12 +197,12 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
         return s;
       }
       worker_id_ = m.open().worker_id();
-      auto accepted = std::make_shared<v1::CoordinatorMessage>();
-      v1::RegisterWorkerResponse* a = accepted->mutable_accepted();
+      v1::CoordinatorMessage accepted;
+      v1::RegisterWorkerResponse* a = accepted.mutable_accepted();
       a->set_worker_id(worker_id_);
       a->set_lease_ms(absl::ToInt64Milliseconds(coordinator_.lease()));
       a->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(coordinator_.heartbeat_interval()));
-      Enqueue(std::move(accepted));
+      Enqueue(Serialize(accepted));
       std::vector<RankResume> resume;
       for (const v1::RankResume& r : m.open().resume()) {
         if (r.retained_size() > kMaxRetainedLists) {
@@ -316,7 +343,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
 
   Coordinator& coordinator_;
   grpc::CallbackServerContext* const context_;  // gRPC's, valid until OnDone
-  v1::WorkerMessage in_;
+  grpc::ByteBuffer in_;
   std::string identity_;   // the authenticated caller ("" without authentication)
   std::string worker_id_;  // set once the session is open; read only by reactor callbacks
 
@@ -364,7 +391,7 @@ grpc::ServerUnaryReactor* WorkerService::RegisterWorker(grpc::CallbackServerCont
   return reactor;
 }
 
-grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerService::Session(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerService::Session(
     grpc::CallbackServerContext* context) {
   return new SessionReactor(coordinator_, context, auth_.Authenticate(*context));
 }

@@ -8,7 +8,11 @@
 
 namespace ringmaster {
 
-class WorkerService final : public v1::WorkerService::CallbackService {
+// The session is a raw-bytes method: its reactor parses and serializes the messages itself
+// (worker_service.cc says why).
+class WorkerService final
+    : public v1::WorkerService::WithCallbackMethod_RegisterWorker<
+          v1::WorkerService::WithRawCallbackMethod_Session<v1::WorkerService::Service>> {
  public:
   // `coordinator` is borrowed and must outlive the service; so is `auth` (null: nobody
   // authenticates). Only a worker identity may register a worker; the worker is bound to that
@@ -20,7 +24,7 @@ class WorkerService final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
                                            const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) override;
-  grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* Session(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* context) override;
 
  private:

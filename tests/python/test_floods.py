@@ -136,6 +136,13 @@ def test_an_unknown_method_or_garbage_is_answered_with_what_is_served(pb, coordi
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
         assert e.value.details() == (f"the request to {method} does not parse as that method's "
                                      "request message (proto/ringmaster/v1); nothing was done")
+    # The same on a worker's session stream: it ends at once, saying so.
+    session = channel.stream_stream("/ringmaster.v1.WorkerService/Session")
+    with pytest.raises(grpc.RpcError) as e:
+        list(session(iter([b"\xff\xff\xff\xff"]), timeout=RPC_TIMEOUT))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == ("a session message does not parse as ringmaster.v1.WorkerMessage; "
+                                 "the session ends")
     jobs = pb.job_pb2_grpc.JobServiceStub(channel)
     assert len(jobs.ListJobs(pb.job_pb2.ListJobsRequest(), timeout=RPC_TIMEOUT).jobs) == 0
 
