@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/knobs.h"
+#include "common/source_archive.h"
 
 namespace ringmaster::cli {
 
@@ -25,13 +25,17 @@ grpc::Status FetchArtifacts(v1::JobService::Stub& stub, const Global& g, const s
                         absl::StrCat("cannot create ", dir, ": ", error.message()));
   }
   for (const v1::Artifact& a : list.artifacts()) {
-    // Names come from the server: never let one write outside `dir`.
-    if (absl::Status s = ValidateArtifactName("artifact name", a.name()); !s.ok()) {
+    // Names come from the server: never let one write outside `dir`. A rank's files are
+    // "rank-<rank>/<path>", kept in that directory.
+    if (absl::Status s = ValidateRelativePath("artifact name", a.name()); !s.ok()) {
       return grpc::Status(grpc::StatusCode::INTERNAL,
                           absl::StrCat("the coordinator listed a bad artifact: ", s.message()));
     }
-    const std::string path = (fs::path(dir) / a.name()).string();
-    const std::string part = (fs::path(dir) / absl::StrCat(".", a.name(), ".part")).string();
+    const fs::path target = fs::path(dir) / a.name();
+    fs::create_directories(target.parent_path(), error);
+    const std::string path = target.string();
+    const std::string part =
+        (target.parent_path() / absl::StrCat(".", target.filename().string(), ".part")).string();
     std::ofstream out(part, std::ios::binary | std::ios::trunc);
     if (!out) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,

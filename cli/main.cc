@@ -38,6 +38,7 @@
 #include "cli/local.h"
 #include "cli/log_printer.h"
 #include "common/coordinator_channels.h"
+#include "common/source_archive.h"
 #include "grpcpp/grpcpp.h"
 #include "ringmaster/v1/cluster.grpc.pb.h"
 #include "ringmaster/v1/job.grpc.pb.h"
@@ -86,6 +87,16 @@ LC_ALL and every HOROVOD_*, RINGMASTER_* and NCCL_* variable (--no-inherit-env: 
 options:
   --no-inherit-env                pass none of the caller's environment, and the workers' own
                                   working directory unless --working-dir
+  --source-dir DIR                ship DIR with the job (a tar.gz archive, at most the
+                                  coordinator's --max-source-bytes, default 64 MiB): each rank runs
+                                  CMD in its own unpacked copy (RINGMASTER_CODE_DIR)
+  --hyperparameter KEY=VALUE      pass "--KEY VALUE" to CMD, as SageMaker passes hyperparameters
+                                  (repeatable, in order)
+  --channel NAME=PATH             an input channel: PATH in RINGMASTER_CHANNEL_<NAME> and
+                                  SM_CHANNEL_<NAME> (NAME upper-cased; repeatable)
+
+Every rank also gets RINGMASTER_OUTPUT_DIR (and SM_OUTPUT_DATA_DIR, SM_MODEL_DIR): what it writes
+there comes back as the job's artifacts rank-<rank>/<path> (`ringmaster artifacts JOB`).
 )";
 
 constexpr char kJobsHelp[] = R"(usage: ringmaster jobs [--state STATE]...
@@ -323,17 +334,61 @@ void PrintJob(const v1::Job& job) {
 int Submit(const Global& g, v1::JobService::Stub& stub, Args& args) {
   std::map<std::string, std::string> requested_paths;
   bool inherit = true;
+  std::string source_dir;
+  std::vector<std::pair<std::string, std::string>> hyperparameters;
+  std::vector<std::pair<std::string, std::string>> channels;
   v1::JobSpec spec = ParseJobSpec(
       "submit", args,
-      [&inherit](const std::string& flag, Args&) {
-        if (flag != "--no-inherit-env") return false;
-        inherit = false;
+      [&](const std::string& flag, Args& a) {
+        if (flag == "--no-inherit-env") {
+          inherit = false;
+        } else if (flag == "--source-dir") {
+          source_dir = a.Value(flag);
+        } else if (flag == "--hyperparameter") {
+          hyperparameters.push_back(KeyValue(flag, a.Value(flag)));
+        } else if (flag == "--channel") {
+          channels.push_back(KeyValue(flag, a.Value(flag)));
+        } else {
+          return false;
+        }
         return true;
       },
       &requested_paths);
+  // As SageMaker passes them: each hyperparameter as "--KEY VALUE" after the entry point, each
+  // channel's path in RINGMASTER_CHANNEL_<NAME> and SM_CHANNEL_<NAME>.
+  for (const auto& [key, value] : hyperparameters) {
+    spec.add_command(absl::StrCat("--", key));
+    spec.add_command(value);
+  }
+  std::vector<std::string> channel_names;
+  for (const auto& [name, path] : channels) {
+    const bool plain = !name.empty() && absl::ascii_isalpha(name[0]) &&
+                       std::all_of(name.begin(), name.end(),
+                                   [](char c) { return absl::ascii_isalnum(c) || c == '_'; });
+    if (!plain) {
+      Usage(absl::StrCat("--channel '", name,
+                         "': a channel name is a letter then letters, digits or '_'"));
+    }
+    const std::string upper = absl::AsciiStrToUpper(name);
+    (*spec.mutable_env())[absl::StrCat("RINGMASTER_CHANNEL_", upper)] = path;
+    (*spec.mutable_env())[absl::StrCat("SM_CHANNEL_", upper)] = path;
+    channel_names.push_back(absl::StrCat("\"", name, "\""));
+  }
+  if (!channels.empty()) {
+    (*spec.mutable_env())["SM_CHANNELS"] =
+        absl::StrCat("[", absl::StrJoin(channel_names, ","), "]");
+  }
+  if (!source_dir.empty() && spec.command().empty()) {
+    Usage("submit --source-dir needs the entry point to run: -- python3 train.py");
+  }
+  if (!source_dir.empty() && !spec.working_dir().empty()) {
+    Usage(
+        "submit: --source-dir and --working-dir exclude each other (the ranks run in the "
+        "unpacked source directory)");
+  }
   // As Horovod's launchers do: the job runs where and with what the caller runs.
   if (inherit) {
-    if (spec.working_dir().empty()) {
+    if (spec.working_dir().empty() && source_dir.empty()) {
       std::error_code error;
       spec.set_working_dir(std::filesystem::current_path(error).string());
     }
@@ -346,10 +401,35 @@ int Submit(const Global& g, v1::JobService::Stub& stub, Args& args) {
         "with `ringmaster artifacts JOB`\n",
         path.c_str(), name.c_str());
   }
-  v1::RegisterJobRequest request;
-  *request.mutable_spec() = spec;
   v1::RegisterJobResponse response;
-  grpc::Status status = stub.RegisterJob(Context(g).get(), request, &response);
+  grpc::Status status;
+  if (source_dir.empty()) {
+    v1::RegisterJobRequest request;
+    *request.mutable_spec() = spec;
+    status = stub.RegisterJob(Context(g).get(), request, &response);
+  } else {
+    // Packed in memory up to 1 GiB; the coordinator's own limit (--max-source-bytes) is checked
+    // as the archive arrives.
+    absl::StatusOr<std::string> archive = PackDirectory(source_dir, int64_t{1} << 30);
+    if (!archive.ok()) Usage(std::string(archive.status().message()));
+    std::unique_ptr<grpc::ClientContext> context = StreamContext(g);
+    // Long enough for the archive on a slow link, bounded all the same.
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(static_cast<int64_t>(g.timeout_seconds) + 300));
+    std::unique_ptr<grpc::ClientWriter<v1::SubmitJobRequest>> writer =
+        stub.SubmitJob(context.get(), &response);
+    v1::SubmitJobRequest m;
+    *m.mutable_spec() = spec;
+    bool open = writer->Write(m);
+    constexpr size_t kChunk = size_t{1} << 20;
+    for (size_t at = 0; open && at < archive->size(); at += kChunk) {
+      v1::SubmitJobRequest chunk;
+      chunk.set_source_chunk(archive->substr(at, kChunk));
+      open = writer->Write(chunk);
+    }
+    if (open) writer->WritesDone();
+    status = writer->Finish();
+  }
   if (!status.ok()) Fail(g, status);
   if (g.json) {
     std::printf("%s\n", Json(response.job()).c_str());

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -88,6 +89,12 @@ absl::Status ValidateArtifactName(absl::string_view field, const std::string& na
         field, " = '", name,
         "' is not a file name: use 1..255 letters, digits, '.', '_' or '-' (no directories: the "
         "coordinator keeps the file as a job artifact; fetch it with `ringmaster artifacts JOB`)"));
+  }
+  if (absl::StartsWith(name, "rank-")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " = '", name,
+                     "' begins with 'rank-', which names the ranks' output directories among the "
+                     "job's artifacts"));
   }
   return absl::OkStatus();
 }

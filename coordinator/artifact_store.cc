@@ -9,8 +9,10 @@
 #include <system_error>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/knobs.h"
+#include "common/source_archive.h"
 
 namespace ringmaster {
 
@@ -68,12 +70,31 @@ absl::Status ArtifactStore::Reset(const std::string& job_id) const {
   return absl::OkStatus();
 }
 
+absl::Status ArtifactStore::ResetRank(const std::string& job_id, int32_t rank) const {
+  std::error_code error;
+  const std::string dir = absl::StrCat(JobDir(job_id), "/rank-", rank);
+  fs::remove_all(dir, error);
+  error.clear();
+  if (!fs::create_directories(dir, error) && error) {
+    return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+std::string ArtifactStore::RankFilePath(const std::string& job_id, int32_t rank,
+                                        const std::string& path) const {
+  return absl::StrCat(JobDir(job_id), "/rank-", rank, "/", path);
+}
+
 std::vector<ArtifactInfo> ArtifactStore::List(const std::string& job_id) const {
   std::vector<ArtifactInfo> out;
   std::error_code error;
-  for (const fs::directory_entry& e : fs::directory_iterator(JobDir(job_id), error)) {
-    if (!e.is_regular_file(error)) continue;
-    out.push_back({e.path().filename().string(), static_cast<int64_t>(e.file_size(error))});
+  const fs::path dir = JobDir(job_id);
+  for (auto it = fs::recursive_directory_iterator(dir, error);
+       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (!it->is_regular_file(error) || it->is_symlink(error)) continue;
+    out.push_back({it->path().lexically_relative(dir).generic_string(),
+                   static_cast<int64_t>(it->file_size(error))});
   }
   std::sort(out.begin(), out.end(),
             [](const ArtifactInfo& a, const ArtifactInfo& b) { return a.name < b.name; });
@@ -82,7 +103,8 @@ std::vector<ArtifactInfo> ArtifactStore::List(const std::string& job_id) const {
 
 absl::StatusOr<std::string> ArtifactStore::Read(const std::string& job_id, const std::string& name,
                                                 int64_t offset, int64_t max_bytes) const {
-  if (!ValidateArtifactName("name", name).ok()) {
+  const bool rank_file = absl::StartsWith(name, "rank-") && ValidateRelativePath("name", name).ok();
+  if (!rank_file && !ValidateArtifactName("name", name).ok()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no artifact '", name, "'"));
   }
   std::ifstream in(PathOf(job_id, name), std::ios::binary);

@@ -41,11 +41,17 @@ class ArtifactStore {
   // The path to write artifact `name` of the job to.
   std::string PathOf(const std::string& job_id, const std::string& name) const;
 
-  // The job's artifacts, by name; empty when it has none.
+  // A rank's output files are the artifacts "rank-<rank>/<path>". ResetRank removes what the rank
+  // sent before (creating the job's directory when needed); RankFilePath is where `path` (checked
+  // by ValidateRelativePath) goes.
+  absl::Status ResetRank(const std::string& job_id, int32_t rank) const;
+  std::string RankFilePath(const std::string& job_id, int32_t rank, const std::string& path) const;
+
+  // The job's artifacts, by name (a rank's files as "rank-<rank>/<path>"); empty when it has none.
   std::vector<ArtifactInfo> List(const std::string& job_id) const;
 
   // Up to `max_bytes` of the artifact from `offset`; empty at the end. NOT_FOUND for an artifact
-  // that does not exist.
+  // that does not exist (or a name that is not one: an absolute path, a ".." component).
   absl::StatusOr<std::string> Read(const std::string& job_id, const std::string& name,
                                    int64_t offset, int64_t max_bytes) const;
 

@@ -38,7 +38,10 @@ Coordinator::Coordinator(CoordinatorOptions options)
                             .max_bytes_per_rank = options.log_bytes_per_rank,
                             .max_total_bytes = options.log_bytes_total,
                             .journal = std::move(options.log_journal)}),
-      artifacts_(std::move(options.artifacts_dir)) {
+      artifacts_(options.artifacts_dir),
+      sources_(absl::StrCat(options.artifacts_dir, "/.sources"), options.max_source_bytes),
+      max_output_bytes_per_rank_(options.max_output_bytes_per_rank),
+      max_output_files_per_rank_(options.max_output_files_per_rank) {
   RegisterCollectors();
   RestoreJobs();
 }
@@ -73,6 +76,10 @@ void Coordinator::RegisterCollectors() {
 Coordinator::~Coordinator() = default;
 
 absl::StatusOr<Job> Coordinator::RegisterJob(JobSpec spec, std::string owner) {
+  if (!spec.source.sha256.empty() && !sources_.Has(spec.source.sha256)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec.source names archive ", spec.source.sha256, ", which the coordinator does not hold"));
+  }
   absl::StatusOr<Job> job = jobs_.Register(std::move(spec), std::move(owner));
   if (!job.ok()) return job;
   spdlog::info("job {} '{}' registered{}: np={}", job->id, job->spec.name,

@@ -37,11 +37,13 @@
 #include "common/clock.h"
 #include "common/executor.h"
 #include "common/metrics.h"
+#include "common/source_archive.h"
 #include "coordinator/artifact_store.h"
 #include "coordinator/job_registry.h"
 #include "coordinator/job_runtime.h"
 #include "coordinator/log_store.h"
 #include "coordinator/rendezvous_store.h"
+#include "coordinator/source_store.h"
 #include "coordinator/worker_channel.h"
 #include "coordinator/worker_registry.h"
 
@@ -87,8 +89,14 @@ struct CoordinatorOptions {
   absl::Duration log_linger = absl::Seconds(2);
   // Where the logs are also written, to survive a restart (null: memory alone).
   std::unique_ptr<LogJournal> log_journal;
-  // Where jobs' artifacts (timelines, autotune logs) are kept: <dir>/<job id>/<name>.
+  // Where jobs' artifacts (timelines, autotune logs) are kept: <dir>/<job id>/<name>. Jobs' code
+  // archives go to <dir>/.sources.
   std::string artifacts_dir = DefaultArtifactsDir(ArtifactsInstanceName(""));
+  // The largest code archive a job may carry (SubmitJob).
+  int64_t max_source_bytes = kDefaultMaxSourceBytes;
+  // What one rank may leave in its output directory (PutRankOutput): bytes and files.
+  int64_t max_output_bytes_per_rank = int64_t{1} << 30;
+  int64_t max_output_files_per_rank = 10'000;
 };
 
 // Most output bytes one RankOutput message may carry.
@@ -131,6 +139,10 @@ class Coordinator {
   // The number of ranks of a job with a runtime (placed and not ended), else 0.
   int RanksOf(const std::string& job_id) const;
   const std::string& artifacts_dir() const { return artifacts_.root(); }
+  // Jobs' code archives; SubmitJob uploads into it, then registers the job.
+  SourceStore& sources() { return sources_; }
+  int64_t max_output_bytes_per_rank() const { return max_output_bytes_per_rank_; }
+  int64_t max_output_files_per_rank() const { return max_output_files_per_rank_; }
   absl::Duration heartbeat_interval() const { return heartbeat_interval_; }
 
   // Jobs.
@@ -227,6 +239,22 @@ class Coordinator {
   absl::StatusOr<std::string> ReadArtifact(const std::string& job_id, const std::string& name,
                                            int64_t offset, int64_t max_bytes) const {
     return artifacts_.Read(job_id, name, offset, max_bytes);
+  }
+
+  // A rank's worker fetching the job's code: the archive's path. Checked like the rendezvous
+  // (CheckScope); FAILED_PRECONDITION for a job without code.
+  absl::StatusOr<std::string> JobSourcePath(const std::string& job_id, int64_t epoch,
+                                            const std::string* token) const;
+  // A rank's worker about to send what the rank left in its output directory: NOT_FOUND (job),
+  // ABORTED (another epoch), INVALID_ARGUMENT (rank), PERMISSION_DENIED (token), whatever the
+  // job's state (a worker sends the output of a rank that exited before reporting the exit, and
+  // that of a rank it stopped after the job ended). Then empties the rank's artifact directory.
+  absl::Status BeginRankOutput(const std::string& job_id, int64_t epoch, int32_t rank,
+                               const std::string& token) const;
+  // Where file `path` (checked by ValidateRelativePath) of the rank's output goes.
+  std::string RankOutputPath(const std::string& job_id, int32_t rank,
+                             const std::string& path) const {
+    return artifacts_.RankFilePath(job_id, rank, path);
   }
 
   // Rendezvous, scoped by job and epoch: NOT_FOUND (job), ABORTED (stale epoch),
@@ -346,6 +374,9 @@ class Coordinator {
   RendezvousStore rendezvous_;
   LogStore logs_;
   const ArtifactStore artifacts_;
+  SourceStore sources_;
+  const int64_t max_output_bytes_per_rank_;
+  const int64_t max_output_files_per_rank_;
 
   absl::Mutex tick_mu_;
   absl::CondVar tick_cv_;

@@ -2,6 +2,7 @@
 // lost workers, settled failures (a disconnect and the exits it causes become one reason), jobs
 // that did not start in time, stalled and idle runtimes, logs past their linger.
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -100,6 +101,13 @@ void Coordinator::EvictEndedJobs(absl::Time now) {
     logs_.Remove(id);
     artifacts_.Remove(id);
   }
+  // A code archive goes with the last job that refers to it. One committed moments ago belongs to
+  // a job being registered.
+  std::set<std::string> referenced;
+  for (const Job& job : jobs_.List({})) {
+    if (!job.spec.source.sha256.empty()) referenced.insert(job.spec.source.sha256);
+  }
+  sources_.RemoveUnreferenced(referenced, absl::Minutes(10));
   if (!evicted.empty()) {
     spdlog::info("removed {} ended jobs past the retention ({} or {} ended jobs), the oldest {}",
                  evicted.size(), absl::FormatDuration(job_retention_), max_ended_jobs_,

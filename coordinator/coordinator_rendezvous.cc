@@ -33,6 +33,38 @@ absl::Status Coordinator::CheckScope(const std::string& job_id, int64_t epoch,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> Coordinator::JobSourcePath(const std::string& job_id, int64_t epoch,
+                                                       const std::string* token) const {
+  if (absl::Status s = CheckScope(job_id, epoch, token); !s.ok()) return s;
+  absl::StatusOr<Job> job = jobs_.Get(job_id);
+  if (!job.ok()) return job.status();
+  if (job->spec.source.sha256.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has no source archive"));
+  }
+  return sources_.PathOf(job->spec.source.sha256);
+}
+
+absl::Status Coordinator::BeginRankOutput(const std::string& job_id, int64_t epoch, int32_t rank,
+                                          const std::string& token) const {
+  absl::StatusOr<Job> job = jobs_.Get(job_id);
+  if (!job.ok()) return job.status();
+  if (epoch != job->epoch) {
+    return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id,
+                                           " is stale; the job is at epoch ", job->epoch));
+  }
+  if (job->rendezvous_token.empty() || !ConstantTimeEquals(token, job->rendezvous_token)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the output of job ", job_id, " epoch ", epoch,
+                     " is accepted only from its ranks' workers: the call did not carry the "
+                     "epoch's rendezvous token"));
+  }
+  if (rank < 0 || rank >= job->spec.np) {
+    return absl::InvalidArgumentError(absl::StrCat("header.rank = ", rank, " is out of bounds [0, ",
+                                                   job->spec.np - 1, "] of job ", job_id));
+  }
+  return artifacts_.ResetRank(job_id, rank);
+}
+
 absl::Status Coordinator::RendezvousSet(const std::string& job_id, int64_t epoch,
                                         const std::string& key, std::string value,
                                         const std::string* token) {

@@ -97,6 +97,18 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return absl::InvalidArgumentError("spec.working_dir is longer than 4096 bytes");
   }
   if (absl::Status s = ValidateMap(spec.labels, "labels", 64, 63, 256); !s.ok()) return s;
+  if (!spec.source.sha256.empty()) {
+    if (spec.command.empty()) {
+      return absl::InvalidArgumentError(
+          "spec.command is empty but the job has a source archive: name the entry point to run "
+          "in the unpacked code");
+    }
+    if (!spec.working_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "spec.working_dir must be empty for a job with a source archive: its ranks run in the "
+          "unpacked code");
+    }
+  }
   // Each field has its bound; together they are bounded too, so that the jobs the coordinator
   // holds (--max-active-jobs of them) have a bounded size.
   size_t bytes = spec.name.size() + spec.working_dir.size();

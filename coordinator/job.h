@@ -21,6 +21,14 @@ enum class JobState { kPending = 1, kStarting, kRunning, kSucceeded, kFailed, kC
 // kStopped: the job ended before the rank's process exited (its worker was told to stop it).
 enum class RankState { kAssigned = 1, kStarted, kExited, kStopped };
 
+// JobSpec.source: the job's code archive as the coordinator stored it (SourceStore).
+struct SourceArchive {
+  std::string sha256;  // empty: the job has no code of its own
+  int64_t size_bytes = 0;
+  int64_t unpacked_bytes = 0;
+  int32_t files = 0;
+};
+
 struct JobSpec {
   std::string name;
   int32_t np = 0;
@@ -30,6 +38,7 @@ struct JobSpec {
   std::string working_dir;
   Knobs knobs;
   std::map<std::string, std::string> labels;
+  SourceArchive source;
 };
 
 struct RankInfo {

@@ -83,6 +83,13 @@ ABSL_FLAG(int64_t, max_active_jobs, 1000,
           "(RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, max_ended_jobs, 10000,
           "at most this many ended jobs are kept; the oldest go first");
+ABSL_FLAG(int64_t, max_source_bytes, int64_t{64} << 20,
+          "the largest code archive (tar.gz) a job may carry (SubmitJob, `ringmaster submit "
+          "--source-dir`, the Python Estimator's source_dir); larger ones are refused "
+          "(INVALID_ARGUMENT naming this limit)");
+ABSL_FLAG(int64_t, max_output_bytes, int64_t{1} << 30,
+          "the most a rank may leave in its output directory (RINGMASTER_OUTPUT_DIR), in bytes; "
+          "past it the rest is not kept");
 ABSL_FLAG(std::string, state_dir, "",
           "keep jobs (specs, states, reasons, events, assignments) in a SQLite database in this "
           "directory, so they survive a restart (artifacts default to DIR/artifacts); empty: in "
@@ -158,6 +165,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "ringmaster-coordinator: --job-retention must be positive, --max-ended-jobs and "
                  "--max-active-jobs at least 1\n");
+    return 2;
+  }
+  options.max_source_bytes = absl::GetFlag(FLAGS_max_source_bytes);
+  options.max_output_bytes_per_rank = absl::GetFlag(FLAGS_max_output_bytes);
+  if (options.max_source_bytes < 1 || options.max_output_bytes_per_rank < 0) {
+    std::fprintf(stderr,
+                 "ringmaster-coordinator: --max-source-bytes must be at least 1, "
+                 "--max-output-bytes at least 0\n");
     return 2;
   }
   options.resume_timeout = absl::GetFlag(FLAGS_resume_timeout);

@@ -134,6 +134,7 @@ bool IsLoopbackAddress(const std::string& address) {
 CoordinatorServer::CoordinatorServer(CoordinatorOptions options, ServerSecurity security)
     : executor_(std::make_unique<SerialExecutor>()),
       reads_(std::make_unique<SerialExecutor>()),
+      files_(std::make_unique<SerialExecutor>()),
       coordinator_(std::make_unique<Coordinator>([&] {
         if (options.executor == nullptr) options.executor = executor_.get();
         return std::move(options);
@@ -174,9 +175,11 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address) {
     auth.tokens = *std::move(tokens);
   }
   authenticator_ = std::make_unique<Authenticator>(std::move(auth));
-  job_service_ = std::make_unique<JobService>(*coordinator_, reads_.get(), authenticator_.get());
+  job_service_ =
+      std::make_unique<JobService>(*coordinator_, reads_.get(), authenticator_.get(), files_.get());
   worker_service_ = std::make_unique<WorkerService>(*coordinator_, authenticator_.get());
-  rendezvous_service_ = std::make_unique<RendezvousService>(*coordinator_, authenticator_.get());
+  rendezvous_service_ =
+      std::make_unique<RendezvousService>(*coordinator_, authenticator_.get(), files_.get());
   cluster_service_ = std::make_unique<ClusterService>(*coordinator_, authenticator_.get());
 
   grpc::ServerBuilder builder;
@@ -280,6 +283,7 @@ void CoordinatorServer::Stop(absl::Duration grace) {
   // What the calls and the ticker handed over (ending jobs, closing their files, artifact reads) is
   // done now.
   reads_->Shutdown();
+  files_->Shutdown();
   executor_->Shutdown();
 }
 

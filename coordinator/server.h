@@ -107,6 +107,9 @@ class CoordinatorServer {
   // Artifact listings and reads (file I/O) for JobService: its own thread, so a large download
   // never delays ending a job. Before the coordinator too: its tasks read the coordinator's store.
   std::unique_ptr<SerialExecutor> reads_;
+  // Code archives arriving (SubmitJob) and going to workers, ranks' output arriving: file I/O of
+  // its own, so an upload being checked never delays a download.
+  std::unique_ptr<SerialExecutor> files_;
   std::unique_ptr<Coordinator> coordinator_;
   const ServerSecurity security_;
   // Made by Start(), with the services that borrow it.

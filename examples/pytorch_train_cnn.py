@@ -2,6 +2,9 @@
 
     ringmaster local --np 2 -- python3 examples/pytorch_train_cnn.py
 
+Rank 0 saves the trained model as model.pt in --model-dir, which defaults to the directory whose
+files come back as the job's artifacts (RINGMASTER_OUTPUT_DIR, or SageMaker's SM_MODEL_DIR).
+
 Each image is noise plus a bright square in one of four quadrants, and its label is that quadrant,
 so the task is learnable and the loss falls within a few epochs. It is written as a Horovod script
 would be: the only Ringmaster-specific line is the import.
@@ -58,6 +61,11 @@ def main():
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--lr", type=float, default=0.005, help="per rank (scaled by size)")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--model-dir",
+                        default=os.environ.get("SM_MODEL_DIR") or os.environ.get(
+                            "RINGMASTER_OUTPUT_DIR"),
+                        help="where rank 0 saves model.pt (default: the job's output directory; "
+                             "none outside a job)")
     args = parser.parse_args()
 
     hvd.init()
@@ -93,6 +101,10 @@ def main():
         accuracy = metric_average(correct / seen, "avg_accuracy")
         if hvd.rank() == 0:
             print(f"epoch {epoch}: loss {loss:.4f} accuracy {accuracy:.3f}", flush=True)
+    if hvd.rank() == 0 and args.model_dir:
+        os.makedirs(args.model_dir, exist_ok=True)
+        torch.save(model.state_dict(), os.path.join(args.model_dir, "model.pt"))
+        print(f"saved {os.path.join(args.model_dir, 'model.pt')}", flush=True)
     hvd.shutdown()
 
 

@@ -5,13 +5,16 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <system_error>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/negotiation_wire.h"
+#include "common/source_archive.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "spdlog/spdlog.h"
@@ -29,6 +32,8 @@ extern char** environ;
 
 namespace ringmaster {
 namespace {
+
+namespace fs = std::filesystem;
 
 constexpr size_t kMaxOutputChunk = 1 << 20;
 
@@ -104,6 +109,11 @@ absl::Status Daemon::Start() {
   }
   if (o.socket_path.empty())
     o.socket_path = absl::StrCat("/tmp/ringmaster-worker-", getpid(), ".sock");
+  if (o.work_dir.empty()) {
+    const char* tmp = getenv("TMPDIR");
+    o.work_dir =
+        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/ringmaster-ranks-", getuid());
+  }
   if (!options_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics = MetricsServer::Start(
         options_.metrics_listen, &metrics_,
@@ -435,10 +445,64 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
                  options_.socket_path);
     return;  // STARTED when the process attaches
   }
-  if (absl::Status s = LaunchChild(job); !s.ok()) {
+  job->waiter = std::thread([this, job] { RunRank(job); });
+}
+
+absl::Status Daemon::PrepareRankDir(Job& job) {
+  const v1::Job& spec = job.assignment.job();
+  job.dir = absl::StrCat(options_.work_dir, "/", spec.id(), "-", job.assignment.epoch(), "-rank-",
+                         job.assignment.rank(), "-", getpid());
+  std::error_code error;
+  fs::remove_all(job.dir, error);
+  error.clear();
+  if (!fs::create_directories(job.dir + "/output", error) && error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create the rank's directory ", job.dir, ": ", error.message()));
+  }
+  fs::permissions(job.dir, fs::perms::owner_all, fs::perm_options::replace, error);
+  if (spec.spec().source().sha256().empty()) return absl::OkStatus();
+  const std::string archive = job.dir + "/source.tar.gz";
+  RendezvousClient client(channel_, spec.id(), job.assignment.epoch(), job.rendezvous,
+                          job.assignment.rendezvous_token());
+  if (absl::Status s = client.FetchSource(archive); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("could not fetch the job's code: ", s.message()));
+  }
+  if (absl::Status s = ExtractArchive(archive, job.dir + "/code"); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("could not unpack the job's code: ", s.message()));
+  }
+  fs::remove(archive, error);
+  return absl::OkStatus();
+}
+
+void Daemon::RunRank(const std::shared_ptr<Job>& job) {
+  absl::Status s = PrepareRankDir(*job);
+  if (s.ok()) s = LaunchChild(job);
+  if (!s.ok()) {
+    if (job->stopped) return;  // StopJob found no process: it finishes the job
     SendRankUpdate(*job, v1::RANK_STATE_EXITED, 127, std::string(s.message()));
     FinishJob(job);
+    return;
   }
+  ChildExit exit = job->child->Wait();
+  spdlog::info("job {} rank {}: process exited with {} {}", job->assignment.job().id(),
+               job->assignment.rank(), exit.exit_code, exit.message);
+  // Before the exit is reported: the job's end must find the rank's files among its artifacts.
+  // A failed send costs the files, not the job.
+  RendezvousClient files(channel_, job->assignment.job().id(), job->assignment.epoch(), nullptr,
+                         job->assignment.rendezvous_token());
+  int32_t sent_files = 0;
+  int64_t sent_bytes = 0;
+  if (absl::Status put =
+          files.PutOutput(job->assignment.rank(), job->dir + "/output", &sent_files, &sent_bytes);
+      !put.ok()) {
+    spdlog::warn("job {} rank {}: its output files were not all kept: {}",
+                 job->assignment.job().id(), job->assignment.rank(), put.ToString());
+  } else if (sent_files > 0) {
+    spdlog::info("job {} rank {}: sent {} output files ({} bytes)", job->assignment.job().id(),
+                 job->assignment.rank(), sent_files, sent_bytes);
+  }
+  if (!job->stopped) SendRankUpdate(*job, v1::RANK_STATE_EXITED, exit.exit_code, exit.message);
+  FinishJob(job);
 }
 
 absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
@@ -475,13 +539,25 @@ absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
   // Where this host's data plane listens: a rank that opens connections of its own (a raw Gloo
   // context, a benchmark's baseline) binds it too.
   if (!me.address().empty()) env["RINGMASTER_ADDRESS"] = me.address();
+  // What the rank writes here comes back as the job's artifacts "rank-<rank>/...". SageMaker
+  // scripts find it under their names.
+  const std::string output = job->dir + "/output";
+  env["RINGMASTER_OUTPUT_DIR"] = output;
+  env["SM_OUTPUT_DATA_DIR"] = output;
+  env["SM_MODEL_DIR"] = output;
+  std::string cwd = spec.spec().working_dir();
+  if (!spec.spec().source().sha256().empty()) {
+    cwd = job->dir + "/code";
+    env["RINGMASTER_CODE_DIR"] = cwd;
+    env["SM_MODULE_DIR"] = cwd;
+  }
   std::vector<std::string> argv(spec.spec().command().begin(), spec.spec().command().end());
   CoordinatorSession* session = session_.get();
   const v1::JobAssignment assignment = job->assignment;
   // Numbered (the reliable session: re-sent after a reconnect, deduplicated by the coordinator);
   // stdout's and stderr's readers number and send under one lock, so the numbers go out in order.
   auto numbering = std::make_shared<std::pair<absl::Mutex, uint64_t>>();
-  auto output = [session, assignment, numbering](int stream, std::string data) {
+  auto print = [session, assignment, numbering](int stream, std::string data) {
     absl::MutexLock lock(&numbering->first);
     for (size_t at = 0; at < data.size(); at += kMaxOutputChunk) {
       v1::WorkerMessage m;
@@ -495,20 +571,20 @@ absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
       session->Send(m).IgnoreError();
     }
   };
-  absl::StatusOr<std::unique_ptr<ChildProcess>> child =
-      ChildProcess::Start(argv, env, spec.spec().working_dir(), output);
-  if (!child.ok()) return child.status();
-  job->child = *std::move(child);
+  {
+    absl::MutexLock lock(&job->launch_mu);
+    if (job->stopped) {
+      return absl::AbortedError(
+          absl::StrCat("job ", spec.id(), " stopped before rank ", rank, " started"));
+    }
+    absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+        ChildProcess::Start(argv, env, cwd, print);
+    if (!child.ok()) return child.status();
+    job->child = *std::move(child);
+  }
   job->child_pid.store(job->child->pid());
   job->started = true;
   SendRankUpdate(*job, v1::RANK_STATE_STARTED, 0, "");
-  job->waiter = std::thread([this, job] {
-    ChildExit exit = job->child->Wait();
-    spdlog::info("job {} rank {}: process exited with {} {}", job->assignment.job().id(),
-                 job->assignment.rank(), exit.exit_code, exit.message);
-    if (!job->stopped) SendRankUpdate(*job, v1::RANK_STATE_EXITED, exit.exit_code, exit.message);
-    FinishJob(job);
-  });
   return absl::OkStatus();
 }
 
@@ -546,7 +622,12 @@ void Daemon::StopJob(const std::string& job_id, const absl::Status& reason) {
   job->rendezvous->Cancel();
   // Pending operations fail at once with the reason; the process gets SIGTERM, then SIGKILL.
   job->engine->Abort(reason);
-  if (job->child != nullptr) {
+  ChildProcess* child;
+  {
+    absl::MutexLock lock(&job->launch_mu);
+    child = job->child.get();
+  }
+  if (child != nullptr) {
     // Not detached: the job must not outlive the daemon (its engine's gauges live in metrics_).
     finishers_.Start([job, grace = options_.stop_grace] { job->child->Terminate(grace); });
   } else {
@@ -581,6 +662,10 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
       job->closing = true;  // no welcome into this job any more
     }
     local_->DisconnectAll();
+    if (!job->dir.empty()) {
+      std::error_code error;
+      fs::remove_all(job->dir, error);  // the rank's code and output (sent already)
+    }
     const std::string id = job->assignment.job().id();
     // The memory goes once the training process has unmapped it too (and, when the engine is
     // still stopping, once that thread drops the job).

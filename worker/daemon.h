@@ -57,6 +57,10 @@ struct DaemonOptions {
   // and the session keeps retrying.
   absl::Duration coordinator_grace = absl::Minutes(5);
   std::string metrics_listen;  // "host:port" to serve /metrics on; empty: off
+  // Where each launched rank gets a directory of its own (removed when the rank is done): its
+  // code (the job's source archive unpacked) and its output directory (RINGMASTER_OUTPUT_DIR).
+  // Default: $TMPDIR/ringmaster-ranks-<uid> (TMPDIR defaults to /tmp).
+  std::string work_dir;
   bool record_metrics = true;  // false: the engine records nothing (to measure what metrics cost)
 };
 
@@ -106,8 +110,13 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     // coordinator in their order (it drops one numbered below what it has).
     absl::Mutex send_mu;
     std::unique_ptr<Engine> engine;
+    // Held while the process is started (child set) and when a stop looks for it: a stop that
+    // comes while the rank's code is being fetched finds no process, and none starts after it.
+    absl::Mutex launch_mu;
     std::unique_ptr<ChildProcess> child;
-    std::atomic<pid_t> child_pid{0};  // child's, once started (OnHello reads it unlocked)
+    std::atomic<pid_t> child_pid{0};
+    // A launched rank's directory under DaemonOptions::work_dir ("": none made yet).
+    std::string dir;  // child's, once started (OnHello reads it unlocked)
     std::thread waiter;
     std::atomic<bool> started{false};
     std::atomic<bool> stopped{false};
@@ -126,6 +135,13 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   };
 
   void StartJob(const v1::JobAssignment& assignment);
+  // A launched rank, on its waiter thread: makes its directory (fetching and unpacking the job's
+  // code), starts its process, waits for it, sends what it left in its output directory, and
+  // reports its exit.
+  void RunRank(const std::shared_ptr<Job>& job);
+  // The rank's directory: <work_dir>/<job>-<epoch>-rank-<rank>-<pid>/{code,output}.
+  absl::Status PrepareRankDir(Job& job);
+  // UNAVAILABLE-free ABORTED when the job was stopped before the process could start.
   absl::Status LaunchChild(const std::shared_ptr<Job>& job);
   // Stops the job's rank (abort pending ops, terminate the process) because of `reason`.
   void StopJob(const std::string& job_id, const absl::Status& reason);

@@ -35,6 +35,10 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://ADDR:PORT/metrics (empty: off; port 0 picks one)");
 ABSL_FLAG(int64_t, arena_mb, 1024, "shared-memory arena per job, MiB");
+ABSL_FLAG(std::string, work_dir, "",
+          "directory under which each launched rank gets its own (its unpacked code and its "
+          "output directory, RINGMASTER_OUTPUT_DIR), removed when the rank is done (default: "
+          "$TMPDIR/ringmaster-ranks-<uid>)");
 ABSL_FLAG(double, collective_timeout_seconds, 30, "bound on the rendezvous and every collective");
 ABSL_FLAG(absl::Duration, coordinator_grace, absl::Minutes(5),
           "stop the rank being served once the coordinator has been unreachable this long (e.g. "
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
   }
   options.host_name = absl::GetFlag(FLAGS_host_name);
   options.socket_path = absl::GetFlag(FLAGS_socket);
+  options.work_dir = absl::GetFlag(FLAGS_work_dir);
   options.socket_group = absl::GetFlag(FLAGS_socket_group);
   options.iface = absl::GetFlag(FLAGS_iface);
   if (options.iface.empty()) options.iface = Env("HOROVOD_GLOO_IFACE");

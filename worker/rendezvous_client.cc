@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/rpc_metadata.h"
 #include "grpcpp/client_context.h"
@@ -162,6 +167,84 @@ absl::StatusOr<std::vector<std::string>> RendezvousClient::Wait(
                });
   if (!s.ok()) return s;
   return std::vector<std::string>(response.values().begin(), response.values().end());
+}
+
+absl::Status RendezvousClient::FetchSource(const std::string& dest) {
+  v1::GetJobSourceRequest request;
+  request.set_job_id(job_id_);
+  request.set_epoch(epoch_);
+  return Retrying(
+      *channels_, journal_.get(), absl::Now() + kFilesFor, kFilesFor,
+      [&](v1::RendezvousService::Stub& stub, grpc::ClientContext& context) {
+        Authorize(context);
+        std::ofstream out(dest, std::ios::binary | std::ios::trunc);
+        if (!out) {
+          return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot write ", dest));
+        }
+        std::unique_ptr<grpc::ClientReader<v1::GetJobSourceResponse>> reader =
+            stub.GetJobSource(&context, request);
+        v1::GetJobSourceResponse chunk;
+        while (reader->Read(&chunk)) {
+          out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+        }
+        grpc::Status status = reader->Finish();
+        if (status.ok() && !out.flush()) {
+          return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("cannot write ", dest));
+        }
+        return status;
+      });
+}
+
+absl::Status RendezvousClient::PutOutput(int32_t rank, const std::string& dir, int32_t* files,
+                                         int64_t* bytes) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> paths;
+  std::error_code error;
+  for (auto it = fs::recursive_directory_iterator(dir, error);
+       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (it->is_regular_file(error) && !it->is_symlink(error)) {
+      paths.push_back(it->path().lexically_relative(dir).generic_string());
+    }
+  }
+  std::sort(paths.begin(), paths.end());
+  if (paths.empty()) return absl::OkStatus();
+  constexpr size_t kChunk = size_t{1} << 20;
+  return Retrying(*channels_, nullptr, absl::Now() + kFilesFor, kFilesFor,
+                  [&](v1::RendezvousService::Stub& stub, grpc::ClientContext& context) {
+                    Authorize(context);
+                    v1::PutRankOutputResponse response;
+                    std::unique_ptr<grpc::ClientWriter<v1::PutRankOutputRequest>> writer =
+                        stub.PutRankOutput(&context, &response);
+                    v1::PutRankOutputRequest m;
+                    m.mutable_header()->set_job_id(job_id_);
+                    m.mutable_header()->set_epoch(epoch_);
+                    m.mutable_header()->set_rank(rank);
+                    bool open = writer->Write(m);
+                    std::string buffer(kChunk, '\0');
+                    for (const std::string& path : paths) {
+                      if (!open) break;
+                      std::ifstream in(fs::path(dir) / path, std::ios::binary);
+                      if (!in) continue;  // removed meanwhile
+                      bool first = true;
+                      do {
+                        in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+                        v1::PutRankOutputRequest c;
+                        c.mutable_chunk()->set_path(path);
+                        c.mutable_chunk()->set_first(first);
+                        c.mutable_chunk()->set_data(buffer.data(),
+                                                    static_cast<size_t>(in.gcount()));
+                        first = false;
+                        open = writer->Write(c);
+                      } while (open && in && !in.eof());
+                    }
+                    if (open) writer->WritesDone();
+                    grpc::Status status = writer->Finish();
+                    if (status.ok()) {
+                      if (files != nullptr) *files = response.files();
+                      if (bytes != nullptr) *bytes = response.bytes();
+                    }
+                    return status;
+                  });
 }
 
 }  // namespace ringmaster

@@ -61,6 +61,17 @@ class RendezvousClient : public KeyValueStore {
   // Sets every key of the journal again (with Set's retries); the first error.
   absl::Status Republish(const RendezvousJournal& journal);
 
+  // How long moving a file (the code archive, a rank's output) may take, retries included.
+  static constexpr absl::Duration kFilesFor = absl::Minutes(5);
+  // The job's code archive (JobSpec.source) into file `dest`, fetched again whole should the
+  // coordinator be unreachable for a while.
+  absl::Status FetchSource(const std::string& dest);
+  // Sends the regular files under directory `dir` (symbolic links and other entries are skipped)
+  // as rank `rank`'s output: its artifacts "rank-<rank>/<path>". Nothing is sent when `dir` holds
+  // no file. `files` and `bytes` (may be null) get what the coordinator kept.
+  absl::Status PutOutput(int32_t rank, const std::string& dir, int32_t* files = nullptr,
+                         int64_t* bytes = nullptr);
+
  private:
   absl::Status SetOnce(const std::string& key, const std::string& value);
 

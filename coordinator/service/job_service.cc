@@ -338,6 +338,119 @@ class ArtifactReactor : public grpc::ServerWriteReactor<v1::GetArtifactResponse>
   v1::GetArtifactResponse out_;
 };
 
+// A refused read stream.
+template <typename T>
+class RefusedReader : public grpc::ServerReadReactor<T> {
+ public:
+  explicit RefusedReader(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+// SubmitJob: the spec, then the archive's chunks, each appended to the upload on the I/O
+// executor before the next read starts (at most one read or one task outstanding, so the reactor
+// lives until the last of them has run). At the end of the stream the archive is checked, stored
+// and the job registered, on the executor.
+class SubmitReactor : public grpc::ServerReadReactor<v1::SubmitJobRequest> {
+ public:
+  SubmitReactor(Coordinator& coordinator, Executor& io, grpc::CallbackServerContext* context,
+                std::string owner, v1::RegisterJobResponse* response)
+      : coordinator_(coordinator),
+        io_(io),
+        context_(context),
+        owner_(std::move(owner)),
+        response_(response) {
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client's stream ended (or the call was cancelled)
+      io_.Post([this] { Complete(); });
+      return;
+    }
+    if (!have_spec_) {
+      if (in_.kind_case() != v1::SubmitJobRequest::kSpec) {
+        Finish(ToGrpcStatus(absl::InvalidArgumentError(
+            "SubmitJob: the first message must carry spec; the archive's chunks follow it")));
+        return;
+      }
+      if (in_.spec().has_source()) {
+        Finish(ToGrpcStatus(absl::InvalidArgumentError(
+            "spec.source is filled in by the coordinator: send the archive as source_chunk "
+            "messages after the spec")));
+        return;
+      }
+      absl::Status s = FromProto(in_.spec(), &spec_);
+      // Checked now, so that a bad spec does not wait for its archive to arrive.
+      if (s.ok()) s = ValidateJobSpec(spec_);
+      if (!s.ok()) {
+        Finish(ToGrpcStatus(s));
+        return;
+      }
+      have_spec_ = true;
+      StartRead(&in_);
+      return;
+    }
+    if (in_.kind_case() != v1::SubmitJobRequest::kSourceChunk) {
+      Finish(ToGrpcStatus(
+          absl::InvalidArgumentError("SubmitJob: spec may come only once, as the first message")));
+      return;
+    }
+    if (upload_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<SourceStore::Upload>> upload = coordinator_.sources().Begin();
+      if (!upload.ok()) {
+        Finish(ToGrpcStatus(upload.status()));
+        return;
+      }
+      upload_ = *std::move(upload);
+    }
+    io_.Post([this, data = std::move(*in_.mutable_source_chunk())] {
+      if (absl::Status s = upload_->Append(data); !s.ok()) {
+        upload_.reset();
+        Finish(ToGrpcStatus(s));
+        return;
+      }
+      StartRead(&in_);
+    });
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Complete() {
+    if (context_->IsCancelled()) {
+      upload_.reset();
+      Finish(grpc::Status::CANCELLED);
+      return;
+    }
+    if (!have_spec_) {
+      Finish(ToGrpcStatus(absl::InvalidArgumentError("SubmitJob: the stream carried no spec")));
+      return;
+    }
+    if (upload_ != nullptr) {
+      absl::StatusOr<SourceArchive> source = upload_->Commit();
+      upload_.reset();
+      if (!source.ok()) {
+        Finish(ToGrpcStatus(source.status()));
+        return;
+      }
+      spec_.source = *std::move(source);
+    }
+    absl::StatusOr<Job> job = coordinator_.RegisterJob(std::move(spec_), owner_);
+    if (job.ok()) ToClient(*job, response_->mutable_job());
+    Finish(ToGrpcStatus(job.status()));
+  }
+
+  Coordinator& coordinator_;
+  Executor& io_;
+  grpc::CallbackServerContext* const context_;
+  const std::string owner_;
+  v1::RegisterJobResponse* const response_;
+  v1::SubmitJobRequest in_;
+  bool have_spec_ = false;
+  JobSpec spec_;
+  std::unique_ptr<SourceStore::Upload> upload_;
+};
+
 }  // namespace
 
 const Authenticator JobService::kNoAuthentication;
@@ -361,11 +474,28 @@ grpc::ServerUnaryReactor* JobService::RegisterJob(grpc::CallbackServerContext* c
                              caller->Describe(), " is a worker identity (group ",
                              auth_.options().worker_group, "); workers may not register jobs")));
   }
+  if (request->spec().has_source()) {
+    return Done(context, absl::InvalidArgumentError(
+                             "spec.source is filled in by the coordinator: send the job's code "
+                             "with SubmitJob"));
+  }
   JobSpec spec;
   if (absl::Status s = FromProto(request->spec(), &spec); !s.ok()) return Done(context, s);
   absl::StatusOr<Job> job = coordinator_.RegisterJob(std::move(spec), caller->name);
   if (job.ok()) ToClient(*job, response->mutable_job());
   return Done(context, job.status());
+}
+
+grpc::ServerReadReactor<v1::SubmitJobRequest>* JobService::SubmitJob(
+    grpc::CallbackServerContext* context, v1::RegisterJobResponse* response) {
+  absl::StatusOr<Principal> caller = auth_.Authenticate(*context);
+  if (!caller.ok()) return new RefusedReader<v1::SubmitJobRequest>(caller.status());
+  if (caller->worker && !caller->admin) {
+    return new RefusedReader<v1::SubmitJobRequest>(absl::PermissionDeniedError(
+        absl::StrCat(caller->Describe(), " is a worker identity (group ",
+                     auth_.options().worker_group, "); workers may not register jobs")));
+  }
+  return new SubmitReactor(coordinator_, uploads_, context, caller->name, response);
 }
 
 grpc::ServerUnaryReactor* JobService::GetJob(grpc::CallbackServerContext* context,

@@ -17,15 +17,21 @@ class JobService final : public v1::JobService::CallbackService {
   // A job belongs to the user who registered it: other users get PERMISSION_DENIED on it, and
   // ListJobs shows each user their own (admins see and act on all); worker identities may not
   // register jobs. Environment values are redacted in every reply.
+  // `uploads` (borrowed, like `io`) writes and checks the code archives SubmitJob receives; null:
+  // `io`.
   explicit JobService(Coordinator& coordinator, Executor* io = nullptr,
-                      const Authenticator* auth = nullptr)
+                      const Authenticator* auth = nullptr, Executor* uploads = nullptr)
       : coordinator_(coordinator),
         io_(io != nullptr ? *io : Executor::Inline()),
+        uploads_(uploads != nullptr ? *uploads : io_),
         auth_(auth != nullptr ? *auth : kNoAuthentication) {}
 
   grpc::ServerUnaryReactor* RegisterJob(grpc::CallbackServerContext* context,
                                         const v1::RegisterJobRequest* request,
                                         v1::RegisterJobResponse* response) override;
+  // Registers the job once its code archive has arrived whole and passed the checks.
+  grpc::ServerReadReactor<v1::SubmitJobRequest>* SubmitJob(
+      grpc::CallbackServerContext* context, v1::RegisterJobResponse* response) override;
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
                                    const v1::GetJobRequest* request,
                                    v1::GetJobResponse* response) override;
@@ -54,6 +60,7 @@ class JobService final : public v1::JobService::CallbackService {
 
   Coordinator& coordinator_;
   Executor& io_;
+  Executor& uploads_;
   const Authenticator& auth_;
 };
 

@@ -20,6 +20,10 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
   out->env = {in.env().begin(), in.env().end()};
   out->working_dir = in.working_dir();
   out->labels = {in.labels().begin(), in.labels().end()};
+  out->source.sha256 = in.source().sha256();
+  out->source.size_bytes = in.source().size_bytes();
+  out->source.unpacked_bytes = in.source().unpacked_bytes();
+  out->source.files = in.source().files();
   const v1::Knobs& k = in.knobs();
   Knobs& o = out->knobs;
   o = Knobs{};
@@ -58,6 +62,13 @@ void ToProto(const JobSpec& in, v1::JobSpec* out) {
   out->mutable_env()->insert(in.env.begin(), in.env.end());
   out->set_working_dir(in.working_dir);
   out->mutable_labels()->insert(in.labels.begin(), in.labels.end());
+  if (!in.source.sha256.empty()) {
+    v1::SourceArchive* source = out->mutable_source();
+    source->set_sha256(in.source.sha256);
+    source->set_size_bytes(in.source.size_bytes);
+    source->set_unpacked_bytes(in.source.unpacked_bytes);
+    source->set_files(in.source.files);
+  }
   const Knobs& k = in.knobs;
   v1::Knobs* o = out->mutable_knobs();
   o->set_fusion_threshold_bytes(k.fusion_threshold_bytes);

@@ -15,17 +15,25 @@ returns are raised as RingmasterError, keeping its status code and message.
 """
 import dataclasses
 import os
+import tarfile
+import tempfile
 import time
 
 import grpc
 
 try:
-    from ringmaster.v1 import job_pb2, job_pb2_grpc
+    from ringmaster.v1 import common_pb2, job_pb2, job_pb2_grpc
 except ImportError as e:  # a build without grpc_python_plugin
     raise ImportError(f"ringmaster.jobs needs the ringmaster.v1 stubs built with the package "
                       f"(Debian's protobuf-compiler-grpc provides grpc_python_plugin): {e}") from e
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+# The coordinator's default bound on a job's code archive (its --max-source-bytes).
+DEFAULT_MAX_SOURCE_BYTES = 64 << 20
+_CHUNK = 1 << 20
+# Packed on disk up to this much before the coordinator's own limit is even asked.
+_MAX_PACKED_BYTES = 1 << 30
 
 
 class RingmasterError(Exception):
@@ -89,6 +97,46 @@ def _job(j):
 def _read(path):
     with open(path, "rb") as f:
         return f.read()
+
+
+def pack_source(path, out):
+    """Packs `path` (a directory's contents, or one file) as a tar.gz archive into the binary file
+    object `out`, symbolic links as links, sockets and devices left out. ValueError for a path that
+    does not exist or an archive past 1 GiB."""
+    if not os.path.exists(path):
+        raise ValueError(f"source {path} does not exist")
+
+    def keep(info):
+        return info if (info.isfile() or info.isdir() or info.issym() or info.islnk()) else None
+
+    with tarfile.open(fileobj=out, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        if os.path.isdir(path):
+            for entry in sorted(os.listdir(path)):
+                tar.add(os.path.join(path, entry), arcname=entry, filter=keep)
+        else:
+            tar.add(path, arcname=os.path.basename(path), filter=keep)
+    if out.tell() > _MAX_PACKED_BYTES:
+        raise ValueError(f"source {path} packs to {out.tell()} bytes, more than 1 GiB")
+
+
+class _Packed:
+    """A source packed into a temporary file, read back in chunks for SubmitJob."""
+
+    def __init__(self, path):
+        self.file = tempfile.TemporaryFile()
+        pack_source(path, self.file)
+        self.size = self.file.tell()
+
+    def chunks(self):
+        self.file.seek(0)
+        while True:
+            data = self.file.read(_CHUNK)
+            if not data:
+                return
+            yield data
+
+    def close(self):
+        self.file.close()
 
 
 class Client:
@@ -170,28 +218,54 @@ class Client:
 
     def submit(self, command, np=1, processes_per_host=0, name="", env=None, working_dir="",
                labels=None, fusion_threshold_mb=None, cycle_time_ms=None, cache_capacity=None,
-               autotune=False, autotune_log="", timeline="", timeline_mark_cycles=False):
+               autotune=False, autotune_log="", timeline="", timeline_mark_cycles=False,
+               source_dir=None, **knobs):
         """Registers a job running `command` (a list of arguments) as `np` ranks; returns it.
         `name` defaults to the command's base name, as `ringmaster submit` names it. The knobs are
-        Horovod's, with its defaults when left None (docs/configuration.md)."""
+        Horovod's, with its defaults when left None (docs/configuration.md); any other field of
+        ringmaster.v1.Knobs may be given by name (e.g. stall_check_seconds=0, backend="gloo").
+        `source_dir`: a directory (or one file) shipped with the job as a tar.gz archive; each rank
+        runs `command` in its own unpacked copy (at most the coordinator's --max-source-bytes,
+        default 64 MiB: a larger one is refused with INVALID_ARGUMENT naming the limit)."""
         command = [str(c) for c in command]
         if not name:
             name = (os.path.basename(command[0]) if command else "") or "job"
         spec = job_pb2.JobSpec(name=name[:128], np=np, processes_per_host=processes_per_host,
                                command=command, env=dict(env or {}),
                                working_dir=working_dir, labels=dict(labels or {}))
-        knobs = spec.knobs
+        k = spec.knobs
         if fusion_threshold_mb is not None:
-            knobs.fusion_threshold_bytes = int(fusion_threshold_mb * (1 << 20))
+            k.fusion_threshold_bytes = int(fusion_threshold_mb * (1 << 20))
         if cycle_time_ms is not None:
-            knobs.cycle_time_ms = cycle_time_ms
+            k.cycle_time_ms = cycle_time_ms
         if cache_capacity is not None:
-            knobs.cache_capacity = cache_capacity
-        knobs.autotune = autotune
-        knobs.autotune_log = autotune_log
-        knobs.timeline = timeline
-        knobs.timeline_mark_cycles = timeline_mark_cycles
-        return _job(self._call("RegisterJob", job_pb2.RegisterJobRequest(spec=spec)).job)
+            k.cache_capacity = cache_capacity
+        k.autotune = autotune
+        k.autotune_log = autotune_log
+        k.timeline = timeline
+        k.timeline_mark_cycles = timeline_mark_cycles
+        set_knobs(k, knobs)
+        return self.submit_spec(spec, source_dir=source_dir)
+
+    def submit_spec(self, spec, source_dir=None):
+        """Registers the job a ringmaster.v1.JobSpec describes, with `source_dir` (see submit)."""
+        if source_dir is None:
+            return _job(self._call("RegisterJob", job_pb2.RegisterJobRequest(spec=spec)).job)
+        packed = _Packed(source_dir)
+        try:
+            def requests():
+                yield job_pb2.SubmitJobRequest(spec=spec)
+                for data in packed.chunks():
+                    yield job_pb2.SubmitJobRequest(source_chunk=data)
+            try:
+                # Long enough for the archive on a slow link (at least 1 MB/s), bounded all the same.
+                reply = self._stub.SubmitJob(requests(), timeout=self.timeout + packed.size / 1e6,
+                                             metadata=self._metadata())
+            except grpc.RpcError as e:
+                raise RingmasterError(e.code().name, e.details()) from None
+            return _job(reply.job)
+        finally:
+            packed.close()
 
     def get(self, job_id):
         return _job(self._call("GetJob", job_pb2.GetJobRequest(job_id=job_id)).job)
@@ -240,19 +314,46 @@ class Client:
                                text=c.data.decode(errors="replace"), time_unix_ms=c.time_unix_ms)
 
     def artifacts(self, job_id):
-        """The job's artifacts (its timeline, its autotune log) as (name, size in bytes)."""
+        """The job's artifacts as (name, size in bytes): its timeline, its autotune log, and each
+        rank's output files as "rank-<rank>/<path>"."""
         listed = self._call("ListArtifacts", job_pb2.ListArtifactsRequest(job_id=job_id))
         return [(a.name, a.size_bytes) for a in listed.artifacts]
 
     def download(self, job_id, directory):
-        """Writes every artifact of the job into `directory`; returns their paths."""
+        """Writes every artifact of the job into `directory` (a rank's files under rank-<rank>/);
+        returns their paths."""
         os.makedirs(directory, exist_ok=True)
         paths = []
         for name, _ in self.artifacts(job_id):
-            path = os.path.join(directory, os.path.basename(name))
-            with open(path, "wb") as f:
+            parts = name.split("/")
+            # Names come from the server: none may write outside `directory`.
+            if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                raise RingmasterError("INTERNAL", f"the coordinator listed a bad artifact '{name}'")
+            path = os.path.join(directory, *parts)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            part = path + ".part"
+            with open(part, "wb") as f:
                 for r in self._stream("GetArtifact",
                                       job_pb2.GetArtifactRequest(job_id=job_id, name=name)):
                     f.write(r.data)
+            os.replace(part, path)
             paths.append(path)
         return paths
+
+
+def set_knobs(knobs, values):
+    """Sets fields of the ringmaster.v1.Knobs `knobs` from the dict `values` (field name: value);
+    backend as "auto", "gloo" or "nccl". ValueError names a field Knobs does not have."""
+    fields = knobs.DESCRIPTOR.fields_by_name
+    for key, value in values.items():
+        if key not in fields:
+            raise ValueError(f"'{key}' is not a Ringmaster knob; knobs are: "
+                             f"{', '.join(sorted(fields))}")
+        if key == "backend":
+            if isinstance(value, str):
+                value = common_pb2.Backend.Value(f"BACKEND_{value.upper()}")
+            knobs.backend = value
+        elif key == "autotune_fixed":
+            knobs.autotune_fixed[:] = list(value)
+        else:
+            setattr(knobs, key, value)
