@@ -127,6 +127,15 @@ class OutputReactor : public grpc::ServerReadReactor<v1::PutRankOutputRequest> {
   absl::Status Write(v1::PutRankOutputRequest::Chunk& chunk) {
     const std::string where = absl::StrCat("rank ", header_.rank(), " of job ", header_.job_id());
     if (absl::Status s = ValidateRelativePath("chunk.path", chunk.path()); !s.ok()) return s;
+    // Past a limit the file that crossed it goes too: only whole files are kept.
+    if (bytes_ + static_cast<int64_t>(chunk.data().size()) >
+        coordinator_.max_output_bytes_per_rank()) {
+      DropCurrent(chunk.path());
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the output of ", where, " is larger than the coordinator's limit of ",
+          coordinator_.max_output_bytes_per_rank(), " bytes per rank (--max-output-bytes); '",
+          chunk.path(), "' and what follows it were not kept"));
+    }
     if (chunk.first()) {
       if (++files_ > coordinator_.max_output_files_per_rank()) {
         return absl::ResourceExhaustedError(absl::StrCat(
@@ -146,15 +155,17 @@ class OutputReactor : public grpc::ServerReadReactor<v1::PutRankOutputRequest> {
           "chunk.path '", chunk.path(), "' continues a file that was not begun (first = false)"));
     }
     bytes_ += static_cast<int64_t>(chunk.data().size());
-    if (bytes_ > coordinator_.max_output_bytes_per_rank()) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the output of ", where, " is larger than the coordinator's limit of ",
-          coordinator_.max_output_bytes_per_rank(), " bytes per rank (--max-output-bytes); '",
-          chunk.path(), "' and what follows it were not kept"));
-    }
     out_.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
     if (!out_) return absl::UnavailableError(absl::StrCat("cannot write ", chunk.path()));
     return absl::OkStatus();
+  }
+
+  // Closes and removes the file being written when it is `path` (it would be incomplete).
+  void DropCurrent(const std::string& path) {
+    if (!out_.is_open() || path != path_) return;
+    out_.close();
+    std::error_code error;
+    fs::remove(coordinator_.RankOutputPath(header_.job_id(), header_.rank(), path_), error);
   }
 
   Coordinator& coordinator_;

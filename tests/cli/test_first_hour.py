@@ -159,11 +159,12 @@ def submit(cluster, coordinator, *args, **kw):
                                 "--tls-cert", "--tls-key", "--tls-ca", "--token-file",
                                 "--admin-group", "--worker-group", "--insecure",
                                 "--insecure-allow-remote", "--job-retention", "--max-ended-jobs",
-                                "--max-active-jobs", "--advertise-address", "--leader-ttl"]),
+                                "--max-active-jobs", "--advertise-address", "--leader-ttl",
+                                "--max-source-bytes", "--max-output-bytes"]),
     ("ringmaster-worker", ["--coordinator", "--device", "--host-name", "--socket", "--iface",
                            "--metrics-listen", "--arena-mb", "--collective-timeout-seconds", "--log-level",
                            "--coordinator-grace", "--tls-cert", "--tls-key", "--tls-ca",
-                           "--insecure", "--socket-group"]),
+                           "--insecure", "--socket-group", "--work-dir"]),
 ])
 def test_daemons_help_lists_their_own_flags_with_dashes(binary, flags):
     r = subprocess.run([str(BIN / binary), "--help"], capture_output=True, text=True, timeout=10)

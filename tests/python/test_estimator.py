@@ -114,7 +114,9 @@ def test_each_rank_runs_in_its_unpacked_code_with_its_arguments_channels_and_out
     estimator = Estimator(entry_point="probe.py", source_dir=str(source), processes_per_host=2,
                           hyperparameters={"lr": 0.5, "name": "x y", "flag": True},
                           output_path=str(out), coordinator=coordinator.address)
-    job = estimator.fit({"train": "/data/train"}, logs=False, timeout=60)
+    job = estimator.fit({"train": "/data/train"}, wait=False)  # a handle at once
+    assert job.id == estimator.latest_training_job.id
+    assert job.wait(logs=False, timeout=60).state == "SUCCEEDED"
     for rank in (0, 1):
         seen = json.loads((out / f"rank-{rank}" / "sub" / "seen.json").read_text())
         assert seen["argv"] == ["--lr", "0.5", "--name", "x y", "--flag", "true"]
@@ -170,6 +172,23 @@ def test_an_oversized_source_dir_is_refused_naming_the_limit(cluster, tmp_path):
     assert Client(coordinator.address).list() == []
     sources = [p for p in tmp_path.rglob(".sources/*")]
     assert sources == [], sources
+
+
+def test_output_past_the_per_rank_limit_is_dropped_and_the_job_still_succeeds(cluster, tmp_path):
+    coordinator = start(cluster, 1, "--max-output-bytes", "1000")
+    script = tmp_path / "write.py"
+    script.write_text("import os\nd = os.environ['RINGMASTER_OUTPUT_DIR']\n"
+                      "open(os.path.join(d, 'a.bin'), 'wb').write(b'a' * 600)\n"
+                      "open(os.path.join(d, 'b.bin'), 'wb').write(b'b' * 600)\n")
+    estimator = Estimator(entry_point=str(script), coordinator=coordinator.address)
+    job = estimator.fit(logs=False, timeout=60)
+    assert job.job.state == "SUCCEEDED"
+    # Files go in name order; the one that crossed the limit is not kept.
+    assert job.artifacts() == [("rank-0/a.bin", 600)]
+    log = "\n".join(p.read_text() for p in tmp_path.glob("worker*.err"))
+    assert "its output files were not all kept: RESOURCE_EXHAUSTED: the output of rank 0 of job " \
+           f"{job.id} is larger than the coordinator's limit of 1000 bytes per rank " \
+           "(--max-output-bytes); 'b.bin' and what follows it were not kept" in log, log
 
 
 def test_an_archive_reaching_outside_its_directory_is_refused(cluster, tmp_path):
