@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
 
 namespace ringmaster {
@@ -17,5 +18,13 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
+
+// A client-streaming call refused before it read anything (an unauthenticated caller, ...).
+template <typename Request>
+class RefusedReader : public grpc::ServerReadReactor<Request> {
+ public:
+  explicit RefusedReader(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
 
 }  // namespace ringmaster

@@ -338,14 +338,6 @@ class ArtifactReactor : public grpc::ServerWriteReactor<v1::GetArtifactResponse>
   v1::GetArtifactResponse out_;
 };
 
-// A refused read stream.
-template <typename T>
-class RefusedReader : public grpc::ServerReadReactor<T> {
- public:
-  explicit RefusedReader(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
-  void OnDone() override { delete this; }
-};
-
 // SubmitJob: the spec, then the archive's chunks, each appended to the upload on the I/O
 // executor before the next read starts (at most one read or one task outstanding, so the reactor
 // lives until the last of them has run). At the end of the stream the archive is checked, stored

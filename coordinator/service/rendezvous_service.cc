@@ -260,14 +260,7 @@ grpc::ServerWriteReactor<v1::GetJobSourceResponse>* RendezvousService::GetJobSou
 grpc::ServerReadReactor<v1::PutRankOutputRequest>* RendezvousService::PutRankOutput(
     grpc::CallbackServerContext* context, v1::PutRankOutputResponse* response) {
   absl::StatusOr<std::string> token = Authorize(*context);
-  if (!token.ok()) {
-    class Refused : public grpc::ServerReadReactor<v1::PutRankOutputRequest> {
-     public:
-      explicit Refused(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
-      void OnDone() override { delete this; }
-    };
-    return new Refused(token.status());
-  }
+  if (!token.ok()) return new RefusedReader<v1::PutRankOutputRequest>(token.status());
   return new OutputReactor(coordinator_, io_, *std::move(token), response);
 }
 
