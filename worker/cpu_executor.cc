@@ -11,15 +11,12 @@
 namespace ringmaster {
 namespace {
 
+// As Horovod scales integers: the factor (postscale / size for an average) in double, the product
+// truncated toward zero.
 template <typename T>
 void ScaleInts(T* p, int64_t n, double factor, int divisor) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (divisor > 1 && factor == 1.0) {
-      p[i] = static_cast<T>(p[i] / divisor);
-    } else {
-      p[i] = static_cast<T>(std::llround(static_cast<double>(p[i]) * factor / divisor));
-    }
-  }
+  const double f = factor / divisor;
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(f * static_cast<double>(p[i]));
 }
 
 template <typename T>
@@ -28,8 +25,8 @@ void ScaleFloats(T* p, int64_t n, double factor) {
   for (int64_t i = 0; i < n; ++i) p[i] *= f;
 }
 
-// Multiplies `n` elements by factor / divisor. Integers are divided exactly (truncating toward
-// zero, as C++ and PyTorch's integer division of a sum do) when only averaging, rounded otherwise.
+// Multiplies `n` elements by factor / divisor, as Horovod's ScaleBuffer does: integers in double,
+// truncated toward zero; float32 and float64 in their own type; float16 and bfloat16 in float32.
 void Scale(void* data, int64_t n, DataType dtype, double factor, int divisor) {
   if (factor == 1.0 && divisor == 1) return;
   switch (dtype) {

@@ -78,9 +78,7 @@ struct Batch {
 template <typename T>
 T ScaleOne(T v, double scale, int divide_by) {
   if constexpr (std::is_integral_v<T>) {
-    if (scale != 1.0) v = static_cast<T>(std::llrint(static_cast<double>(v) * scale));
-    if (divide_by > 1) v = static_cast<T>(v / divide_by);
-    return v;
+    return static_cast<T>(scale / divide_by * static_cast<double>(v));  // as Horovod: truncated
   } else if constexpr (std::is_same_v<T, double>) {
     return v * (scale / divide_by);
   } else {

@@ -19,6 +19,7 @@ BIN = os.path.abspath(os.environ.get("RINGMASTER_BIN_DIR", os.path.join(ROOT, "b
 PYTHON_DIR = os.path.normpath(os.path.join(BIN, "..", "python"))
 PYTHON = "/usr/bin/python3"
 CHECKS = os.path.join(HERE, "torch_api_checks.py")
+COLLECTIVES_CHECKS = os.path.join(HERE, "torch_collectives_checks.py")
 DEVICE_CHECKS = os.path.join(HERE, "torch_device_checks.py")
 EXAMPLES = os.path.join(ROOT, "examples")
 
@@ -51,6 +52,18 @@ def test_torch_api_checks(np, extra):
     assert "FAIL" not in r.stdout, describe(r)
     for rank in range(np):
         assert re.search(rf"^\[{rank}\] torch_api_checks: rank {rank}: \d+ checks passed$",
+                         r.stdout, re.M), describe(r)
+
+
+@pytest.mark.parametrize("np, extra", [(2, ()), (3, ("--processes-per-host", "2"))],
+                         ids=["np2", "np3-two-hosts"])
+def test_torch_collectives_checks(np, extra):
+    """reducescatter, alltoall, sparse allreduce, Adasum; 300 ops with every tenth an error."""
+    r = run_local(np, PYTHON, COLLECTIVES_CHECKS, extra=extra)
+    assert r.returncode == 0, describe(r)
+    assert "FAIL" not in r.stdout, describe(r)
+    for rank in range(np):
+        assert re.search(rf"^\[{rank}\] torch_collectives_checks: rank {rank}: \d+ checks passed$",
                          r.stdout, re.M), describe(r)
 
 

@@ -187,7 +187,6 @@ def allreduce_unnamed_and_defaults():
           "average= did not warn DeprecationWarning")
     raises(ValueError, lambda: hvd.allreduce(torch.ones(1), average=True, op=hvd.Sum),
            "supersedes average")
-    raises(NotImplementedError, lambda: hvd.allreduce(torch.ones(1), op=hvd.Adasum), "Adasum")
     raises(ValueError, lambda: hvd.allreduce(torch.ones(2, dtype=torch.int16)), "not supported")
 
 
@@ -485,8 +484,6 @@ def distributed_optimizer_misuse():
     raises(ValueError, lambda: hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum, gradient_predivide_factor=2.0),
         "gradient_predivide_factor not supported with op != Average")
-    raises(NotImplementedError, lambda: hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum), "Adasum")
 
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters())

@@ -189,6 +189,27 @@ TEST_F(CpuExecutorTest, IntegerAveragesAreDividedExactly) {
   EXPECT_EQ(v[1], -7);
 }
 
+TEST_F(CpuExecutorTest, IntegersAreScaledAsHorovodScalesThemTruncatedTowardZero) {
+  auto executor = Make();
+  auto* v = reinterpret_cast<int32_t*>(arena_.data());
+  v[0] = 7;
+  v[1] = -7;
+  Collective c = Allreduce({0}, {2}, ReduceOp::kAverage);
+  c.dtype = DataType::kInt32;
+  c.prescale = 1.5;   // 7 * 1.5 = 10.5 -> 10; -10.5 -> -10
+  c.postscale = 0.5;  // summed over 4 identical ranks: 40 * (0.5 / 4) = 5
+  ASSERT_TRUE(executor->Execute(c, trace_).ok());
+  EXPECT_EQ(v[0], 5);  // 40 * 0.125
+  EXPECT_EQ(v[1], -5);
+  v[0] = 7;
+  v[1] = -7;
+  c.prescale = 1;
+  c.postscale = 0.5;  // 28 * 0.125 = 3.5 -> 3; -3.5 -> -3
+  ASSERT_TRUE(executor->Execute(c, trace_).ok());
+  EXPECT_EQ(v[0], 3);
+  EXPECT_EQ(v[1], -3);
+}
+
 TEST_F(CpuExecutorTest, ALargeAllreduceIsSplitAcrossTheCommunicatorsAndRunsConcurrently) {
   auto executor = Make(/*communicators=*/3, /*split_bytes=*/1024);
   const int64_t n = 300;  // 1200 bytes: split in 3 parts of 100

@@ -53,9 +53,7 @@ struct Convert<__nv_bfloat16> {
 template <typename T>
 __device__ T ScaleOne(T v, double scale, int divide_by) {
   if constexpr (std::is_integral_v<T>) {
-    if (scale != 1.0) v = static_cast<T>(llrint(static_cast<double>(v) * scale));
-    if (divide_by > 1) v = static_cast<T>(v / divide_by);
-    return v;
+    return static_cast<T>(scale / divide_by * static_cast<double>(v));  // as Horovod: truncated
   } else {
     using C = typename Convert<T>::Compute;
     return Convert<T>::Out(Convert<T>::In(v) * static_cast<C>(scale / divide_by));

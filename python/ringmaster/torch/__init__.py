@@ -18,6 +18,7 @@ from ringmaster.torch.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, P
                                       grouped_allgather, grouped_allgather_async,
                                       grouped_allreduce, grouped_allreduce_,
                                       grouped_allreduce_async, grouped_allreduce_async_,
+                                      grouped_reducescatter, grouped_reducescatter_async,
                                       handle_average_backwards_compatibility, join, poll,
                                       reducescatter, reducescatter_async, remove_process_set,
                                       sparse_allreduce_async, synchronize)

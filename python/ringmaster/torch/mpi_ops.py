@@ -299,11 +299,14 @@ def _arena_empty(shape, dtype):
 
 # ---- Allreduce ----
 
-def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
-    """Reduces `output` in place (it holds `tensor`'s values, or is `tensor`)."""
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set,
+                     prefix="allreduce"):
+    """Reduces `output` in place (it holds `tensor`'s values, or is `tensor`). `prefix` begins
+    the automatic name of an unnamed operation."""
     _check_process_set(process_set)
     if op == Adasum:
-        raise NotImplementedError("ringmaster: the Adasum reduction is not supported yet")
+        return _adasum_async(tensor, output, name, prescale_factor, postscale_factor, process_set,
+                             prefix)
     ring_op = _RING_OPS.get(op)
     if ring_op is None:
         raise ValueError(f"unknown reduction op {op!r}")
@@ -315,7 +318,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     handle = _new_handle()
     buf, write_back = _daemon_buffer(output)
     try:
-        h = c.allreduce(_op_name("allreduce", name, handle), buf.data_ptr(), code, list(buf.shape),
+        h = c.allreduce(_op_name(prefix, name, handle), buf.data_ptr(), code, list(buf.shape),
                         ring_op, float(prescale_factor), float(postscale_factor))
     except _ringmaster.StatusError as e:
         raise _status_error(e) from None
@@ -391,14 +394,15 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 # ---- Grouped allreduce ----
 
 def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
-                             process_set):
+                             process_set, prefix="grouped_allreduce"):
     _check_process_set(process_set)
     tensors = list(tensors)
     outputs = list(outputs)
     if not tensors:
         raise ValueError("grouped allreduce needs at least one tensor")
     if op == Adasum:
-        raise NotImplementedError("ringmaster: the Adasum reduction is not supported yet")
+        return _adasum_async(tensors, outputs, name, prescale_factor, postscale_factor,
+                             process_set, prefix)
     ring_op = _RING_OPS.get(op)
     if ring_op is None:
         raise ValueError(f"unknown reduction op {op!r}")
@@ -407,7 +411,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
         _dtype_code(t)
     c = _basics.client()
     handle = _new_handle()
-    base = _op_name("grouped_allreduce", name, handle)
+    base = _op_name(prefix, name, handle)
     n = len(tensors)
     names = [f"{base}_{i + 1}of{n}" for i in range(n)]
     _claim(c, names if name is not None else ())
@@ -702,31 +706,6 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
-# ---- Not (yet) in Ringmaster's data plane ----
-
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    raise NotImplementedError("ringmaster: alltoall is not supported yet")
-
-
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    raise NotImplementedError("ringmaster: alltoall is not supported yet")
-
-
-def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    raise NotImplementedError("ringmaster: reducescatter is not supported yet")
-
-
-def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
-                        prescale_factor=1.0, postscale_factor=1.0):
-    raise NotImplementedError("ringmaster: reducescatter is not supported yet")
-
-
-def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
-    raise NotImplementedError("ringmaster: sparse allreduce is not supported yet; "
-                              "use sparse_as_dense=True or dense gradients")
-
-
 # ---- Join and barrier ----
 
 def join(device=-1):
@@ -749,3 +728,11 @@ def barrier(process_set=global_process_set):
         c.barrier()
     except _ringmaster.StatusError as e:
         raise _status_error(e) from None
+
+
+# Composed of the collectives above (ringmaster.torch.composed_ops): imported last, as they use
+# this module's internals.
+from ringmaster.torch.composed_ops import (  # noqa: E402
+    HorovodAlltoall, HorovodGroupedReducescatter, HorovodReducescatter, _adasum_async, alltoall,
+    alltoall_async, grouped_reducescatter, grouped_reducescatter_async, reducescatter,
+    reducescatter_async, sparse_allreduce_async)

@@ -18,8 +18,8 @@ from ringmaster import basics as _basics
 from ringmaster.torch.compression import Compression
 from ringmaster.torch.functions import broadcast_object
 from ringmaster.torch.mpi_ops import (Adasum, Average, allreduce_async_, global_process_set,
-                                      grouped_allreduce_async_, synchronize, _arena_empty,
-                                      _check_process_set)
+                                      grouped_allreduce_async_, sparse_allreduce_async,
+                                      synchronize, _arena_empty, _check_process_set)
 
 
 def _split_list(items, n):
@@ -44,17 +44,15 @@ def _release_arena_grad(nbytes):
 class _DistributedOptimizer(torch.optim.Optimizer):
     _ringmaster_distributed = True
 
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=Average, gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
-                 process_set=global_process_set):
-        super(self.__class__, self).__init__(params)
-        self._compression = compression
-
+    @staticmethod
+    def _named(optimizer, named_parameters):
+        """(name, parameter) pairs sorted by name, checked as Horovod checks them; automatic
+        names when `named_parameters` is None."""
         if named_parameters is not None:
             named_parameters = list(named_parameters)
         else:
             named_parameters = [(f"allreduce.noname.{i}.{j}", v)
-                                for i, param_group in enumerate(self.param_groups)
+                                for i, param_group in enumerate(optimizer.param_groups)
                                 for j, v in enumerate(param_group["params"])]
         if any(not isinstance(p, tuple) for p in named_parameters):
             raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
@@ -65,7 +63,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("Parameter names in named_parameters must be unique. "
                              "Found duplicates: %s" % ", ".join(sorted(dups)))
 
-        all_param_ids = {id(v) for param_group in self.param_groups
+        all_param_ids = {id(v) for param_group in optimizer.param_groups
                          for v in param_group["params"]}
         named_param_ids = {id(v) for k, v in named_parameters}
         unnamed_param_ids = all_param_ids - named_param_ids
@@ -74,10 +72,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              "were not named. Python object ids: "
                              "%s" % ", ".join(str(i) for i in unnamed_param_ids))
 
-        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        return sorted(named_parameters, key=lambda kv: kv[0])
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
+                 op=Average, gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
+                 process_set=global_process_set):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+
+        named_parameters = _DistributedOptimizer._named(self, named_parameters)
+        self._parameter_names = {v: k for k, v in named_parameters}
         self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {v: self.backward_passes_per_step
-                                 for _, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self._allreduce_delay = {v: self.backward_passes_per_step for _, v in named_parameters}
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
@@ -213,8 +219,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         name = self._parameter_names.get(p)
         if p.grad.is_sparse:
             if not self.sparse_as_dense:
-                raise NotImplementedError("ringmaster: sparse gradients are not supported yet; "
-                                          "pass sparse_as_dense=True")
+                # Horovod's sparse path: the indices and values of every rank, allgathered.
+                return sparse_allreduce_async(p.grad, name=name, op=self.op,
+                                              process_set=self.process_set), None
             p.grad = p.grad.to_dense()
         self._grad_in_arena(p)
         tensor_compressed, ctx = self._compression.compress(p.grad)
@@ -232,8 +239,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = p.data.new(p.size()).zero_()
             elif p.grad.is_sparse:
                 if not self.sparse_as_dense:
-                    raise NotImplementedError("ringmaster: sparse gradients are not supported "
-                                              "yet; pass sparse_as_dense=True")
+                    raise ValueError("sparse gradients cannot be allreduced in groups: pass "
+                                     "sparse_as_dense=True, or leave groups unset")
                 p.grad = p.grad.to_dense()
             self._grad_in_arena(p)
         tensors_compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in ps])
@@ -304,7 +311,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     group = self._p_to_group[p]
                     if self._group_counts[group] != 0:
                         self._group_counts[group] = 0
-                self._set_grad(p, self._compression.decompress(output, ctx))
+                if output.is_sparse:
+                    p.grad = output
+                else:
+                    self._set_grad(p, self._compression.decompress(output, ctx))
         self._handles.clear()
         self._synchronized = True
 
@@ -359,12 +369,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     backward_passes_per_step: backward passes accumulated locally before each allreduce.
     gradient_predivide_factor: divide by this before the sum and by size/factor after (Average
     only). groups: an int (that many fused groups) or a list of lists of parameters, each
-    allreduced as one group. Adasum and process sets are not supported yet."""
+    allreduced as one group. sparse_as_dense: allreduce sparse gradients as dense ones (else
+    Horovod's sparse path: an allgather of indices and values). op=Adasum on more than one rank:
+    Horovod's Adasum optimizer (each rank steps on its own gradients, and the parameters' changes
+    are combined with Adasum). Process sets are not supported yet."""
     _check_process_set(process_set)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if op == Adasum:
-        raise NotImplementedError("ringmaster: the Adasum reduction is not supported yet")
+    if op == Adasum and _basics.size() > 1:
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, compression,
+                   backward_passes_per_step)
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
                       "in v0.23.0.", DeprecationWarning)
@@ -374,3 +390,99 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
+
+
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """Horovod's Adasum optimizer: when a parameter's gradient is ready, the wrapped optimizer
+    steps on that parameter alone from a zero start, giving its change; the changes are combined
+    over ranks with Adasum (asynchronously, as the gradients come); step() adds each combined
+    change to the parameter's value before the step."""
+
+    _ringmaster_distributed = True
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        named = _DistributedOptimizer._named(self, named_parameters)
+        self._parameter_names = {v: k for k, v in named}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step for _, v in named}
+        self._handles = {}
+        self._grad_accs = []
+        self._requires_update = set()
+        # Each parameter's value before its local step.
+        self._starts = {v: torch.zeros_like(v, requires_grad=False) for _, v in named}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p.grad = p.data.new(p.size()).zero_()
+                    self._requires_update.add(p)
+                    grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                    grad_acc.register_hook(self._make_hook(p))
+                    self._grad_accs.append(grad_acc)
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _delta_async(self, p):
+        # The wrapped optimizer steps on p alone; p then holds its change (value - start).
+        start = self._starts[p]
+        stashed = [group["params"] for group in self.param_groups]
+        for group in self.param_groups:
+            group["params"] = [p] if any(p is v for v in group["params"]) else []
+        try:
+            start.data.copy_(p.data)
+            super(self.__class__, self).step()
+            p.data.sub_(start)
+        finally:
+            for group, params in zip(self.param_groups, stashed):
+                group["params"] = params
+        compressed, ctx = self._compression.compress(p.data)
+        return allreduce_async_(compressed, name=self._parameter_names.get(p), op=Adasum), ctx
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError(
+                        "Gradients were computed more than backward_passes_per_step times "
+                        "before call to step(). Increase backward_passes_per_step to accumulate "
+                        "gradients locally.")
+            self._allreduce_delay[p] -= 1
+            handle, ctx = None, None
+            if self._allreduce_delay[p] == 0:
+                handle, ctx = self._delta_async(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def synchronize(self):
+        """Nothing to do: step() applies the combined changes."""
+
+    @contextmanager
+    def skip_synchronize(self):
+        raise AssertionError("Skipping synchronization is not supported when using Adasum "
+                             "optimizer.")
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:  # the same order on every rank
+            for p in group["params"]:
+                if p in self._requires_update and self._handles.get(p, (None, None))[0] is None:
+                    self._handles[p] = self._delta_async(p)
+        for p, (handle, ctx) in self._handles.items():
+            delta = self._compression.decompress(synchronize(handle), ctx)
+            start = self._starts[p]
+            start.data.add_(delta.data)
+            p.data.copy_(start)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._handles.clear()
+        return loss
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
