@@ -242,6 +242,31 @@ def horovod_scaling():
     check(same(got, want), f"float16 scaled in float32: {got} != {want}")
 
 
+# ---- Join ----
+
+def join_while_others_run():
+    """The last rank joins at once; the others run an allreduce (the joined rank contributes
+    zeros), an allgather (it contributes no rows), a broadcast from a rank still running, and a
+    broadcast from the joined rank (an error naming it); join() returns the last rank to join."""
+    joined = SIZE - 1
+    if RANK != joined:
+        got = hvd.allgather(torch.full((RANK + 1, 2), float(RANK)), name="joined.allgather")
+        want = torch.cat([torch.full((r + 1, 2), float(r)) for r in range(joined)])
+        check(same(got, want), f"allgather while rank {joined} joined: {got}")
+        got = hvd.broadcast(torch.full((3,), float(RANK)), root_rank=0, name="joined.broadcast")
+        check(same(got, torch.zeros(3)), f"broadcast while rank {joined} joined: {got}")
+        got = hvd.allreduce(torch.ones(2), name="joined.allreduce", op=hvd.Sum)
+        check(same(got, torch.full((2,), float(joined))), f"allreduce while joined: {got}")
+        raises(hvd.HorovodInternalError,
+               lambda: hvd.broadcast(torch.ones(1), root_rank=joined, name="joined.root"),
+               f"Broadcast of tensor 'joined.root' has root rank {joined}", "which has joined")
+    last = hvd.join()
+    check(last in range(joined),
+          f"join() returned {last}: the last to join is one of the ranks that kept running")
+    got = hvd.allreduce(torch.ones(1), name="after.join", op=hvd.Sum)
+    check(same(got, torch.full((1,), float(SIZE))), "allreduce after join")
+
+
 # ---- Errors never poison the next operation ----
 
 def three_hundred_ops():
@@ -321,7 +346,8 @@ def main():
     if SIZE < 2:
         print("torch_collectives_checks: run it with at least 2 ranks", flush=True)
         return 2
-    for fn in (reducescatter, alltoall, sparse, adasum, horovod_scaling, three_hundred_ops):
+    for fn in (reducescatter, alltoall, sparse, adasum, horovod_scaling, join_while_others_run,
+               three_hundred_ops):
         section(fn)
     if base._failures:
         print(f"torch_collectives_checks: rank {RANK}: {base._failures} of {base._checks} checks "
