@@ -38,10 +38,16 @@ def test_the_package_holds_the_binaries_units_and_docs_and_names_its_dependencie
             "/usr/lib/systemd/system/ringmaster-coordinator.service",
             "/usr/lib/systemd/system/ringmaster-worker@.service",
             "/usr/share/ringmaster/coordinator.env", "/usr/share/ringmaster/worker.env",
-            "/usr/share/doc/ringmaster/deployment.md"} <= files, sorted(files)
+            "/usr/share/doc/ringmaster/deployment.md",
+            "/usr/lib/python3/dist-packages/ringmaster/torch/__init__.py",
+            "/usr/lib/python3/dist-packages/ringmaster/v1/job_pb2_grpc.py",
+            "/usr/lib/python3/dist-packages/ringmaster/estimator.py"} <= files, sorted(files)
+    assert any(re.fullmatch(r"/usr/lib/python3/dist-packages/ringmaster/_ringmaster\.cpython-.*\.so",
+                            f) for f in files), sorted(files)
     depends = subprocess.run(["dpkg-deb", "-f", str(deb), "Depends"], capture_output=True,
                              text=True, check=True).stdout
-    for library in ("libgrpc++1.51", "libprotobuf32", "libgloo0", "libsqlite3-0"):
+    for library in ("libgrpc++1.51", "libprotobuf32", "libgloo0", "libsqlite3-0", "libarchive13",
+                    "python3-grpcio", "python3-protobuf", "python3 (>= 3."):
         assert library in depends, depends
 
 
@@ -59,3 +65,17 @@ def test_ringmaster_local_runs_from_the_unpacked_package(deb, tmp_path):
     for rank in range(2):
         assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
                          r.stdout, re.M), r.stdout
+    # The Python package from the unpacked package alone (no build tree on any path).
+    job = tmp_path / "job.py"
+    job.write_text("import torch, ringmaster.torch as hvd\nhvd.init()\n"
+                   "print('sum', hvd.allreduce(torch.ones(1), op=hvd.Sum).item(), "
+                   "hvd.__file__, flush=True)\n")
+    site = root / "usr/lib/python3/dist-packages"
+    r = subprocess.run([str(root / "usr/bin/ringmaster"), "local", "--np", "2", "--",
+                        "/usr/bin/python3", str(job)],
+                       capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                       env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path),
+                            "PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(2):
+        assert f"[{rank}] sum 2.0 {site}/ringmaster/torch/__init__.py" in r.stdout, r.stdout
