@@ -55,6 +55,14 @@ struct ThreadStream {
 };
 thread_local ThreadStream thread_stream;
 
+// The process set each thread set with SetProcessSet, and for which client.
+struct ThreadProcessSet {
+  const void* client = nullptr;
+  int32_t id = 0;
+  std::vector<int32_t> ranks;
+};
+thread_local ThreadProcessSet thread_process_set;
+
 class ClientImpl : public Client {
  public:
   // `arena`: the host arena (mapped on GPU slots too); `staging`: where tensors are staged (the
@@ -94,6 +102,9 @@ class ClientImpl : public Client {
   }
 
   void SetCudaStream(void* stream) override { thread_stream = {this, stream}; }
+  void SetProcessSet(int32_t id, std::vector<int32_t> ranks) override {
+    thread_process_set = {this, id, std::move(ranks)};
+  }
 
   absl::StatusOr<Handle> AllreduceAsync(const std::string& name, void* data, DataType dtype,
                                         absl::Span<const int64_t> shape, ReduceOp op,
@@ -230,7 +241,14 @@ class ClientImpl : public Client {
 
   absl::Status Barrier() override {
     v1::TensorRequest r;
-    r.set_name(absl::StrCat("barrier.", ++barriers_));
+    // Counted per process set: a set's barriers are its members' alone.
+    const int32_t set = thread_process_set.client == this ? thread_process_set.id : 0;
+    int64_t n;
+    {
+      absl::MutexLock lock(&mu_);
+      n = ++barriers_[set];
+    }
+    r.set_name(set == 0 ? absl::StrCat("barrier.", n) : absl::StrCat("barrier.ps", set, ".", n));
     r.set_type(v1::REQUEST_TYPE_BARRIER);
     absl::StatusOr<Handle> h = Submit(std::move(r), nullptr, false);
     if (!h.ok()) return h.status();
@@ -315,6 +333,12 @@ class ClientImpl : public Client {
     v1::LocalRequest m;
     v1::LocalEnqueue* e = m.mutable_enqueue();
     request.set_device(staging_->device());
+    // A join is the job's (Horovod's join knows no process sets).
+    if (thread_process_set.client == this && thread_process_set.id != 0 &&
+        request.type() != v1::REQUEST_TYPE_JOIN) {
+      request.set_process_set_id(thread_process_set.id);
+      for (int32_t r : thread_process_set.ranks) request.add_process_set_ranks(r);
+    }
     absl::StatusOr<int> slot = staging_->RecordReady(op.stream);
     if (!slot.ok()) {
       if (op.staged) staging_->Release(op.offset, op.stream);  // once the staging copy is done
@@ -495,7 +519,7 @@ class ClientImpl : public Client {
   Topology topology_;
   std::thread reader_;
   std::atomic<int64_t> joins_{0};
-  std::atomic<int64_t> barriers_{0};
+  std::map<int32_t, int64_t> barriers_ ABSL_GUARDED_BY(mu_);  // by process set
   std::atomic<int64_t> groups_{0};
 
   absl::Mutex write_mu_;

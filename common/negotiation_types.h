@@ -25,6 +25,9 @@ struct TensorRequest {
   int32_t device = -1;   // -1: CPU; N: cuda:N
   int32_t group_id = 0;  // > 0: member of a grouped collective, fused with its group
   int32_t group_size = 0;
+  // Horovod's process set: 0 (no ranks) the global one; else its member ranks, increasing.
+  int32_t process_set_id = 0;
+  std::vector<int32_t> process_set_ranks;
 
   // Equal in every field, the name included.
   bool operator==(const TensorRequest&) const = default;
@@ -50,6 +53,10 @@ struct Response {
   std::vector<int64_t> row_elements;
   std::string error_message;
   int32_t last_joined_rank = -1;
+  // The process set it runs in (0: the global one); ranks outside it skip it. An allgather in a set
+  // has tensor_sizes per member.
+  int32_t process_set_id = 0;
+  std::vector<int32_t> process_set_ranks;
 };
 
 struct CacheAssignment {

@@ -16,6 +16,8 @@ void FromProto(const v1::TensorRequest& in, TensorRequest* out) {
   out->device = in.device();
   out->group_id = in.group_id();
   out->group_size = in.group_size();
+  out->process_set_id = in.process_set_id();
+  out->process_set_ranks.assign(in.process_set_ranks().begin(), in.process_set_ranks().end());
 }
 
 void ToProto(const TensorRequest& in, v1::TensorRequest* out) {
@@ -30,6 +32,8 @@ void ToProto(const TensorRequest& in, v1::TensorRequest* out) {
   out->set_device(in.device);
   out->set_group_id(in.group_id);
   out->set_group_size(in.group_size);
+  out->set_process_set_id(in.process_set_id);
+  for (int32_t r : in.process_set_ranks) out->add_process_set_ranks(r);
 }
 
 void ToProto(const Response& in, v1::Response* out) {
@@ -52,6 +56,8 @@ void ToProto(const Response& in, v1::Response* out) {
   for (int64_t s : in.row_elements) out->add_row_elements(s);
   out->set_error_message(in.error_message);
   out->set_last_joined_rank(in.last_joined_rank);
+  out->set_process_set_id(in.process_set_id);
+  for (int32_t r : in.process_set_ranks) out->add_process_set_ranks(r);
 }
 
 void FromProto(const v1::Response& in, Response* out) {
@@ -69,6 +75,8 @@ void FromProto(const v1::Response& in, Response* out) {
   out->row_elements.assign(in.row_elements().begin(), in.row_elements().end());
   out->error_message = in.error_message();
   out->last_joined_rank = in.last_joined_rank();
+  out->process_set_id = in.process_set_id();
+  out->process_set_ranks.assign(in.process_set_ranks().begin(), in.process_set_ranks().end());
 }
 
 void FromProto(const v1::RequestBatch& in, RequestBatch* out) {

@@ -36,6 +36,18 @@ Response::Type ResponseTypeOf(RequestType t) {
   return Response::Type::kError;
 }
 
+// Whether `rank` takes part in the request's collective (every rank for the global set).
+bool InSet(const TensorRequest& r, int rank) {
+  return r.process_set_ranks.empty() ||
+         std::binary_search(r.process_set_ranks.begin(), r.process_set_ranks.end(), rank);
+}
+
+// A tensor in negotiation: its name, within its process set (each set names its own tensors, as
+// in Horovod, so two sets may negotiate the same name at once).
+std::string PendingKey(const TensorRequest& r) {
+  return r.process_set_id == 0 ? r.name : absl::StrCat(r.name, "\x1f", r.process_set_id);
+}
+
 }  // namespace
 
 Negotiator::Negotiator(NegotiatorOptions options)
@@ -94,6 +106,26 @@ std::string Negotiator::Validate(const TensorRequest& r, int size) {
   if (r.device < -1 || r.device >= 1024) {
     return absl::StrCat("device ", r.device, " is out of bounds [-1, 1023]");
   }
+  if (r.process_set_id < 0) {
+    return absl::StrCat("process_set_id ", r.process_set_id, " is negative");
+  }
+  if ((r.process_set_id == 0) != r.process_set_ranks.empty()) {
+    return r.process_set_id == 0 ? "process_set_ranks are given for the global process set (0)"
+                                 : absl::StrCat("process set ", r.process_set_id, " has no ranks");
+  }
+  for (size_t i = 0; i < r.process_set_ranks.size(); ++i) {
+    const int32_t member = r.process_set_ranks[i];
+    if (member < 0 || member >= size || (i > 0 && member <= r.process_set_ranks[i - 1])) {
+      return absl::StrCat("process set ", r.process_set_id, " ranks ",
+                          absl::StrJoin(r.process_set_ranks, ", "),
+                          " are not distinct increasing ranks in [0, ", size - 1, "]");
+    }
+  }
+  if (r.type == RequestType::kBroadcast && r.process_set_id > 0 &&
+      !std::binary_search(r.process_set_ranks.begin(), r.process_set_ranks.end(), r.root_rank)) {
+    return absl::StrCat("root_rank ", r.root_rank, " is not in process set ", r.process_set_id,
+                        " (ranks ", absl::StrJoin(r.process_set_ranks, ", "), ")");
+  }
   if (r.group_id < 0) return absl::StrCat("group_id ", r.group_id, " is negative");
   if (r.group_id > 0 && (r.group_size < 1 || r.group_size > 65536)) {
     return absl::StrCat("group_size ", r.group_size, " is out of bounds [1, 65536]");
@@ -150,6 +182,13 @@ std::string Negotiator::Mismatch(const Pending& p, const TensorRequest& r, int r
   if ((f.device < 0) != (r.device < 0)) {
     return differ(absl::StrCat(op, " devices"), DeviceName(f.device), DeviceName(r.device));
   }
+  if (f.process_set_id != r.process_set_id || f.process_set_ranks != r.process_set_ranks) {
+    return differ(absl::StrCat(op, " process sets"),
+                  absl::StrCat("process set ", f.process_set_id, " [",
+                               absl::StrJoin(f.process_set_ranks, ", "), "]"),
+                  absl::StrCat("process set ", r.process_set_id, " [",
+                               absl::StrJoin(r.process_set_ranks, ", "), "]"));
+  }
   if (f.group_id != r.group_id || f.group_size != r.group_size) {
     return differ(absl::StrCat(op, " groups"),
                   absl::StrCat("group ", f.group_id, " of ", f.group_size),
@@ -175,6 +214,7 @@ bool Negotiator::Compatible(const Pending& a, const Pending& b) const {
   const TensorRequest& y = b.request;
   return a.error.empty() && b.error.empty() && x.type == y.type && x.dtype == y.dtype &&
          x.device == y.device && x.reduce_op == y.reduce_op &&
+         x.process_set_id == y.process_set_id && x.process_set_ranks == y.process_set_ranks &&
          x.prescale_factor == y.prescale_factor && x.postscale_factor == y.postscale_factor;
 }
 
@@ -195,7 +235,14 @@ void Negotiator::Submit(int rank, std::vector<TensorRequest> requests,
     if (request.reduce_op == ReduceOp::kUnspecified) request.reduce_op = ReduceOp::kAverage;
     if (request.prescale_factor == 0) request.prescale_factor = 1.0;
     if (request.postscale_factor == 0) request.postscale_factor = 1.0;
-    if (std::string problem = Validate(request, size_); !problem.empty()) {
+    std::string problem = Validate(request, size_);
+    if (problem.empty() && request.process_set_id > 0 &&
+        !std::binary_search(request.process_set_ranks.begin(), request.process_set_ranks.end(),
+                            rank)) {
+      problem = absl::StrCat("the rank is not in process set ", request.process_set_id, " (ranks ",
+                             absl::StrJoin(request.process_set_ranks, ", "), ")");
+    }
+    if (!problem.empty()) {
       RankError(rank, request.name,
                 absl::StrCat("Invalid ", RequestTypeName(request.type), " request for tensor '",
                              request.name, "' from ", RankName(rank), ": ", problem, "."));
@@ -229,7 +276,8 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
                            " after it joined; a joined rank submits no collectives."));
     return;
   }
-  if (pending_.size() >= kMaxPending && !pending_.contains(request.name)) {
+  const std::string key = PendingKey(request);
+  if (pending_.size() >= kMaxPending && !pending_.contains(key)) {
     RankError(rank, request.name,
               absl::StrCat("Tensor '", request.name.substr(0, 256),
                            "' was not accepted: ", pending_.size(),
@@ -238,7 +286,7 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
                            RankName(rank), " submitted?)"));
     return;
   }
-  auto [it, inserted] = pending_.try_emplace(request.name);
+  auto [it, inserted] = pending_.try_emplace(key);
   Pending& p = it->second;
   if (inserted) {
     p.request = request;
@@ -270,6 +318,14 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
 }
 
 bool Negotiator::AllSubmitted(const Pending& p) const {
+  const std::vector<int32_t>& members = p.request.process_set_ranks;
+  if (!members.empty()) {  // a process set: its members alone
+    if (joined_count_ == 0) return p.count == static_cast<int>(members.size());
+    for (int32_t r : members) {
+      if (!p.submitted[r] && !joined_[r]) return false;
+    }
+    return true;
+  }
   if (joined_count_ == 0) return p.count == size_;
   for (int r = 0; r < size_; ++r) {
     if (!p.submitted[r] && !joined_[r]) return false;
@@ -289,11 +345,12 @@ void Negotiator::MarkReady(Pending* p, absl::Time now) {
   if (first_ready_time_ == absl::InfiniteFuture()) first_ready_time_ = now;
   ready_bytes_ += ByteSize(*p);
   if (p->request.group_id > 0) {
-    std::vector<Pending*>& members = group_ready_[p->request.group_id];
+    const std::pair<int32_t, int32_t> group(p->request.process_set_id, p->request.group_id);
+    std::vector<Pending*>& members = group_ready_[group];
     members.push_back(p);
     if (static_cast<int>(members.size()) < p->request.group_size) return;
     ready_.push_back(Unit{std::move(members)});
-    group_ready_.erase(p->request.group_id);
+    group_ready_.erase(group);
     return;
   }
   ready_.push_back(Unit{{p}});
@@ -350,10 +407,17 @@ Response Negotiator::MakeResponse(const std::vector<Pending*>& tensors) const {
   out.postscale_factor = r.postscale_factor;
   out.root_rank = r.root_rank;
   out.device = r.device;
+  out.process_set_id = r.process_set_id;
+  out.process_set_ranks = r.process_set_ranks;
   out.names.reserve(tensors.size());
   for (const Pending* p : tensors) {
     out.names.push_back(p->request.name);
-    if (out.type == Response::Type::kAllgather) {
+    if (out.type == Response::Type::kAllgather && !r.process_set_ranks.empty()) {
+      for (int32_t member : r.process_set_ranks) out.tensor_sizes.push_back(p->first_dims[member]);
+      out.row_elements.push_back(
+          p->request.shape.empty() ? 1
+                                   : NumElements(absl::MakeConstSpan(p->request.shape).subspan(1)));
+    } else if (out.type == Response::Type::kAllgather) {
       out.tensor_sizes.insert(out.tensor_sizes.end(), p->first_dims.begin(), p->first_dims.end());
       out.row_elements.push_back(
           p->request.shape.empty() ? 1
@@ -439,8 +503,12 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
     const bool ok = out.responses[b].type != Response::Type::kError &&
                     out.responses[b].type != Response::Type::kJoin;
     for (Pending* p : batches[b]) {
-      // Allgather is not cached: its first dimension differs per rank.
-      if (!ok || p->request.type == RequestType::kAllgather) continue;
+      // Allgather is not cached: its first dimension differs per rank. Nor are a process set's
+      // collectives: the cache is the job's, by name, and sets name their tensors on their own.
+      if (!ok || p->request.type == RequestType::kAllgather ||
+          !p->request.process_set_ranks.empty()) {
+        continue;
+      }
       if (p->cache_id != 0 && cache_.Lookup(p->cache_id) != nullptr) {
         cache_.Touch(p->cache_id);
         ++stats_.cache_hits;
@@ -487,7 +555,7 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
             [](const CacheAssignment& a, const CacheAssignment& b) { return a.id < b.id; });
 
   for (const auto& batch : batches) {
-    for (const Pending* p : batch) pending_.erase(p->request.name);
+    for (const Pending* p : batch) pending_.erase(PendingKey(p->request));
   }
   ready_bytes_ = 0;
   first_ready_time_ = absl::InfiniteFuture();
@@ -513,7 +581,7 @@ StallReport Negotiator::CheckStalls(absl::Time now) {
     p.last_stall_report = now;
     fresh = true;
     for (int r = 0; r < size_; ++r) {
-      if (!p.submitted[r] && !joined_[r]) missing[r].push_back(name);
+      if (!p.submitted[r] && !joined_[r] && InSet(p.request, r)) missing[r].push_back(name);
     }
   }
   if (!fresh && !report.shutdown) return report;
@@ -522,7 +590,7 @@ StallReport Negotiator::CheckStalls(absl::Time now) {
     for (auto& [name, p] : pending_) {
       if (p.ready || now - p.first_submit < stall_check_) continue;
       for (int r = 0; r < size_; ++r) {
-        if (!p.submitted[r] && !joined_[r]) missing[r].push_back(name);
+        if (!p.submitted[r] && !joined_[r] && InSet(p.request, r)) missing[r].push_back(name);
       }
     }
   }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -165,7 +166,9 @@ class Negotiator {
   int64_t ready_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time first_ready_time_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // Ready members of groups whose other members are not ready yet, by group id.
-  absl::flat_hash_map<int32_t, std::vector<Pending*>> group_ready_ ABSL_GUARDED_BY(mu_);
+  // By (process set, group id): each set numbers its groups on its own.
+  absl::flat_hash_map<std::pair<int32_t, int32_t>, std::vector<Pending*>> group_ready_
+      ABSL_GUARDED_BY(mu_);
   std::vector<uint8_t> joined_ ABSL_GUARDED_BY(mu_);
   int joined_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<RankNotice> notices_ ABSL_GUARDED_BY(mu_);

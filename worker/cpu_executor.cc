@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/half.h"
 
 namespace ringmaster {
@@ -134,9 +135,39 @@ uint8_t* CpuExecutor::Scratch(size_t bytes) {
   return fusion_buffer_.data();
 }
 
+absl::StatusOr<Backend*> CpuExecutor::BackendFor(const Collective& c) {
+  if (c.process_set_ranks.empty()) return backends_.front().get();
+  std::string key =
+      absl::StrCat("ps", c.process_set_id, "-", absl::StrJoin(c.process_set_ranks, "_"));
+  if (auto it = set_backends_.find(key); it != set_backends_.end()) return it->second.get();
+  const auto me =
+      std::lower_bound(c.process_set_ranks.begin(), c.process_set_ranks.end(), options_.rank);
+  if (me == c.process_set_ranks.end() || *me != options_.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options_.rank, " is not in process set ", c.process_set_id));
+  }
+  if (!options_.make_set_backend) {
+    return absl::UnimplementedError("process sets are not available on this worker");
+  }
+  if (set_backends_.size() >= kMaxProcessSets) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a rank keeps the communicators of at most ", kMaxProcessSets,
+                     " process sets: remove the ones no longer used (hvd.remove_process_set)"));
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> made =
+      options_.make_set_backend(key, static_cast<int>(me - c.process_set_ranks.begin()),
+                                static_cast<int>(c.process_set_ranks.size()));
+  if (!made.ok()) return made.status();
+  Backend* backend = made->get();
+  set_backends_[key] = *std::move(made);
+  return backend;
+}
+
 absl::StatusOr<Executed> CpuExecutor::Execute(const Collective& c, ExecutionTrace& trace) {
   if (backends_.empty()) return absl::FailedPreconditionError("no communicator");
-  Backend& backend = *backends_.front();
+  absl::StatusOr<Backend*> chosen = BackendFor(c);
+  if (!chosen.ok()) return chosen.status();
+  Backend& backend = **chosen;
   switch (c.type) {
     case Collective::Type::kAllreduce: {
       absl::Status s = Allreduce(c, trace);
@@ -144,7 +175,7 @@ absl::StatusOr<Executed> CpuExecutor::Execute(const Collective& c, ExecutionTrac
       return Executed();
     }
     case Collective::Type::kAllgather: {
-      absl::StatusOr<Executed> executed = Allgather(c);
+      absl::StatusOr<Executed> executed = Allgather(c, backend, backend.size());
       trace.End("GLOO_ALLGATHER");
       return executed;
     }
@@ -153,7 +184,14 @@ absl::StatusOr<Executed> CpuExecutor::Execute(const Collective& c, ExecutionTrac
       const bool mine = !c.tensors.empty() && c.tensors[0].offset >= 0;
       // A joined rank takes part with scratch memory.
       uint8_t* data = mine ? options_.arena + c.tensors[0].offset : Scratch(bytes);
-      absl::Status s = backend.Broadcast(data, bytes, c.root);
+      // A process set's root is a job rank: its place among the members.
+      int root = c.root;
+      if (!c.process_set_ranks.empty()) {
+        root = static_cast<int>(
+            std::lower_bound(c.process_set_ranks.begin(), c.process_set_ranks.end(), c.root) -
+            c.process_set_ranks.begin());
+      }
+      absl::Status s = backend.Broadcast(data, bytes, root);
       trace.End("GLOO_BCAST");
       if (!s.ok()) return s;
       return Executed();
@@ -205,16 +243,23 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
   }
   const bool average = c.average();
   const ReduceOp backend_op = average ? ReduceOp::kSum : c.op;
-  const int divisor = average ? options_.size : 1;
+  // A process set has one communicator, and averages over its members.
+  const bool global = c.process_set_ranks.empty();
+  const int divisor =
+      average ? (global ? options_.size : static_cast<int>(c.process_set_ranks.size())) : 1;
+  absl::StatusOr<Backend*> set_backend = BackendFor(c);
+  if (!set_backend.ok()) return set_backend.status();
   // One chunk per communicator (the same split on every rank), run concurrently; each chunk is
   // scaled by the thread that reduces it.
-  const int parts = total * elem >= options_.split_bytes ? static_cast<int>(backends_.size()) : 1;
+  const int parts =
+      global && total * elem >= options_.split_bytes ? static_cast<int>(backends_.size()) : 1;
   std::vector<absl::Status> statuses(parts);
   auto run = [&](int part) {
     const int64_t begin = total * part / parts, end = total * (part + 1) / parts;
     uint8_t* data = buffer + begin * elem;
     Scale(data, end - begin, dtype, c.prescale, 1);
-    statuses[part] = backends_[part]->Allreduce(data, end - begin, dtype, backend_op);
+    Backend& backend = global ? *backends_[part] : **set_backend;
+    statuses[part] = backend.Allreduce(data, end - begin, dtype, backend_op);
     if (statuses[part].ok()) Scale(data, end - begin, dtype, c.postscale, divisor);
   };
   if (parts > 1) {
@@ -240,8 +285,8 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
   return absl::OkStatus();
 }
 
-absl::StatusOr<Executed> CpuExecutor::Allgather(const Collective& c) {
-  absl::StatusOr<std::vector<AllgatherPart>> parts = PlanAllgather(c, options_.size);
+absl::StatusOr<Executed> CpuExecutor::Allgather(const Collective& c, Backend& backend, int size) {
+  absl::StatusOr<std::vector<AllgatherPart>> parts = PlanAllgather(c, size);
   if (!parts.ok()) return parts.status();
   Executed executed;
   executed.outputs.resize(c.tensors.size());
@@ -266,7 +311,7 @@ absl::StatusOr<Executed> CpuExecutor::Allgather(const Collective& c) {
       output = Scratch(part.total);
     }
     const uint8_t* input = mine ? options_.arena + c.tensors[t].offset : output;
-    absl::Status status = backends_.front()->Allgatherv(input, output, part.bytes);
+    absl::Status status = backend.Allgatherv(input, output, part.bytes);
     if (!status.ok()) {
       if (offset >= 0) options_.outputs->Free(offset).IgnoreError();
       return fail(status);

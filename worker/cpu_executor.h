@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -52,6 +54,12 @@ struct CpuExecutorOptions {
   ArenaAllocator* outputs = nullptr;  // borrowed: where allgather outputs are allocated
   // Creates communicator `index` (rendezvous included), for 0 .. communicators-1, in Setup.
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(int index)> make_backend;
+  // Creates the communicator of a process set (Collective::process_set_ranks) the first time one of
+  // its collectives runs here: `key` names the set and its members (the rendezvous scope), `rank`
+  // is this rank's place among the `size` members. Null: process sets are refused.
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>(const std::string& key, int rank,
+                                                         int size)>
+      make_set_backend;
   int communicators = 2;
   // Allreduces smaller than this use communicator 0 alone.
   int64_t split_bytes = int64_t{4} << 20;
@@ -69,13 +77,20 @@ class CpuExecutor final : public Executor {
   void Abort(const std::string& /*why*/) override {}  // every Gloo operation has its timeout
 
  private:
+  // Most process-set communicators one rank keeps.
+  static constexpr size_t kMaxProcessSets = 256;
+
   absl::Status Allreduce(const Collective& c, ExecutionTrace& trace);
-  absl::StatusOr<Executed> Allgather(const Collective& c);
+  absl::StatusOr<Executed> Allgather(const Collective& c, Backend& backend, int size);
+  // The communicator of the collective's process set (made on first use); the first global one for
+  // the global set.
+  absl::StatusOr<Backend*> BackendFor(const Collective& c);
   // Scratch memory of at least `bytes` (packing; a joined rank's part).
   uint8_t* Scratch(size_t bytes);
 
   const CpuExecutorOptions options_;
   std::vector<std::unique_ptr<Backend>> backends_;
+  std::map<std::string, std::unique_ptr<Backend>> set_backends_;  // by set key
   std::unique_ptr<PartPool> pool_;
   std::vector<uint8_t> fusion_buffer_;
 };

@@ -384,6 +384,20 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     g.timeout = timeout;
     return CreateGlooBackend(std::move(g));
   };
+  // A process set's communicator: its members meet under the set's key.
+  cpu.make_set_backend = [channel, spec, assignment, iface, hostname, timeout, journal](
+                             const std::string& key, int set_rank, int set_size) {
+    GlooBackendOptions g;
+    g.rank = set_rank;
+    g.size = set_size;
+    g.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch(), journal,
+                                                 assignment.rendezvous_token());
+    g.prefix = absl::StrCat("gloo/", key, "/");
+    g.iface = iface;
+    g.hostname = hostname;
+    g.timeout = timeout;
+    return CreateGlooBackend(std::move(g));
+  };
   CoordinatorSession* session = session_.get();
   job->ledger = std::make_unique<SessionLedger>(rank);
   SessionLedger* ledger = job->ledger.get();

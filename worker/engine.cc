@@ -334,6 +334,12 @@ void Engine::Process(RankCycle& cycle, absl::Time arrived) {
     }
   }
   for (const Response& r : cycle.responses) {
+    // A process set's collective is its members' alone.
+    if (!r.process_set_ranks.empty() &&
+        !std::binary_search(r.process_set_ranks.begin(), r.process_set_ranks.end(),
+                            options_.rank)) {
+      continue;
+    }
     const size_t n = std::max(r.names.size(), r.cache_ids.size());
     std::vector<std::string> names(n);
     for (size_t i = 0; i < n; ++i) {
@@ -401,6 +407,8 @@ Collective Engine::ToCollective(const Response& r, const std::vector<Op*>& ops) 
   }
   c.sizes = r.tensor_sizes;
   c.row_elements = r.row_elements;
+  c.process_set_id = r.process_set_id;
+  c.process_set_ranks = r.process_set_ranks;
   return c;
 }
 

@@ -39,6 +39,11 @@ struct Collective {
   // Allgather: elements per first-dimension row of each tensor (the same on every rank; a joined
   // rank has no shape of its own). Missing entries: from this rank's shape.
   std::vector<int64_t> row_elements;
+  // Horovod's process set it runs in: 0 (no ranks) the global one; else its members, increasing
+  // (this rank among them). `sizes` of an allgather are then per member, and the root of a
+  // broadcast is a job rank.
+  int32_t process_set_id = 0;
+  std::vector<int32_t> process_set_ranks;
 
   bool average() const { return op == ReduceOp::kAverage || op == ReduceOp::kUnspecified; }
 };

@@ -5,6 +5,12 @@
 namespace ringmaster {
 
 absl::StatusOr<Executed> GpuExecutor::Execute(const Collective& c, ExecutionTrace& trace) {
+  if (!c.process_set_ranks.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "process set ", c.process_set_id,
+        ": process sets run on CPU workers (Gloo) so far; this rank's worker serves a GPU, whose "
+        "NCCL communicators are the job's global set"));
+  }
   const int64_t elem = DataTypeSize(c.dtype);
   auto tensor = [&](size_t i, int64_t count) {
     DeviceExecutor::Tensor t;

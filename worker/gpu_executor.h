@@ -21,7 +21,10 @@ class GpuExecutor final : public Executor {
 
   absl::Status Setup() override { return device_.Setup(); }
   absl::StatusOr<Executed> Execute(const Collective& c, ExecutionTrace& trace) override;
-  bool Fatal(const absl::Status& /*status*/) const override { return true; }
+  // Any failure but a refused process set (no NCCL call was made: every member refuses it alike).
+  bool Fatal(const absl::Status& status) const override {
+    return status.code() != absl::StatusCode::kUnimplemented;
+  }
   void Abort(const std::string& why) override { device_.Abort(why); }
 
  private:

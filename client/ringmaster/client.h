@@ -71,6 +71,10 @@ class Client {
   // the stream it was submitted with). Per thread, so threads submitting on different streams do
   // not race. Ignored on CPU slots.
   virtual void SetCudaStream(void* stream) {}
+  // Horovod's process sets: the operations this thread submits from now on run in process set `id`
+  // among `ranks` (increasing job ranks, this one among them), until it is set again; id 0 (no
+  // ranks) is the global set, the default. Per thread, as SetCudaStream.
+  virtual void SetProcessSet(int32_t id, std::vector<int32_t> ranks) {}
   virtual void Free(void* data) = 0;
 
   // `data` holds the input and receives the result; it must stay valid until the operation

@@ -39,16 +39,15 @@ def _connect_timeout_seconds():
 def init(comm=None, process_sets=None):
     """Connects to this rank's worker daemon (once per process) and marks Ringmaster initialized.
 
-    `comm` (an MPI communicator or a list of ranks) and `process_sets` are Horovod options that
-    Ringmaster does not support: ranks and their placement come from the job.
+    `comm` (an MPI communicator or a list of ranks) is a Horovod option that Ringmaster does not
+    support: ranks and their placement come from the job. `process_sets` is the frameworks' (see
+    ringmaster.torch.init).
     Returns True when this call initialized, False when already initialized."""
     global _client, _topology, _initialized
     if comm is not None:
         raise NotImplementedError(
             "ringmaster: init(comm=...) is not supported: the job's ranks are set by `ringmaster "
             "local/submit --np N`, not by an MPI communicator")
-    if process_sets not in (None, [], "dynamic"):
-        raise NotImplementedError("ringmaster: process sets are not supported yet")
     with _lock:
         if _initialized:
             return False

@@ -113,6 +113,9 @@ class PyClient {
   const Topology& topology() const { return client_->topology(); }
 
   void SetCudaStream(uintptr_t stream) { client_->SetCudaStream(reinterpret_cast<void*>(stream)); }
+  void SetProcessSet(int32_t id, std::vector<int32_t> ranks) {
+    client_->SetProcessSet(id, std::move(ranks));
+  }
 
   // An ArenaBuffer of `bytes`, or None when the arena is full.
   py::object Allocate(size_t bytes) {
@@ -317,6 +320,9 @@ PYBIND11_MODULE(_ringmaster, m) {
       .def("take_allgather", &PyClient::TakeAllgather, py::arg("handle"))
       .def("join", &PyClient::Join)
       .def("barrier", &PyClient::Barrier)
+      .def("set_process_set", &PyClient::SetProcessSet, py::arg("id"), py::arg("ranks"),
+           "the process set (Horovod's; 0 and no ranks: the global one) of the operations this "
+           "thread submits from now on")
       .def("set_cuda_stream", &PyClient::SetCudaStream, py::arg("stream"),
            "GPU slots: the cudaStream_t (as an integer; 0: the legacy default stream) that tensors "
            "are produced and consumed on.")

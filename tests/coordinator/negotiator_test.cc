@@ -1163,3 +1163,73 @@ TEST_F(NegotiatorTest, TimelineEventsAreRecordedInOrderWithTimesThatNeverGoBack)
 
 }  // namespace
 }  // namespace ringmaster
+
+// ---- Process sets ----
+
+namespace ringmaster {
+namespace {
+
+TensorRequest InSet(TensorRequest r, int32_t id, std::vector<int32_t> ranks) {
+  r.process_set_id = id;
+  r.process_set_ranks = std::move(ranks);
+  return r;
+}
+
+TEST_F(NegotiatorTest, AProcessSetsTensorIsReadyWhenItsMembersSubmittedAndSetsNameTheirOwn) {
+  Negotiator n(Options(4));
+  // The same name in two sets at once: two tensors, each ready with its own members.
+  Submit(n, 0, {InSet(Allreduce("g"), 1, {0, 2})});
+  Submit(n, 1, {InSet(Allreduce("g"), 2, {1, 3})});
+  EXPECT_EQ(Poll(n), std::nullopt);
+  Submit(n, 2, {InSet(Allreduce("g"), 1, {0, 2})});
+  clock_.Advance(absl::Milliseconds(1));  // the cycle: set 2's "g" is still partial
+  std::optional<CycleOutput> out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->responses, SizeIs(1));
+  EXPECT_THAT(out->responses[0].names, ElementsAre("g"));
+  EXPECT_EQ(out->responses[0].process_set_id, 1);
+  EXPECT_THAT(out->responses[0].process_set_ranks, ElementsAre(0, 2));
+  Submit(n, 3, {InSet(Allgather("g", {2 + 3, 2}), 2, {1, 3}), InSet(Allreduce("h"), 2, {1, 3})});
+  Submit(n, 1, {InSet(Allreduce("h"), 2, {1, 3})});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  // Set 2's "g" met an allgather from rank 3: a mismatch naming both; "h" is fine and is not
+  // fused with another set's tensors.
+  ASSERT_THAT(out->responses, SizeIs(2));
+  EXPECT_EQ(out->responses[0].type, Response::Type::kError);
+  EXPECT_EQ(out->responses[0].error_message,
+            "Mismatched collective operations for tensor 'g': rank 1 (node-b) sent allreduce but "
+            "rank 3 (node-d) sent allgather.");
+  EXPECT_THAT(out->responses[1].names, ElementsAre("h"));
+  EXPECT_THAT(out->responses[1].cache_ids, ElementsAre(0u));  // sets' tensors are not cached
+}
+
+TEST_F(NegotiatorTest, ProcessSetRequestsAreCheckedAndAMismatchedSetNamesBoth) {
+  Negotiator n(Options(3));
+  Submit(n, 1,
+         {InSet(Allreduce("outside"), 1, {0, 2}), InSet(Allreduce("bad"), 1, {2, 0}),
+          InSet(Broadcast("root", 0), 1, {1, 2})});
+  std::optional<CycleOutput> out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  std::vector<std::string> errors;
+  for (const Response& e : out->notices[1].errors) errors.push_back(e.error_message);
+  EXPECT_THAT(errors,
+              ElementsAre("Invalid allreduce request for tensor 'outside' from rank 1 (node-b): "
+                          "the rank is not in process set 1 (ranks 0, 2).",
+                          "Invalid allreduce request for tensor 'bad' from rank 1 (node-b): "
+                          "process set 1 ranks 2, 0 are not distinct increasing ranks in [0, 2].",
+                          "Invalid broadcast request for tensor 'root' from rank 1 (node-b): "
+                          "root_rank 0 is not in process set 1 (ranks 1, 2)."));
+  Submit(n, 0, {InSet(Allreduce("x"), 1, {0, 1})});
+  Submit(n, 1, {InSet(Allreduce("x"), 1, {0, 1, 2})});
+  Submit(n, 2, {InSet(Allreduce("x"), 1, {0, 1, 2})});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->responses, SizeIs(1));
+  EXPECT_EQ(out->responses[0].error_message,
+            "Mismatched allreduce process sets for tensor 'x': rank 0 (node-a) sent process set 1 "
+            "[0, 1] but rank 1 (node-b) sent process set 1 [0, 1, 2].");
+}
+
+}  // namespace
+}  // namespace ringmaster

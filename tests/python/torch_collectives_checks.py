@@ -7,6 +7,7 @@ each kind, checking that every rank concerned gets the error and that every othe
 Needs at least 2 ranks. Prints one line per failure and "torch_collectives_checks: rank R: N checks
 passed" (or "... F of N checks failed"); exits 0 only if every check passed.
 """
+import os
 import sys
 
 import torch
@@ -242,6 +243,90 @@ def horovod_scaling():
     check(same(got, want), f"float16 scaled in float32: {got} != {want}")
 
 
+# ---- Process sets ----
+
+def process_sets():
+    """Two sets, the even ranks and the odd ones, registered while the job runs: every collective
+    in a set among its members alone, with a global one between them; the errors; removal."""
+    raises(ValueError, lambda: hvd.add_process_set([0]), "HOROVOD_DYNAMIC_PROCESS_SETS=1")
+    os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+    even = hvd.add_process_set([r for r in range(SIZE) if r % 2 == 0])
+    odd = hvd.add_process_set(hvd.ProcessSet([r for r in range(SIZE) if r % 2 == 1]))
+    check((even.process_set_id, odd.process_set_id) == (1, 2), f"ids {even}, {odd}")
+    mine, other = (even, odd) if RANK % 2 == 0 else (odd, even)
+    members = mine.ranks
+    check(mine.included() and not other.included(), "included()")
+    check((mine.size(), mine.rank()) == (len(members), members.index(RANK)), "size() and rank()")
+    check(hvd.global_process_set.size() == SIZE and hvd.global_process_set.rank() == RANK,
+          "the global set")
+
+    def over(seed, shape, dtype, reduce):
+        return reduce(torch.stack([values(r, seed, shape, dtype).double() for r in members]))
+
+    got = hvd.allreduce(values(RANK, 900, (5,), torch.float64), op=hvd.Sum, process_set=mine)
+    check(same(got, over(900, (5,), torch.float64, lambda s: s.sum(0))), f"set sum {got}")
+    got = hvd.allreduce(values(RANK, 901, (4,), torch.float64), process_set=mine)  # Average
+    want = over(901, (4,), torch.float64, lambda s: s.sum(0)) * (1.0 / len(members))
+    check(same(got, want), f"set average {got} != {want}")
+    # A global collective between set ones.
+    got = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="between.sets")
+    check(same(got, torch.full((1,), float(SIZE))), "a global allreduce between set ones")
+    got = hvd.allgather(torch.full((RANK + 1, 2), float(RANK)), process_set=mine)
+    want = torch.cat([torch.full((r + 1, 2), float(r)) for r in members])
+    check(same(got, want), f"set allgather {got}")
+    root = members[-1]
+    got = hvd.broadcast(torch.full((3,), float(RANK)), root_rank=root, process_set=mine)
+    check(same(got, torch.full((3,), float(root))), f"set broadcast from rank {root}: {got}")
+    got = hvd.grouped_allreduce([torch.full((2,), float(RANK)), torch.ones(3)], op=hvd.Sum,
+                                process_set=mine)
+    check(same(got[0], torch.full((2,), float(sum(members)))) and
+          same(got[1], torch.full((3,), float(len(members)))), "set grouped allreduce")
+    got = hvd.reducescatter(torch.arange(float(2 * len(members) + 1)) * 0 + 1.0, op=hvd.Sum,
+                            process_set=mine)
+    q, rem = divmod(2 * len(members) + 1, len(members))
+    rows = q + (1 if mine.rank() < rem else 0)
+    check(same(got, torch.full((rows,), float(len(members)))), f"set reducescatter {got}")
+    got = hvd.alltoall(torch.full((len(members), 2), float(RANK)), process_set=mine)
+    check(same(got, torch.tensor([[float(r)] * 2 for r in members])), f"set alltoall {got}")
+    hvd.barrier(process_set=mine)
+    check(hvd.broadcast_object({"root": root}, root_rank=root, process_set=mine) == {"root": root},
+          "set broadcast_object")
+    check(hvd.allgather_object(RANK, process_set=mine) == members, "set allgather_object")
+    # The optimizer averages the gradients over the set.
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   named_parameters=model.named_parameters(), process_set=mine)
+    model(torch.full((1, 2), float(RANK + 1))).sum().backward()
+    opt.synchronize()
+    mean = sum(r + 1.0 for r in members) / len(members)
+    check(same(model.weight.grad, torch.full((1, 2), mean)), f"set optimizer {model.weight.grad}")
+    with opt.skip_synchronize():
+        opt.step()
+    # Errors: a set this rank is not in; a set that was never registered.
+    raises(ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=other),
+           f"rank {RANK} is not in process set {other.process_set_id}")
+    raises(ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([RANK])),
+           "is not registered")
+    if len(members) > 1:
+        raises(hvd.HorovodInternalError,
+               lambda: hvd.allreduce(torch.zeros(RANK + 1), name="set.bad.shape",
+                                     process_set=mine),
+               "Mismatched allreduce tensor shapes for tensor 'set.bad.shape'")
+    check(hvd.remove_process_set(odd) and hvd.remove_process_set(even), "removed")
+    check(not hvd.remove_process_set(odd), "removed twice")
+    raises(ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=mine), "is not registered")
+    again = hvd.add_process_set(list(range(SIZE)))
+    check(again.process_set_id == 3, f"a new set after removal: {again}")
+    # Named: the ranks of a set of several issued one more operation above (the mismatch), and
+    # automatic names count every operation, as Horovod's.
+    got = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=again, name="every.rank.set")
+    check(same(got, torch.full((1,), float(SIZE))), "the set of every rank")
+    hvd.remove_process_set(again)
+    del os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"]
+
+
 # ---- Join ----
 
 def join_while_others_run():
@@ -346,7 +431,8 @@ def main():
     if SIZE < 2:
         print("torch_collectives_checks: run it with at least 2 ranks", flush=True)
         return 2
-    for fn in (reducescatter, alltoall, sparse, adasum, horovod_scaling, join_while_others_run,
+    for fn in (reducescatter, alltoall, sparse, adasum, horovod_scaling, process_sets,
+               join_while_others_run,
                three_hundred_ops):
         section(fn)
     if base._failures:

@@ -28,8 +28,11 @@ from ringmaster.torch.optimizer import DistributedOptimizer
 
 def init(comm=None, process_sets=None):
     """Connects this process to its rank's worker daemon. Call it once, before anything else;
-    init() after shutdown() works."""
-    _init(comm, process_sets)
+    init() after shutdown() works. `process_sets`: ProcessSets (or lists of ranks) to register, in
+    order (every rank passes the same), or "dynamic" to allow add_process_set() later."""
+    if _init(comm, None) is False:
+        return
+    _mpi_ops._init_process_sets(process_sets)
 
 
 def shutdown():

@@ -23,6 +23,10 @@ _OP_NAMES = {0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Produc
 _ADASUM_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _set_size(process_set):
+    return (process_set or global_process_set).size()
+
+
 def _compose(client_handles, finish, keep, names=()):
     """Registers one operation made of the client's `client_handles`."""
     return _mpi._register(_mpi._new_handle(),
@@ -34,14 +38,15 @@ def _absorb(handle):
     return _mpi._handle_map.pop(handle)
 
 
-def _enqueue_allgathers(c, named_tensors):
+def _enqueue_allgathers(c, named_tensors, process_set=global_process_set):
     """Enqueues one allgather per (name, tensor); returns their (client handle, finish). On a
     refusal waits for what was enqueued (the daemon still reads those inputs) and raises."""
     enqueued = []
     try:
-        for name, tensor in named_tensors:
-            h, buf, as_bytes = _mpi._enqueue_allgather(c, name, tensor)
-            enqueued.append((h, buf, as_bytes, tensor.dtype, tensor.device))
+        with _mpi._InSet(process_set):
+            for name, tensor in named_tensors:
+                h, buf, as_bytes = _mpi._enqueue_allgather(c, name, tensor)
+                enqueued.append((h, buf, as_bytes, tensor.dtype, tensor.device))
     except _ringmaster.StatusError as e:
         for h, *_ in enqueued:
             try:
@@ -86,7 +91,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     full = _mpi._copy_for_output(tensor)
     inner = _absorb(_mpi._allreduce_async(tensor, full, name, op, prescale_factor,
                                           postscale_factor, process_set, prefix="reducescatter"))
-    start, rows = _rows_of(tensor.shape[0], _basics.size(), _basics.rank())
+    start, rows = _rows_of(tensor.shape[0], _set_size(process_set), process_set.rank())
     return _compose(inner.handles, lambda: inner.finish().narrow(0, start, rows).clone(),
                     inner.keep, inner.names)
 
@@ -103,7 +108,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     inner = _absorb(_mpi._grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
                                                   postscale_factor, process_set,
                                                   prefix="grouped_reducescatter"))
-    size, rank = _basics.size(), _basics.rank()
+    size, rank = _set_size(process_set), process_set.rank()
     parts = [_rows_of(t.shape[0], size, rank) for t in tensors]
 
     def finish():
@@ -117,7 +122,7 @@ def _reducescatter_grad(grad, op, prescale_factor, postscale_factor, process_set
     # d(part)/d(input): every rank's rows come from every rank's input, scaled as the forward.
     g = _mpi.allgather(grad, process_set=process_set)
     if op == Average:
-        g = g / _basics.size()
+        g = g / _set_size(process_set)
     return g * (prescale_factor * postscale_factor)
 
 
@@ -183,7 +188,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     _mpi._check_dense(tensor)
     if tensor.dim() == 0:
         raise ValueError("alltoall needs a tensor of at least one dimension: it splits the first")
-    size, me = _basics.size(), _basics.rank()
+    size, me = _set_size(process_set), process_set.rank()
     dim0 = tensor.shape[0]
     if splits is None:
         if dim0 % size != 0:
@@ -205,7 +210,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     _mpi._claim(c, names)
     base = _mpi._op_name("alltoall", name, _mpi._new_handle())
     data, counts = _enqueue_allgathers(c, [(f"{base}.data", tensor),
-                                           (f"{base}.splits", sends.view(1, size))])
+                                           (f"{base}.splits", sends.view(1, size))], process_set)
 
     def finish():
         matrix = _gathered(c, counts).view(size, size)  # [from, to]
@@ -273,8 +278,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     indices = tensor._indices().transpose(0, 1).contiguous()
     values = tensor._values().contiguous()
     gathered_values, gathered_indices = _enqueue_allgathers(
-        c, [(f"{base}.values", values), (f"{base}.indices", indices)])
-    size = _basics.size()
+        c, [(f"{base}.values", values), (f"{base}.indices", indices)], process_set)
+    size = _set_size(process_set)
 
     def finish():
         v = _gathered(c, gathered_values)
@@ -337,7 +342,8 @@ def _adasum_async(tensors, outputs, name, prescale_factor, postscale_factor, pro
               .reshape(1, -1) for t in tensors]
     n = len(tensors)
     enqueued = _enqueue_allgathers(
-        c, [(base if n == 1 else f"{base}_{i + 1}of{n}", s) for i, s in enumerate(scaled)])
+        c, [(base if n == 1 else f"{base}_{i + 1}of{n}", s) for i, s in enumerate(scaled)],
+        process_set)
 
     def finish():
         for entry, out in zip(enqueued, outputs):

@@ -12,6 +12,7 @@ Unnamed operations get Horovod's automatic names (`allreduce.noname.<handle>`, .
 must issue its unnamed collectives in the same order, as with Horovod.
 """
 import itertools
+import os
 import threading
 import warnings
 
@@ -51,10 +52,38 @@ _DTYPES = {
 
 
 class ProcessSet:
-    """The global process set: every rank of the job. Ringmaster has no other process sets yet."""
+    """Horovod's process set: a subset of the job's ranks whose collectives run among them alone.
+    `ProcessSet([0, 2])`, registered with `init(process_sets=[...])` or `add_process_set()`;
+    `global_process_set` is every rank. `rank()` is this process's place in the set (-1 when not
+    included), `size()` its number of ranks."""
 
-    process_set_id = 0
-    ranks = None
+    def __init__(self, ranks):
+        self.ranks = sorted(set(int(r) for r in ranks))
+        self.process_set_id = None  # set when registered
+
+    def size(self):
+        return len(self.ranks)
+
+    def rank(self):
+        me = _basics.rank()
+        return self.ranks.index(me) if me in self.ranks else -1
+
+    def included(self):
+        return _basics.rank() in self.ranks
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+class _GlobalProcessSet(ProcessSet):
+    """Every rank of the job (id 0)."""
+
+    def __init__(self):
+        self.process_set_id = 0
+
+    @property
+    def ranks(self):
+        return list(range(_basics.size()))
 
     def size(self):
         return _basics.size()
@@ -66,24 +95,129 @@ class ProcessSet:
         return True
 
     def __repr__(self):
-        return "ProcessSet(global)"
+        return "ProcessSet(process_set_id=0, global)"
 
 
-global_process_set = ProcessSet()
+global_process_set = _GlobalProcessSet()
+_process_sets = {}  # id -> registered ProcessSet (the global one excluded)
+_next_process_set_id = [1]
+_dynamic_process_sets = [False]
+
+
+def _dynamic_enabled():
+    return _dynamic_process_sets[0] or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "") not in (
+        "", "0", "false", "False")
+
+
+def _register_process_set(process_set):
+    """Registers `process_set` (a ProcessSet or a list of ranks) on every rank at once: a
+    collective of all ranks, which must pass the same ranks in the same order. ValueError names
+    what differs."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError(f"{process_set} is registered already")
+    size = _basics.size()
+    ranks = process_set.ranks
+    if not ranks or ranks[0] < 0 or ranks[-1] >= size:
+        raise ValueError(f"process set ranks {ranks} must be ranks of the job, in [0, {size - 1}]")
+    for existing in _process_sets.values():
+        if existing.ranks == ranks:
+            raise ValueError(f"a process set with ranks {ranks} exists already: {existing}")
+    # Every rank must register the same set: compare what each one passed.
+    mine = torch.full((1, size + 1), -1, dtype=torch.int64)
+    mine[0, 0] = len(ranks)
+    mine[0, 1:1 + len(ranks)] = torch.tensor(ranks, dtype=torch.int64)
+    ps_id = _next_process_set_id[0]
+    everyone = synchronize(allgather_async(mine, name=f"process_set.register.{ps_id}"))
+    for r in range(size):
+        if not torch.equal(everyone[r], mine[0]):
+            theirs = everyone[r, 1:1 + int(everyone[r, 0])].tolist()
+            raise ValueError(f"rank {r} registered process set {ps_id} with ranks {theirs}, rank "
+                             f"{_basics.rank()} with {ranks}: every rank must add the same "
+                             f"process sets in the same order")
+    _next_process_set_id[0] += 1
+    process_set.process_set_id = ps_id
+    _process_sets[ps_id] = process_set
+    return process_set
+
+
+def _init_process_sets(process_sets):
+    """init(process_sets=...): a list of ProcessSets (or rank lists) registered in order, or
+    "dynamic" to allow add_process_set() and remove_process_set() later."""
+    _process_sets.clear()
+    _next_process_set_id[0] = 1
+    _dynamic_process_sets[0] = process_sets == "dynamic"
+    if process_sets in (None, "dynamic"):
+        return
+    for ps in process_sets:
+        _register_process_set(ps)
 
 
 def add_process_set(process_set):
-    raise NotImplementedError("ringmaster: process sets are not supported yet")
+    """Registers a process set while the job runs (every rank must call it with the same ranks,
+    in the same order); returns it. Needs HOROVOD_DYNAMIC_PROCESS_SETS=1 or
+    init(process_sets="dynamic"), as Horovod does."""
+    if not _dynamic_enabled():
+        raise ValueError("Process sets can only be added when dynamic process sets are enabled: "
+                         "set HOROVOD_DYNAMIC_PROCESS_SETS=1 or call "
+                         "hvd.init(process_sets='dynamic')")
+    return _register_process_set(process_set)
 
 
 def remove_process_set(process_set):
-    raise NotImplementedError("ringmaster: process sets are not supported yet")
+    """Unregisters a process set added before (every rank must call it); True when it was
+    registered. The global process set cannot be removed."""
+    if not _dynamic_enabled():
+        raise ValueError("Process sets can only be removed when dynamic process sets are "
+                         "enabled: set HOROVOD_DYNAMIC_PROCESS_SETS=1 or call "
+                         "hvd.init(process_sets='dynamic')")
+    if process_set is global_process_set or process_set.process_set_id == 0:
+        raise ValueError("The global process set cannot be removed")
+    ps_id = process_set.process_set_id
+    if ps_id is None or _process_sets.get(ps_id) is not process_set:
+        return False
+    barrier()  # every rank removes it at the same point of its operations
+    del _process_sets[ps_id]
+    process_set.process_set_id = None
+    return True
+
+
+def _set_of(process_set):
+    """(id, ranks) of a process set this rank may run collectives in; ValueError otherwise."""
+    if process_set is None or process_set is global_process_set or \
+            process_set.process_set_id == 0:
+        return 0, []
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
+    ps_id = process_set.process_set_id
+    if ps_id is None or _process_sets.get(ps_id) is not process_set:
+        raise ValueError(f"{process_set} is not registered: pass it to hvd.init(process_sets=...) "
+                         f"or hvd.add_process_set() first")
+    if not process_set.included():
+        raise ValueError(f"rank {_basics.rank()} is not in process set {ps_id} (ranks "
+                         f"{process_set.ranks})")
+    return ps_id, process_set.ranks
 
 
 def _check_process_set(process_set):
-    if process_set is not global_process_set and process_set is not None:
-        raise NotImplementedError(
-            "ringmaster: process sets are not supported yet; use the global process set")
+    _set_of(process_set)
+
+
+class _InSet:
+    """Within it, the client's operations submitted by this thread run in `process_set`."""
+
+    def __init__(self, process_set):
+        self.ps_id, self.ranks = _set_of(process_set)
+
+    def __enter__(self):
+        if self.ps_id != 0:
+            _basics.client().set_process_set(self.ps_id, self.ranks)
+        return self
+
+    def __exit__(self, *exc):
+        if self.ps_id != 0:
+            _basics.client().set_process_set(0, [])
 
 
 def handle_average_backwards_compatibility(op, average):
@@ -318,8 +452,10 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     handle = _new_handle()
     buf, write_back = _daemon_buffer(output)
     try:
-        h = c.allreduce(_op_name(prefix, name, handle), buf.data_ptr(), code, list(buf.shape),
-                        ring_op, float(prescale_factor), float(postscale_factor))
+        with _InSet(process_set):
+            h = c.allreduce(_op_name(prefix, name, handle), buf.data_ptr(), code,
+                            list(buf.shape), ring_op, float(prescale_factor),
+                            float(postscale_factor))
     except _ringmaster.StatusError as e:
         raise _status_error(e) from None
 
@@ -423,11 +559,12 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
         by_dtype.setdefault(t.dtype, []).append(i)
     handles = []
     try:
-        for dtype, indices in by_dtype.items():
-            handles += c.grouped_allreduce(
-                [names[i] for i in indices], [buffers[i][0].data_ptr() for i in indices],
-                _DTYPES[dtype], [list(buffers[i][0].shape) for i in indices], ring_op,
-                float(prescale_factor), float(postscale_factor))
+        with _InSet(process_set):
+            for dtype, indices in by_dtype.items():
+                handles += c.grouped_allreduce(
+                    [names[i] for i in indices], [buffers[i][0].data_ptr() for i in indices],
+                    _DTYPES[dtype], [list(buffers[i][0].shape) for i in indices], ring_op,
+                    float(prescale_factor), float(postscale_factor))
     except _ringmaster.StatusError as e:
         for h in handles:  # wait for what was enqueued: the daemon writes into those buffers
             try:
@@ -547,7 +684,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     _claim(c, names)
     handle = _new_handle()
     try:
-        h, buf, as_bytes = _enqueue_allgather(c, _op_name("allgather", name, handle), tensor)
+        with _InSet(process_set):
+            h, buf, as_bytes = _enqueue_allgather(c, _op_name("allgather", name, handle), tensor)
     except _ringmaster.StatusError as e:
         raise _status_error(e) from None
     dtype, device = tensor.dtype, tensor.device
@@ -570,8 +708,8 @@ class HorovodAllgather(torch.autograd.Function):
     def backward(ctx, grad_output):
         grad_reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
         dim_t = torch.IntTensor([ctx.dim])
-        dim = allgather(dim_t, process_set=ctx.process_set).view(_basics.size())
-        r = _basics.rank()
+        dim = allgather(dim_t, process_set=ctx.process_set).view(ctx.process_set.size())
+        r = ctx.process_set.rank()
         offset = torch.sum(dim.narrow(0, 0, r)).item() if r != 0 else 0
         return grad_reduced.narrow(0, offset, ctx.dim), None, None
 
@@ -595,8 +733,9 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     _claim(c, names)
     enqueued = []
     try:
-        for i, t in enumerate(tensors):
-            enqueued.append(_enqueue_allgather(c, f"{base}_{i + 1}of{n}", t))
+        with _InSet(process_set):
+            for i, t in enumerate(tensors):
+                enqueued.append(_enqueue_allgather(c, f"{base}_{i + 1}of{n}", t))
     except _ringmaster.StatusError as e:
         for h, _, _ in enqueued:
             try:
@@ -628,7 +767,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):
                                          process_set=ctx.process_set)
         dims = allgather(torch.IntTensor(ctx.dims).view(1, -1),
                          process_set=ctx.process_set)  # [size, n]
-        r = _basics.rank()
+        r = ctx.process_set.rank()
         offsets = dims.narrow(0, 0, r).sum(dim=0) if r != 0 else torch.zeros(len(ctx.dims))
         grads = [g.narrow(0, int(offsets[i]), ctx.dims[i]) for i, g in enumerate(grad_reduced)]
         return (None, None, *grads)
@@ -653,8 +792,9 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
     as_bytes = buf.dtype not in _DTYPES
     wire = _bytes_view(buf) if as_bytes else buf
     try:
-        h = c.broadcast(_op_name("broadcast", name, handle), wire.data_ptr(), _DTYPES[wire.dtype],
-                        list(wire.shape), int(root_rank))
+        with _InSet(process_set):
+            h = c.broadcast(_op_name("broadcast", name, handle), wire.data_ptr(), _DTYPES[wire.dtype],
+                            list(wire.shape), int(root_rank))
     except _ringmaster.StatusError as e:
         raise _status_error(e) from None
 
@@ -725,7 +865,8 @@ def barrier(process_set=global_process_set):
     c = _basics.client()
     _new_handle()
     try:
-        c.barrier()
+        with _InSet(process_set):
+            c.barrier()
     except _ringmaster.StatusError as e:
         raise _status_error(e) from None
 
