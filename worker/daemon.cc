@@ -372,31 +372,26 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   cpu.arena = job->arena->data();
   cpu.outputs = job->outputs.get();
   std::shared_ptr<RendezvousJournal> journal = job->rendezvous;
-  cpu.make_backend = [channel, spec, assignment, iface, hostname, timeout, journal](int index) {
+  // A Gloo communicator among `size` ranks meeting under `prefix`: the job's (one per index), or a
+  // process set's (its members, under the set's key).
+  auto gloo = [channel, spec, assignment, iface, hostname, timeout, journal](
+                  int gloo_rank, int size, std::string prefix) {
     GlooBackendOptions g;
-    g.rank = assignment.rank();
-    g.size = spec.spec().np();
+    g.rank = gloo_rank;
+    g.size = size;
     g.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch(), journal,
                                                  assignment.rendezvous_token());
-    g.prefix = absl::StrCat("gloo/", index, "/");
+    g.prefix = std::move(prefix);
     g.iface = iface;
     g.hostname = hostname;
     g.timeout = timeout;
     return CreateGlooBackend(std::move(g));
   };
-  // A process set's communicator: its members meet under the set's key.
-  cpu.make_set_backend = [channel, spec, assignment, iface, hostname, timeout, journal](
-                             const std::string& key, int set_rank, int set_size) {
-    GlooBackendOptions g;
-    g.rank = set_rank;
-    g.size = set_size;
-    g.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch(), journal,
-                                                 assignment.rendezvous_token());
-    g.prefix = absl::StrCat("gloo/", key, "/");
-    g.iface = iface;
-    g.hostname = hostname;
-    g.timeout = timeout;
-    return CreateGlooBackend(std::move(g));
+  cpu.make_backend = [gloo, rank, np = spec.spec().np()](int index) {
+    return gloo(rank, np, absl::StrCat("gloo/", index, "/"));
+  };
+  cpu.make_set_backend = [gloo](const std::string& key, int set_rank, int set_size) {
+    return gloo(set_rank, set_size, absl::StrCat("gloo/", key, "/"));
   };
   CoordinatorSession* session = session_.get();
   job->ledger = std::make_unique<SessionLedger>(rank);

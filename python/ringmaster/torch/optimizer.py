@@ -41,6 +41,15 @@ def _aligned(nbytes):
 def _release_arena_grad(nbytes):
     _arena_grad_bytes[0] -= nbytes
 
+def _check_passes(optimizer, p):
+    """Horovod's error for a gradient computed again after its allreduce was started."""
+    if p in optimizer._handles and optimizer._handles[p][0] is not None:
+        if optimizer._allreduce_delay[p] <= 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before call to "
+                "step(). Increase backward_passes_per_step to accumulate gradients locally.")
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     _ringmaster_distributed = True
 
@@ -253,12 +262,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        "Gradients were computed more than backward_passes_per_step times "
-                        "before call to step(). Increase backward_passes_per_step to accumulate "
-                        "gradients locally.")
+            _check_passes(self, p)
             assert not p.grad.requires_grad
             assert self._allreduce_delay[p] > 0
             handle, ctx = None, None
@@ -444,12 +448,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        "Gradients were computed more than backward_passes_per_step times "
-                        "before call to step(). Increase backward_passes_per_step to accumulate "
-                        "gradients locally.")
+            _check_passes(self, p)
             self._allreduce_delay[p] -= 1
             handle, ctx = None, None
             if self._allreduce_delay[p] == 0:
