@@ -11,7 +11,7 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libssl-dev openssl
   libgtest-dev libgmock-dev
   libgloo-dev libcpp-httplib-dev prometheus libsqlite3-dev sqlite3 libarchive-dev etcd-server etcd-client
-  python3 python3-grpc-tools python3-grpcio python3-protobuf python3-pytest
+  python3 python3-grpc-tools python3-grpcio python3-protobuf python3-pytest python3-pip
   pybind11-dev python3-dev python3-torch python3-torchvision
   iproute2 procps
 )
