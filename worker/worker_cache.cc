@@ -6,7 +6,8 @@ bool SameMetadata(const TensorRequest& a, const TensorRequest& b) {
   return a.type == b.type && a.dtype == b.dtype && a.shape == b.shape &&
          a.root_rank == b.root_rank && a.reduce_op == b.reduce_op &&
          a.prescale_factor == b.prescale_factor && a.postscale_factor == b.postscale_factor &&
-         a.device == b.device && a.group_id == b.group_id && a.group_size == b.group_size;
+         a.device == b.device && a.group_id == b.group_id && a.group_size == b.group_size &&
+         a.process_set_id == b.process_set_id && a.process_set_ranks == b.process_set_ranks;
 }
 
 uint32_t WorkerCache::Find(const TensorRequest& request) const {

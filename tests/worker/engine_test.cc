@@ -266,6 +266,28 @@ TEST_F(EngineTest, CachedTensorsTravelByIdAndResponsesByIdFindThem) {
   EXPECT_THAT(Batches(4), ElementsAre("w|", "|#9", "|#9", "w|"));
 }
 
+TEST_F(EngineTest, AResendOfAnIdEvictedMeanwhileStillSendsTheRequest) {
+  Start(/*cycle=*/absl::Milliseconds(1));
+  Enqueue(1, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  EXPECT_THAT(Batches(1), ElementsAre("w|"));
+  Deliver(AssignAndAllreduce("w", 9, 4));
+  EXPECT_EQ(WaitFor(1).code(), 0);
+  clock_.Advance(absl::Milliseconds(1));
+  Enqueue(2, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  EXPECT_THAT(Batches(2), ElementsAre("w|", "|#9"));
+  // The coordinator dropped its cache (autotune turned it off) while #9 was on its way: the
+  // eviction and then the request for the full tensor arrive, in one list or in two.
+  v1::ResponseList evicted;
+  evicted.add_evicted_ids(9);
+  Deliver(evicted);
+  v1::ResponseList resend;
+  resend.add_resend_ids(9);
+  Deliver(resend);
+  EXPECT_THAT(Batches(3), ElementsAre("w|", "|#9", "w|"));
+  Respond(Allreduce({"w"}, {4}));
+  EXPECT_EQ(WaitFor(2).code(), 0);
+}
+
 TEST_F(EngineTest, ANewCacheGenerationSendsEveryUnansweredRequestAgainInFull) {
   Start(/*cycle=*/absl::Hours(1));  // on the fake clock: a batch goes when Advance ends a cycle
   Enqueue(1, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
