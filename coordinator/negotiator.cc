@@ -44,8 +44,11 @@ bool InSet(const TensorRequest& r, int rank) {
 
 // A tensor in negotiation: its name, within its process set (each set names its own tensors, as
 // in Horovod, so two sets may negotiate the same name at once).
-std::string PendingKey(const TensorRequest& r) {
-  return r.process_set_id == 0 ? r.name : absl::StrCat(r.name, "\x1f", r.process_set_id);
+// The name itself for the global set (no copy on the hot path); `storage` holds a set's key.
+const std::string& PendingKey(const TensorRequest& r, std::string& storage) {
+  if (r.process_set_id == 0) return r.name;
+  storage = absl::StrCat(r.name, "\x1f", r.process_set_id);
+  return storage;
 }
 
 }  // namespace
@@ -276,7 +279,8 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
                            " after it joined; a joined rank submits no collectives."));
     return;
   }
-  const std::string key = PendingKey(request);
+  std::string key_storage;
+  const std::string& key = PendingKey(request, key_storage);
   if (pending_.size() >= kMaxPending && !pending_.contains(key)) {
     RankError(rank, request.name,
               absl::StrCat("Tensor '", request.name.substr(0, 256),
@@ -555,7 +559,8 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
             [](const CacheAssignment& a, const CacheAssignment& b) { return a.id < b.id; });
 
   for (const auto& batch : batches) {
-    for (const Pending* p : batch) pending_.erase(PendingKey(p->request));
+    std::string key_storage;
+    for (const Pending* p : batch) pending_.erase(PendingKey(p->request, key_storage));
   }
   ready_bytes_ = 0;
   first_ready_time_ = absl::InfiniteFuture();

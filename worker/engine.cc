@@ -251,7 +251,6 @@ void Engine::SendBatch(const std::vector<TensorRequest>& requests) {
   for (const TensorRequest& r : requests) {
     if (uint32_t id = cache_.Find(r); id != 0) {
       b.cached_ids.push_back(id);
-      sent_by_id_[id] = r.name;
     } else {
       b.requests.push_back(r);
     }
@@ -323,17 +322,9 @@ void Engine::Process(RankCycle& cycle, absl::Time arrived) {
   if (!cycle.resend_ids.empty()) {
     RequestBatch b = NewBatch();
     for (uint32_t id : cycle.resend_ids) {
-      std::optional<TensorRequest> r = cache_.TakeForResend(id);
-      if (!r.has_value()) {
-        // Evicted here already (the eviction crossed our batch): the operation in flight still
-        // holds its request.
-        if (auto sent = sent_by_id_.find(id); sent != sent_by_id_.end()) {
-          absl::MutexLock lock(&mu_);
-          if (auto op = ops_.find(sent->second); op != ops_.end()) r = op->second->local.request;
-        }
+      if (std::optional<TensorRequest> r = cache_.TakeForResend(id)) {
+        b.requests.push_back(*std::move(r));
       }
-      sent_by_id_.erase(id);
-      if (r.has_value()) b.requests.push_back(*std::move(r));
     }
     options_.send_requests(b);
   }

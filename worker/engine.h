@@ -182,10 +182,7 @@ class Engine {
   bool executor_ready_ = false;   // engine thread only
   int64_t fusion_threshold_ = 0;  // engine thread only: as the last response list said
   WorkerCache cache_;             // engine thread only
-  // The name each cached id was last sent for (engine thread): a resend the coordinator asks for
-  // after the id was evicted here (its eviction and our use of it crossed) still finds the request.
-  absl::flat_hash_map<uint32_t, std::string> sent_by_id_;
-  uint64_t generation_ = 0;  // engine thread only: the cache's generation
+  uint64_t generation_ = 0;       // engine thread only: the cache's generation
 
   bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
 

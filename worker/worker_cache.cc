@@ -18,6 +18,7 @@ uint32_t WorkerCache::Find(const TensorRequest& request) const {
 
 void WorkerCache::Assign(const std::string& name, uint32_t id, const TensorRequest& request) {
   if (auto old = by_name_.find(name); old != by_name_.end()) by_id_.erase(old->second.first);
+  evicted_.erase(id);
   by_name_[name] = {id, request};
   by_id_[id] = name;
 }
@@ -25,7 +26,10 @@ void WorkerCache::Assign(const std::string& name, uint32_t id, const TensorReque
 void WorkerCache::Evict(uint32_t id) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return;
-  by_name_.erase(it->second);
+  if (auto entry = by_name_.find(it->second); entry != by_name_.end()) {
+    evicted_[id] = std::move(entry->second.second);
+    by_name_.erase(entry);
+  }
   by_id_.erase(it);
 }
 
@@ -36,7 +40,13 @@ const std::string* WorkerCache::NameOf(uint32_t id) const {
 
 std::optional<TensorRequest> WorkerCache::TakeForResend(uint32_t id) {
   auto it = by_id_.find(id);
-  if (it == by_id_.end()) return std::nullopt;
+  if (it == by_id_.end()) {
+    auto evicted = evicted_.find(id);
+    if (evicted == evicted_.end()) return std::nullopt;
+    std::optional<TensorRequest> request = std::move(evicted->second);
+    evicted_.erase(evicted);
+    return request;
+  }
   auto entry = by_name_.find(it->second);
   std::optional<TensorRequest> request;
   if (entry != by_name_.end()) {

@@ -23,12 +23,17 @@ class WorkerCache {
   void Evict(uint32_t id);
   // The name cached under `id`, or nullptr.
   const std::string* NameOf(uint32_t id) const;
-  // Drops `id` and returns its request, to be re-sent in full.
+  // Drops `id` and returns its request, to be re-sent in full. An id evicted since it was last
+  // sent still answers: the coordinator may drop its cache (autotune turning it off) while a
+  // request by that id is on its way, and then asks for the request after the eviction.
   std::optional<TensorRequest> TakeForResend(uint32_t id);
 
  private:
   absl::flat_hash_map<std::string, std::pair<uint32_t, TensorRequest>> by_name_;
   absl::flat_hash_map<uint32_t, std::string> by_id_;
+  // Evicted entries, until their id is assigned again or asked for (bounded by the id space, the
+  // coordinator's cache capacity).
+  absl::flat_hash_map<uint32_t, TensorRequest> evicted_;
 };
 
 }  // namespace ringmaster
