@@ -48,6 +48,12 @@ class CMakeBuild(build_ext):
         (out / "bin").mkdir(exist_ok=True)
         for name in BINARIES:
             shutil.copy2(build_dir / "bin" / name, out / "bin" / name)
+        # The worker's GPU data plane (built where CUDA and NCCL are), found by the worker in
+        # ../lib/ringmaster beside its bin/.
+        plugin = build_dir / "lib" / "ringmaster" / "libringmaster_cuda.so"
+        if plugin.exists():
+            (out / "lib" / "ringmaster").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(plugin, out / "lib" / "ringmaster" / plugin.name)
 
 
 setup(ext_modules=[Extension("ringmaster._ringmaster", sources=[])],

@@ -1,6 +1,8 @@
 // A GPU slot's staging: the daemon's device arena (opened once from its IPC handle), the events the
 // daemon records when collectives are done (opened once), and the events this process records when
-// tensors are ready (created here, shared once). Compiled only when CUDA is found.
+// tensors are ready (created here, shared once). Compiled only when CUDA is found; CUDA's runtime
+// is loaded when a GPU slot is first served (the client links no CUDA library, so programs built
+// with it run on machines without CUDA).
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
@@ -15,6 +17,50 @@
 
 namespace ringmaster {
 namespace {
+
+// The CUDA runtime calls this file makes, as function pointers that hide the runtime's own
+// declarations (being objects, they also keep argument-dependent lookup from finding those): set
+// once by LoadCudaRuntime(), before any staging exists.
+#define RINGMASTER_CUDART_CALLS(X)                                                           \
+  X(cudaDeviceGetByPCIBusId)                                                                 \
+  X(cudaDeviceSynchronize) X(cudaEventCreateWithFlags) X(cudaEventDestroy) X(cudaEventQuery) \
+      X(cudaEventRecord) X(cudaEventSynchronize) X(cudaGetDevice) X(cudaGetErrorString)      \
+          X(cudaGetLastError) X(cudaIpcCloseMemHandle) X(cudaIpcGetEventHandle)              \
+              X(cudaIpcOpenEventHandle) X(cudaIpcOpenMemHandle) X(cudaMemcpyAsync)           \
+                  X(cudaPointerGetAttributes) X(cudaSetDevice) X(cudaStreamSynchronize)      \
+                      X(cudaStreamWaitEvent)
+#define RINGMASTER_CUDART_POINTER(name) decltype(&::name) name = nullptr;
+RINGMASTER_CUDART_CALLS(RINGMASTER_CUDART_POINTER)
+#undef RINGMASTER_CUDART_POINTER
+
+// libcudart.so.<major> of the CUDA this was built with, by the loader's search path, else under
+// /usr/local/cuda/lib64. OK once every call is resolved.
+absl::Status LoadCudaRuntimeOnce() {
+  const std::string soname = absl::StrCat("libcudart.so.", CUDART_VERSION / 1000);
+  void* library = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const std::string first = dlerror();
+    library = dlopen(("/usr/local/cuda/lib64/" + soname).c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the worker serves a GPU, but CUDA's runtime cannot be loaded here (", first,
+          "): install CUDA ", CUDART_VERSION / 1000, "'s runtime where the loader finds it"));
+    }
+  }
+#define RINGMASTER_CUDART_RESOLVE(name)                                           \
+  name = reinterpret_cast<decltype(name)>(dlsym(library, #name));                 \
+  if (name == nullptr) {                                                          \
+    return absl::FailedPreconditionError(absl::StrCat(soname, " has no " #name)); \
+  }
+  RINGMASTER_CUDART_CALLS(RINGMASTER_CUDART_RESOLVE)
+#undef RINGMASTER_CUDART_RESOLVE
+  return absl::OkStatus();
+}
+
+absl::Status LoadCudaRuntime() {
+  static const absl::Status loaded = LoadCudaRuntimeOnce();
+  return loaded;
+}
 
 constexpr int kReadyEvents = 1024;
 
@@ -293,6 +339,7 @@ class CudaStaging final : public Staging {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Staging>> OpenDeviceStaging(const DeviceArena& arena) {
+  if (absl::Status s = LoadCudaRuntime(); !s.ok()) return s;
   int device = arena.device;
   if (!arena.pci_bus_id.empty()) {
     int ordinal = -1;

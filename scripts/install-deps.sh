@@ -3,22 +3,35 @@
 # lacks. Idempotent: a machine that has everything makes no apt call at all.
 #   install-deps.sh            build, tests, demo, the Python package (ringmaster.torch) and its examples
 #   install-deps.sh --bench    the same (accepted for compatibility: PyTorch is always installed now)
+#   install-deps.sh --build    only what building the binaries, the Python package and the .deb needs
+#                              (no tests, no PyTorch): the container image's build stage
 set -euo pipefail
 
+# Compiling and packaging (cmake -DRINGMASTER_BUILD_TESTS=OFF, cpack).
 packages=(
-  build-essential cmake ccache pkg-config git clang-format clang
+  build-essential cmake pkg-config file dpkg-dev
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
-  libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libssl-dev openssl
-  libgtest-dev libgmock-dev
-  libgloo-dev libcpp-httplib-dev prometheus libsqlite3-dev sqlite3 libarchive-dev etcd-server etcd-client
-  python3 python3-grpc-tools python3-grpcio python3-protobuf python3-pytest python3-pip
-  pybind11-dev python3-dev python3-torch python3-torchvision
-  iproute2 procps
+  libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libssl-dev
+  libgloo-dev libcpp-httplib-dev libsqlite3-dev libarchive-dev
+  python3 python3-grpc-tools pybind11-dev python3-dev
 )
 
-# kubectl renders the Kubernetes manifests in the tests: Debian's kubernetes-client unless a kubectl
-# is installed already (from Kubernetes' own packages, which would conflict with it).
-if ! command -v kubectl >/dev/null 2>&1; then packages+=(kubernetes-client); fi
+if [[ ${1:-} != --build ]]; then
+  # The tests, the demo and their real components: etcd, Prometheus, PyTorch, network namespaces,
+  # podman and debootstrap for the container image (its test skips, saying why, where podman cannot
+  # run containers).
+  packages+=(
+    ccache git clang-format clang openssl libgtest-dev libgmock-dev
+    prometheus sqlite3 etcd-server etcd-client
+    python3-grpcio python3-protobuf python3-pytest python3-pip python3-yaml
+    python3-torch python3-torchvision
+    iproute2 procps
+    podman runc catatonit netavark aardvark-dns iptables debootstrap uidmap
+  )
+  # kubectl renders the Kubernetes manifests in the tests: Debian's kubernetes-client unless a
+  # kubectl is installed already (from Kubernetes' own packages, which would conflict with it).
+  if ! command -v kubectl >/dev/null 2>&1; then packages+=(kubernetes-client); fi
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -24,8 +24,7 @@
 #include "worker/gpu_executor.h"
 #include "worker/rendezvous_client.h"
 #ifdef RINGMASTER_HAVE_NCCL
-#include "worker/gpu/gpu_job.h"
-#include "worker/gpu/nccl_backend.h"
+#include "worker/gpu/plugin.h"
 #endif
 
 extern char** environ;
@@ -95,8 +94,15 @@ absl::Status Daemon::Start() {
           absl::StrCat("--device '", options_.device, "' is not cpu or cuda:N"));
     }
 #ifdef RINGMASTER_HAVE_NCCL
-    // An absent or busy GPU is refused here, at start, with CUDA's reason.
-    if (absl::Status s = CheckCudaDevice(ordinal); !s.ok()) {
+    // An absent or busy GPU (or a machine without CUDA's libraries) is refused here, at start,
+    // with the reason.
+    absl::StatusOr<const GpuPlugin*> plugin = LoadGpuPlugin();
+    if (!plugin.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--device ", options_.device, ": ", plugin.status().message()));
+    }
+    gpu_plugin_ = *plugin;
+    if (absl::Status s = gpu_plugin_->check_device(ordinal); !s.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("--device ", options_.device, ": ", s.message()));
     }
@@ -737,7 +743,8 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
                    /*failed=*/true);
   };
   std::shared_ptr<RendezvousJournal> journal = job.rendezvous;
-  g.make_backend = [channel, assignment, where, timeout, device, on_fail,
+  const GpuPlugin* plugin = gpu_plugin_;
+  g.make_backend = [plugin, channel, assignment, where, timeout, device, on_fail,
                     journal](std::shared_ptr<std::atomic<bool>> cancelled) {
     NcclBackendOptions n;
     n.rank = assignment.rank();
@@ -750,15 +757,15 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
     n.timeout = timeout;
     n.cancelled = std::move(cancelled);
     n.on_fail = on_fail;
-    return CreateNcclBackend(std::move(n));
+    return plugin->create_backend(std::move(n));
   };
-  absl::StatusOr<std::unique_ptr<GpuJob>> gpu = GpuJob::Create(std::move(g));
+  absl::StatusOr<GpuJobParts> gpu = plugin->create_job(std::move(g));
   if (!gpu.ok()) return gpu.status();
-  job.device_pci_bus_id = (*gpu)->pci_bus_id();
-  job.device_arena_handle = (*gpu)->arena_handle();
-  job.done_event_handles = (*gpu)->done_event_handles();
-  e.executor = std::make_unique<GpuExecutor>(gpu->get(), job.outputs.get(), g.rank, g.size);
-  job.gpu = *std::move(gpu);
+  job.device_pci_bus_id = std::move(gpu->pci_bus_id);
+  job.device_arena_handle = std::move(gpu->arena_handle);
+  job.done_event_handles = std::move(gpu->done_event_handles);
+  e.executor = std::make_unique<GpuExecutor>(gpu->job.get(), job.outputs.get(), g.rank, g.size);
+  job.gpu = std::move(gpu->job);
   return absl::OkStatus();
 #else
   return absl::FailedPreconditionError("this build has no CUDA/NCCL");

@@ -35,6 +35,8 @@
 
 namespace ringmaster {
 
+struct GpuPlugin;  // worker/gpu/plugin.h
+
 struct DaemonOptions {
   std::string coordinator;  // host:port
   std::string device = "cpu";
@@ -160,7 +162,8 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   absl::StatusOr<LocalAddress> DataAddress();
 
   const DaemonOptions options_;
-  int cuda_device_ = -1;  // the GPU served (--device cuda:N), -1 for a CPU slot
+  int cuda_device_ = -1;                   // the GPU served (--device cuda:N), -1 for a CPU slot
+  const GpuPlugin* gpu_plugin_ = nullptr;  // loaded at start for a GPU slot; lives as the process
   MetricsRegistry metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;
   // The coordinator's address, or its replicas' (following the leader).

@@ -51,6 +51,25 @@ def test_the_package_holds_the_binaries_units_and_docs_and_names_its_dependencie
         assert library in depends, depends
 
 
+def test_only_the_gpu_module_needs_cuda_or_nccl(deb, tmp_path):
+    """The package runs on hosts without CUDA: no binary, library or extension in it needs CUDA's
+    runtime or NCCL, except the worker's GPU module, loaded for --device cuda:N only."""
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    elves = [p for p in root.rglob("*") if p.is_file() and p.read_bytes()[:4] == b"\x7fELF"]
+    assert len(elves) >= 5, elves
+    needs_cuda = set()
+    for path in elves:
+        dynamic = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True,
+                                 check=True).stdout
+        if re.search(r"NEEDED.*\[(libnccl|libcudart|libcuda)\.so", dynamic):
+            needs_cuda.add("/" + str(path.relative_to(root)))
+    module = "/usr/lib/ringmaster/libringmaster_cuda.so"
+    assert needs_cuda <= {module}, sorted(needs_cuda)
+    if (BUILD / "lib/ringmaster/libringmaster_cuda.so").exists():
+        assert needs_cuda == {module}, sorted(needs_cuda)
+
+
 def test_ringmaster_local_runs_from_the_unpacked_package(deb, tmp_path):
     root = tmp_path / "root"
     subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
