@@ -117,7 +117,8 @@ if [[ -n $deb ]]; then
   podman build --network host --build-arg PACKAGES=prebuilt "${tags[@]}" \
     -f "$root/deploy/container/Containerfile" "$context"
 else
-  podman build --network host "${tags[@]}" -f "$root/deploy/container/Containerfile" "$root"
+  podman build --network host --build-arg PACKAGES=build "${tags[@]}" \
+    -f "$root/deploy/container/Containerfile" "$root"
 fi
 if [[ -n $save ]]; then
   podman save --format oci-archive -o "$save" "${tag:-localhost/ringmaster:$version}"

@@ -46,6 +46,11 @@ done
 cp "$root/bench/profiles/resnet50.json" "$out/profiles/"
 cp "$root/tests/worker/gpu/gpu_whole_path.sh" "$out/tests/"
 needs="$(for t in $targets; do echo "$root/build/bin/$t"; done)"
+# The worker's GPU data plane, where the worker looks for it (<bin>/../lib/ringmaster).
+mkdir -p "$out/lib/ringmaster"
+cp "$root/build/lib/ringmaster/libringmaster_cuda.so" "$out/lib/ringmaster/"
+strip --strip-debug "$out/lib/ringmaster/libringmaster_cuda.so"
+needs="$needs $root/build/lib/ringmaster/libringmaster_cuda.so"
 if [[ -n $module ]]; then
   # Next to bin/: `ringmaster local` puts <bin>/../python on the ranks' PYTHONPATH.
   mkdir -p "$out/python"

@@ -58,6 +58,8 @@ def unavailable_reason():
 
 
 ENV = None
+DEB = None  # the .deb the image was built from
+BASE = "localhost/ringmaster-base:bookworm"  # scripts/build-image.sh's debootstrapped Debian 12
 
 
 def remove_test_objects(run=None):
@@ -102,6 +104,8 @@ def image(tmp_path_factory):
                        capture_output=True, text=True, timeout=300, cwd=BUILD)
     assert r.returncode == 0, r.stdout + r.stderr
     (deb,) = out.glob("ringmaster_*_amd64.deb")
+    global DEB
+    DEB = deb
     r = subprocess.run(["bash", str(REPO / "scripts" / "build-image.sh"), "--deb", str(deb),
                         "--tag", IMAGE], capture_output=True, text=True, timeout=900,
                        env=dict(os.environ, RINGMASTER_PODMAN_DIR=str(STORE)))
@@ -153,6 +157,52 @@ def test_a_gpu_slot_in_the_cpu_image_is_refused_saying_what_is_missing(image):
             r.stderr
     else:
         assert "--device cuda:0: this build has no CUDA/NCCL" in r.stderr, r.stderr
+
+
+def test_the_cloud_init_installer_installs_the_package_on_a_fresh_debian(image, tmp_path):
+    """deploy/cloud-init/gpu-worker.yaml's installer, as written, on the bare Debian 12 base (with
+    curl, which cloud images have): the package and its dependencies installed from apt, its user
+    made, a worker unit enabled per GPU. systemd and the GPUs are stand-ins that record what they
+    are asked (two GPUs); the installed package then runs a local job."""
+    import yaml
+    config = yaml.safe_load((REPO / "deploy/cloud-init/gpu-worker.yaml").read_text())
+    files = {f["path"]: f["content"] for f in config["write_files"]}
+    (tmp_path / "ringmaster-install").write_text(files["/usr/local/sbin/ringmaster-install"])
+    (tmp_path / "worker.env").write_text(files["/etc/ringmaster/worker.env"])
+    (tmp_path / "package-url").write_text(f"file://{DEB}\n")
+    script = r"""
+set -e
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq && apt-get install -y -qq --no-install-recommends curl >/dev/null
+mkdir -p /etc/ringmaster
+cp /in/worker.env /in/package-url /etc/ringmaster/
+printf '#!/bin/sh
+echo "$*" >> /tmp/systemctl.calls
+' > /usr/local/bin/systemctl
+printf '#!/bin/sh
+echo "GPU 0: NVIDIA H200 (UUID: GPU-0)"
+echo "GPU 1: NVIDIA H200 (UUID: GPU-1)"
+'   > /usr/local/bin/nvidia-smi
+chmod +x /usr/local/bin/systemctl /usr/local/bin/nvidia-smi
+bash /in/ringmaster-install >/dev/null
+echo "== calls"; cat /tmp/systemctl.calls
+echo "== env"; cat /etc/ringmaster/worker-cuda1.env
+echo "== user"; getent passwd ringmaster | cut -d: -f1,6,7
+echo "== unit"; grep ^ExecStart= /usr/lib/systemd/system/ringmaster-worker@.service
+echo "== local"
+ringmaster local --np 2 -- /usr/libexec/ringmaster/collectives_check
+"""
+    r = podman("run", "--rm", *labelled(), "--network", "host", "-v", f"{tmp_path}:/in:ro",
+               "-v", f"{DEB}:{DEB}:ro", BASE, "bash", "-c", script, timeout=600)
+    out = r.stdout
+    assert ("== calls\ndaemon-reload\nenable --now ringmaster-worker@cuda0\n"
+            "enable --now ringmaster-worker@cuda1\n") in out, out + r.stderr
+    assert "== env\nRINGMASTER_WORKER_INSTANCE_FLAGS=--metrics-listen 0.0.0.0:9402\n" in out, out
+    assert "== user\nringmaster:/var/lib/ringmaster:/usr/sbin/nologin\n" in out, out
+    assert "== unit\nExecStart=/usr/bin/ringmaster-worker --device %i " in out, out
+    for rank in range(2):
+        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
+                         out, re.M), out
 
 
 class ContainerCluster:

@@ -3,7 +3,7 @@
 runs its exact command, args and env from the rendered YAML in a namespace host standing for its
 node (tests/multihost/netns.py): `$(VAR)` expanded from its env as the kubelet does (values,
 ConfigMap keys, the downward API's node name and pod IP); the Service's DNS name resolved to the
-coordinator pod's address (the host's /etc/hosts); the image's /usr/local/bin and its volumes'
+coordinator pod's address (the host's /etc/hosts); the image's /usr/bin/ringmaster* and its volumes'
 mount paths pointed at the build and at directories of the test's own. The probes are asked at the
 paths and ports the YAML names, and the example Job runs through the daemons.
 """
@@ -23,7 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("RINGMASTER_BIN_DIR", REPO / "build" / "bin")).resolve()
 K8S = REPO / "deploy" / "kubernetes"
 KUBECTL = shutil.which("kubectl")
-IMAGE_PATHS = {"/usr/local/bin/": f"{BIN}/", "/usr/local/libexec/ringmaster/": f"{BIN}/"}
+# Where the image (the .deb) installs Ringmaster, and where this build has it.
+IMAGE_PATHS = {**{f"/usr/bin/{b}": f"{BIN}/{b}"
+                  for b in ("ringmaster", "ringmaster-coordinator", "ringmaster-worker")},
+               "/usr/libexec/ringmaster/": f"{BIN}/"}
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed "
                                 "(scripts/install-deps.sh installs Debian's kubernetes-client)")

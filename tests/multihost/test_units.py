@@ -224,7 +224,10 @@ def test_the_cloud_init_example_is_valid_and_starts_the_shipped_units():
     installer = files["/usr/local/sbin/ringmaster-install"]["content"]
     assert 'systemctl enable --now "ringmaster-worker@cuda$i"' in installer
     assert "RINGMASTER_WORKER_INSTANCE_FLAGS=" in installer
-    assert "cmake --install build" in installer
+    # It installs the package (tests/image runs it on a fresh Debian root).
+    assert 'apt-get install -y -qq --no-install-recommends "$deb"' in installer
+    assert set(files) == {"/etc/ringmaster/worker.env", "/etc/ringmaster/package-url",
+                          "/usr/local/sbin/ringmaster-install"}
     r = subprocess.run(["bash", "-n"], input=installer, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert config["runcmd"] == [["/usr/local/sbin/ringmaster-install"]]

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/sim_worker.h"
@@ -470,6 +471,57 @@ TEST_F(SecurityTest, RendezvousIsOpenOnlyToTheJobsWorkers) {
   ASSERT_TRUE(rdv->Set(with_token().get(), set, &set_response).ok());
   ASSERT_TRUE(rdv->Get(with_token().get(), get, &got).ok());
   EXPECT_EQ(got.value(), "real");
+
+  // The job's code and its ranks' outputs go through the rendezvous too. Without the token the
+  // code is denied; with it, a job that carries no code has none to fetch.
+  v1::GetJobSourceRequest source;
+  source.set_job_id(job.id());
+  source.set_epoch(a->epoch());
+  for (const bool token : {false, true}) {
+    std::unique_ptr<grpc::ClientContext> c = token ? with_token() : Ctx();
+    auto reader = rdv->GetJobSource(c.get(), source);
+    v1::GetJobSourceResponse chunk;
+    EXPECT_FALSE(reader->Read(&chunk));
+    const grpc::Status s = reader->Finish();
+    if (token) {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+      EXPECT_EQ(s.error_message(), absl::StrCat("job ", job.id(), " has no source archive"));
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+      EXPECT_EQ(s.error_message(), denied);
+    }
+  }
+  // A rank's output sent without the token (by the job's owner) is refused and stores nothing.
+  {
+    auto owner_rdv = v1::RendezvousService::NewStub(Channel(Certs::Pair("user")));
+    std::unique_ptr<grpc::ClientContext> c = Ctx();
+    v1::PutRankOutputResponse put;
+    auto writer = owner_rdv->PutRankOutput(c.get(), &put);
+    v1::PutRankOutputRequest header;
+    header.mutable_header()->set_job_id(job.id());
+    header.mutable_header()->set_epoch(a->epoch());
+    header.mutable_header()->set_rank(0);
+    v1::PutRankOutputRequest file;
+    file.mutable_chunk()->set_path("model.pt");
+    file.mutable_chunk()->set_first(true);
+    file.mutable_chunk()->set_data("forged");
+    writer->Write(header);
+    writer->Write(file);
+    writer->WritesDone();
+    const grpc::Status s = writer->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(s.error_message(),
+              absl::StrCat("the output of job ", job.id(), " epoch ", a->epoch(),
+                           " is accepted only from its ranks' workers: the call did not carry "
+                           "the epoch's rendezvous token"));
+    v1::ListArtifactsRequest list;
+    list.set_job_id(job.id());
+    v1::ListArtifactsResponse artifacts;
+    ASSERT_TRUE(user->ListArtifacts(Ctx().get(), list, &artifacts).ok());
+    for (const v1::Artifact& artifact : artifacts.artifacts()) {
+      EXPECT_FALSE(absl::StartsWith(artifact.name(), "rank-")) << artifact.name();
+    }
+  }
 }
 
 TEST_F(SecurityTest, BearerTokensAuthenticateUsersAndTheFileIsReloaded) {
