@@ -94,6 +94,12 @@ options:
                                   (repeatable, in order)
   --channel NAME=PATH             an input channel: PATH in RINGMASTER_CHANNEL_<NAME> and
                                   SM_CHANNEL_<NAME> (NAME upper-cased; repeatable)
+  --attached                      no command: the ranks are training processes started elsewhere
+                                  (e.g. a Kubernetes Indexed Job's pods) that attach to their
+                                  host's worker with RINGMASTER_ATTACH_JOB=NAME and
+                                  RINGMASTER_ATTACH_RANK (or JOB_COMPLETION_INDEX); each rank is
+                                  placed on the worker its process attached to, and the job starts
+                                  when all N are claimed. --name is what they attach by
 
 Every rank also gets RINGMASTER_OUTPUT_DIR (and SM_OUTPUT_DATA_DIR, SM_MODEL_DIR): what it writes
 there comes back as the job's artifacts rank-<rank>/<path> (`ringmaster artifacts JOB`).
@@ -337,11 +343,14 @@ int Submit(const Global& g, v1::JobService::Stub& stub, Args& args) {
   std::string source_dir;
   std::vector<std::pair<std::string, std::string>> hyperparameters;
   std::vector<std::pair<std::string, std::string>> channels;
+  bool attached = false;
   v1::JobSpec spec = ParseJobSpec(
       "submit", args,
       [&](const std::string& flag, Args& a) {
         if (flag == "--no-inherit-env") {
           inherit = false;
+        } else if (flag == "--attached") {
+          attached = true;
         } else if (flag == "--source-dir") {
           source_dir = a.Value(flag);
         } else if (flag == "--hyperparameter") {
@@ -377,6 +386,15 @@ int Submit(const Global& g, v1::JobService::Stub& stub, Args& args) {
   if (!channels.empty()) {
     (*spec.mutable_env())["SM_CHANNELS"] =
         absl::StrCat("[", absl::StrJoin(channel_names, ","), "]");
+  }
+  if (attached) {
+    if (!spec.command().empty() || !source_dir.empty()) {
+      Usage(
+          "submit --attached takes no command and no --source-dir: its ranks are the training "
+          "processes that attach to their hosts' workers naming the job (RINGMASTER_ATTACH_JOB)");
+    }
+    spec.set_attached(true);
+    inherit = false;  // its processes are not started by the workers
   }
   if (!source_dir.empty() && spec.command().empty()) {
     Usage("submit --source-dir needs the entry point to run: -- python3 train.py");

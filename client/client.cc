@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client_internal.h"
@@ -538,10 +539,34 @@ class ClientImpl : public Client {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Client>> Handshake(int fd, bool* retry) {
+absl::StatusOr<AttachClaim> AttachClaimFromEnvironment() {
+  AttachClaim claim;
+  const char* job = std::getenv("RINGMASTER_ATTACH_JOB");
+  if (job == nullptr || *job == '\0') return claim;
+  claim.job_name = job;
+  for (const char* name : {"RINGMASTER_ATTACH_RANK", "JOB_COMPLETION_INDEX"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    if (!absl::SimpleAtoi(value, &claim.rank) || claim.rank < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, "='", value, "' is not a rank (a number from 0)"));
+    }
+    return claim;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "RINGMASTER_ATTACH_JOB='", job,
+      "' names an attached job but neither RINGMASTER_ATTACH_RANK nor JOB_COMPLETION_INDEX says "
+      "which rank this process is"));
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Handshake(int fd, bool* retry, const AttachClaim& attach) {
   *retry = false;
   v1::LocalRequest hello;
   hello.mutable_hello()->set_pid(getpid());
+  if (!attach.job_name.empty()) {
+    hello.mutable_hello()->set_attach_job(attach.job_name);
+    hello.mutable_hello()->set_attach_rank(attach.rank);
+  }
   v1::LocalReply reply;
   absl::Status status = WriteFrame(fd, hello);
   if (status.ok()) status = ReadFrame(fd, &reply);
@@ -611,13 +636,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path,
     }
     socket_path = env;
   }
+  absl::StatusOr<AttachClaim> attach = AttachClaimFromEnvironment();
+  if (!attach.ok()) return attach.status();
   const absl::Time deadline = absl::Now() + timeout;
   absl::Status last;
   while (true) {
     absl::StatusOr<int> fd = Dial(socket_path);
     if (fd.ok()) {
       bool retry = false;
-      absl::StatusOr<std::unique_ptr<Client>> client = Handshake(*fd, &retry);
+      absl::StatusOr<std::unique_ptr<Client>> client = Handshake(*fd, &retry, *attach);
       if (client.ok() || !retry) return client;
       last = client.status();
     } else {

@@ -21,14 +21,28 @@ namespace {
 // The CUDA runtime calls this file makes, as function pointers that hide the runtime's own
 // declarations (being objects, they also keep argument-dependent lookup from finding those): set
 // once by LoadCudaRuntime(), before any staging exists.
-#define RINGMASTER_CUDART_CALLS(X)                                                       \
-  X(cudaDeviceGetByPCIBusId)                                                             \
-  X(cudaDeviceSynchronize)                                                               \
-  X(cudaEventCreateWithFlags) X(cudaEventDestroy) X(cudaEventQuery) X(cudaEventRecord)   \
-      X(cudaEventSynchronize) X(cudaGetDevice) X(cudaGetErrorString) X(cudaGetLastError) \
-          X(cudaIpcCloseMemHandle) X(cudaIpcGetEventHandle) X(cudaIpcOpenEventHandle)    \
-              X(cudaIpcOpenMemHandle) X(cudaMemcpyAsync) X(cudaPointerGetAttributes)     \
-                  X(cudaSetDevice) X(cudaStreamSynchronize) X(cudaStreamWaitEvent)
+// clang-format off
+#define RINGMASTER_CUDART_CALLS(X) \
+  X(cudaDeviceGetByPCIBusId) \
+  X(cudaDeviceSynchronize) \
+  X(cudaEventCreateWithFlags) \
+  X(cudaEventDestroy) \
+  X(cudaEventQuery) \
+  X(cudaEventRecord) \
+  X(cudaEventSynchronize) \
+  X(cudaGetDevice) \
+  X(cudaGetErrorString) \
+  X(cudaGetLastError) \
+  X(cudaIpcCloseMemHandle) \
+  X(cudaIpcGetEventHandle) \
+  X(cudaIpcOpenEventHandle) \
+  X(cudaIpcOpenMemHandle) \
+  X(cudaMemcpyAsync) \
+  X(cudaPointerGetAttributes) \
+  X(cudaSetDevice) \
+  X(cudaStreamSynchronize) \
+  X(cudaStreamWaitEvent)
+// clang-format on
 #define RINGMASTER_CUDART_POINTER(name) decltype(&::name) name = nullptr;
 RINGMASTER_CUDART_CALLS(RINGMASTER_CUDART_POINTER)
 #undef RINGMASTER_CUDART_POINTER

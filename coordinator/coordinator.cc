@@ -121,9 +121,29 @@ std::optional<Job> Coordinator::PlaceOne() {
   for (const Job& job : pending) pending_ids.insert(job.id);
   absl::erase_if(waiting_,
                  [&pending_ids](const auto& entry) { return !pending_ids.contains(entry.first); });
+  absl::erase_if(claims_,
+                 [&pending_ids](const auto& entry) { return !pending_ids.contains(entry.first); });
+  // Workers that attached processes claimed for an attached job are kept for it.
+  absl::flat_hash_set<std::string> claimed;
+  for (const auto& [job_id, ranks] : claims_) {
+    for (const auto& [rank, worker_id] : ranks) claimed.insert(worker_id);
+  }
+  std::vector<Worker> available = workers_.Available();
+  if (!claimed.empty()) {
+    std::erase_if(available, [&claimed](const Worker& w) { return claimed.contains(w.id); });
+  }
   for (const Job& job : pending) {
+    if (job.spec.attached) {
+      Waiting& w = waiting_[job.id];
+      if (w.events == 0) {
+        ++w.events;
+        w.reason = "waiting for its ranks to be claimed by attached training processes";
+        jobs_.AddEvent(job.id, w.reason).IgnoreError();
+      }
+      continue;  // placed by ClaimRank
+    }
     absl::StatusOr<std::vector<RankInfo>> ranks =
-        GangSchedule(workers_.Available(), job.spec.np, job.spec.processes_per_host);
+        GangSchedule(available, job.spec.np, job.spec.processes_per_host);
     if (!ranks.ok()) {
       // Watchers see why it waits, each time that changes.
       std::string why = WaitingReason(workers_.List(), job.spec.np, job.spec.processes_per_host,
@@ -170,6 +190,93 @@ std::optional<Job> Coordinator::PlaceOne() {
     return *started;
   }
   return std::nullopt;
+}
+
+absl::Status Coordinator::ClaimRank(const std::string& worker_id, const std::string& job_name,
+                                    int32_t rank) {
+  std::optional<Job> started;
+  {
+    absl::MutexLock schedule_lock(&schedule_mu_);
+    std::optional<Job> job;
+    for (Job& pending : jobs_.List({JobState::kPending})) {
+      if (pending.spec.attached && pending.spec.name == job_name) {
+        job = std::move(pending);
+        break;
+      }
+    }
+    if (!job.has_value()) {
+      return absl::NotFoundError(
+          absl::StrCat("no attached job named '", job_name.substr(0, 128),
+                       "' is pending (submit one: ringmaster submit --attached --name ",
+                       job_name.substr(0, 128), " --np N)"));
+    }
+    if (rank < 0 || rank >= job->spec.np) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not a rank of job ",
+                                                     job->id, " ('", job_name, "', np ",
+                                                     job->spec.np, ")"));
+    }
+    std::vector<Worker> available = workers_.Available();
+    absl::flat_hash_map<std::string, const Worker*> by_id;
+    for (const Worker& w : available) by_id[w.id] = &w;
+    if (!by_id.contains(worker_id)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", worker_id, " is not idle: it cannot take rank ", rank, " of job ", job->id));
+    }
+    std::map<int32_t, std::string>& claims = claims_[job->id];
+    // Claims of workers that have gone (lost, or taken by another job) lapse.
+    std::erase_if(claims, [&by_id](const auto& c) { return !by_id.contains(c.second); });
+    for (const auto& [held, holder] : claims) {
+      if (holder == worker_id && held != rank) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("worker ", worker_id, " already holds rank ", held, " of job ", job->id,
+                         ": one rank per worker (is one training process per slot attached?)"));
+      }
+      if (held == rank && holder != worker_id) {
+        const Worker& other = *by_id[holder];
+        return absl::AlreadyExistsError(absl::StrCat("rank ", rank, " of job ", job->id,
+                                                     " is claimed by worker ", holder, " on ",
+                                                     other.host, " already"));
+      }
+    }
+    if (claims.emplace(rank, worker_id).second) {
+      spdlog::info("job {}: rank {} claimed on {} ({}), {} of {}", job->id, rank,
+                   by_id[worker_id]->host, worker_id, claims.size(), job->spec.np);
+    }
+    if (static_cast<int32_t>(claims.size()) < job->spec.np) return absl::OkStatus();
+
+    std::vector<Worker> by_rank;
+    std::vector<std::string> ids;
+    std::vector<int32_t> numbers;
+    for (const auto& [r, id] : claims) {
+      by_rank.push_back(*by_id[id]);
+      ids.push_back(id);
+      numbers.push_back(r);
+    }
+    absl::StatusOr<std::vector<RankInfo>> ranks = PlaceClaimed(by_rank);
+    if (!ranks.ok()) return ranks.status();
+    if (absl::Status s = workers_.Assign(ids, job->id, numbers); !s.ok()) return s;
+    std::vector<std::string> hosts;
+    for (const RankInfo& r : *ranks) {
+      if (std::find(hosts.begin(), hosts.end(), r.host) == hosts.end()) hosts.push_back(r.host);
+    }
+    absl::StatusOr<Job> placed = jobs_.Start(
+        job->id, *ranks,
+        absl::StrCat("placed ", ranks->size(), " ranks where their processes attached, on ",
+                     hosts.size(), " hosts: ", absl::StrJoin(hosts, ", ")));
+    claims_.erase(job->id);
+    waiting_.erase(job->id);
+    if (!placed.ok()) {  // cancelled meanwhile
+      for (const std::string& id : ids) workers_.Release(id);
+      return placed.status();
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      starting_since_[placed->id] = clock_->Now();
+    }
+    started = *std::move(placed);
+  }
+  slow_.Post([this, job = *std::move(started)] { StartPlaced(job); });
+  return absl::OkStatus();
 }
 
 void Coordinator::Schedule() {

@@ -198,6 +198,12 @@ class Coordinator {
   // epoch.
   absl::Status SubmitRequests(const std::string& worker_id, RequestBatch batch);
   absl::Status UpdateRank(const std::string& worker_id, const RankUpdate& update);
+  // A training process attached to idle worker `worker_id` claims rank `rank` of the pending
+  // attached job named `job_name` (JobSpec::attached). Claiming the same rank again is a no-op;
+  // the job is placed, ranks on the claiming workers, when all its ranks are claimed. NOT_FOUND:
+  // no such job is pending; INVALID_ARGUMENT: no such rank; ALREADY_EXISTS: another worker holds
+  // it; FAILED_PRECONDITION: the worker is busy or holds another rank.
+  absl::Status ClaimRank(const std::string& worker_id, const std::string& job_name, int32_t rank);
   // Stores output of a rank's training process. Validated like SubmitRequests (FAILED_PRECONDITION,
   // ABORTED); INVALID_ARGUMENT for more than kMaxOutputMessageBytes. After the job ended, output
   // from the worker that served the rank is accepted for CoordinatorOptions::log_linger, then
@@ -391,6 +397,10 @@ class Coordinator {
   };
   static constexpr int kMaxWaitingEvents = 16;
   absl::flat_hash_map<std::string, Waiting> waiting_ ABSL_GUARDED_BY(schedule_mu_);
+  // Pending attached jobs' claims: job id -> rank -> worker id (at most np per job). Claimed
+  // workers are left out of other jobs' placement.
+  absl::flat_hash_map<std::string, std::map<int32_t, std::string>> claims_
+      ABSL_GUARDED_BY(schedule_mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<JobRuntime>> runtimes_ ABSL_GUARDED_BY(mu_);
   // A rank's non-zero exit waiting for failure_settle before it fails its job, by job (running jobs

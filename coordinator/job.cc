@@ -109,6 +109,18 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
           "unpacked code");
     }
   }
+  if (spec.attached) {
+    if (!spec.command.empty()) {
+      return absl::InvalidArgumentError(
+          "spec.command must be empty for an attached job (spec.attached): its ranks are the "
+          "training processes that attach and claim them, not processes the workers start");
+    }
+    if (!spec.source.sha256.empty()) {
+      return absl::InvalidArgumentError(
+          "spec.source must be empty for an attached job (spec.attached): its processes bring "
+          "their own code");
+    }
+  }
   // Each field has its bound; together they are bounded too, so that the jobs the coordinator
   // holds (--max-active-jobs of them) have a bounded size.
   size_t bytes = spec.name.size() + spec.working_dir.size();

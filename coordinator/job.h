@@ -39,6 +39,8 @@ struct JobSpec {
   Knobs knobs;
   std::map<std::string, std::string> labels;
   SourceArchive source;
+  // Ranks placed where attached training processes claim them (JobSpec.attached in job.proto).
+  bool attached = false;
 };
 
 struct RankInfo {

@@ -54,6 +54,23 @@ std::string WaitingReason(const std::vector<Worker>& workers, int np, int proces
   return reason;
 }
 
+namespace {
+
+// Rank `rank` on worker `w` (its placement; the local and cross ranks are the caller's).
+RankInfo RankOn(const Worker& w, int32_t rank) {
+  RankInfo r;
+  r.rank = rank;
+  r.worker_id = w.id;
+  r.host = w.host;
+  r.device = w.device;
+  r.address = w.address;
+  r.worker_identity = w.identity;
+  r.worker_secret_sha256 = w.secret_sha256;
+  return r;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& available, int np,
                                                    int processes_per_host) {
   std::map<std::string, std::vector<const Worker*>> by_host;
@@ -93,15 +110,7 @@ absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& av
   ranks.reserve(np);
   for (const auto& [host, n] : take) {
     for (int local = 0; local < n; ++local) {
-      const Worker& w = *by_host[host][local];
-      RankInfo r;
-      r.rank = static_cast<int32_t>(ranks.size());
-      r.worker_id = w.id;
-      r.host = w.host;
-      r.device = w.device;
-      r.address = w.address;
-      r.worker_identity = w.identity;
-      r.worker_secret_sha256 = w.secret_sha256;
+      RankInfo r = RankOn(*by_host[host][local], static_cast<int32_t>(ranks.size()));
       r.local_rank = local;
       r.local_size = n;
       ranks.push_back(std::move(r));
@@ -112,6 +121,37 @@ absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& av
     int index = 0, count = 0;
     for (const auto& [host, n] : take) {
       if (n <= r.local_rank) continue;
+      if (host == r.host) index = count;
+      ++count;
+    }
+    r.cross_rank = index;
+    r.cross_size = count;
+  }
+  return ranks;
+}
+
+absl::StatusOr<std::vector<RankInfo>> PlaceClaimed(const std::vector<Worker>& claimed) {
+  std::vector<RankInfo> ranks(claimed.size());
+  std::map<std::string, int> holder;      // worker id -> its rank
+  std::vector<std::string> hosts;         // by lowest rank
+  std::map<std::string, int> local_size;  // host -> ranks on it
+  for (size_t i = 0; i < claimed.size(); ++i) {
+    const Worker& w = claimed[i];
+    const int rank = static_cast<int>(i);
+    if (auto [it, inserted] = holder.emplace(w.id, rank); !inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker ", w.id, " on ", w.host, " claimed both rank ", it->second, " and rank ", rank));
+    }
+    RankInfo& r = ranks[i];
+    r = RankOn(w, rank);
+    r.local_rank = local_size[w.host]++;
+    if (r.local_rank == 0) hosts.push_back(w.host);
+  }
+  for (RankInfo& r : ranks) {
+    r.local_size = local_size[r.host];
+    int index = 0, count = 0;
+    for (const std::string& host : hosts) {
+      if (local_size[host] <= r.local_rank) continue;
       if (host == r.host) index = count;
       ++count;
     }

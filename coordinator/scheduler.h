@@ -19,6 +19,12 @@ namespace ringmaster {
 absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& available, int np,
                                                    int processes_per_host);
 
+// An attached job's placement (JobSpec::attached): rank r on `claimed[r]`, the worker whose
+// training process claimed it. local_rank counts the host's ranks in rank order; hosts are ordered
+// by their lowest rank; cross_rank and cross_size as GangSchedule's. INVALID_ARGUMENT when a worker
+// holds two ranks.
+absl::StatusOr<std::vector<RankInfo>> PlaceClaimed(const std::vector<Worker>& claimed);
+
 // Why a job of `np` ranks (at most `processes_per_host` per host, 0: no limit, on `backend`) cannot
 // be placed on `workers` (every registered worker, any state), e.g. "needs 16 idle cpu slots; 0
 // registered, 0 idle". Empty when GangSchedule would place it.

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -258,6 +259,20 @@ void Daemon::OnMessage(const v1::CoordinatorMessage& m) {
               absl::AbortedError(absl::StrCat("job ", m.stop_job().job_id(),
                                               " stopped: ", m.stop_job().reason())));
       break;
+    case v1::CoordinatorMessage::kClaimRefused: {
+      const v1::ClaimRefused& r = m.claim_refused();
+      absl::MutexLock lock(&claim_mu_);
+      if (claim_.job_name == r.job_name() && claim_.rank == r.rank()) {
+        claim_.refusal = absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
+        if (claim_.refusal.ok()) claim_.refusal = absl::UnknownError(r.message());
+        // NOT_FOUND (the job is not submitted yet) is expected while processes wait for it.
+        spdlog::log(claim_.refusal.code() == absl::StatusCode::kNotFound ? spdlog::level::debug
+                                                                         : spdlog::level::warn,
+                    "claim of rank {} of attached job '{}' refused: {}", r.rank(), r.job_name(),
+                    r.message());
+      }
+      break;
+    }
     case v1::CoordinatorMessage::kShutdown:
       spdlog::warn("coordinator asked the worker to shut down: {}", m.shutdown().reason());
       Shutdown();
@@ -308,6 +323,10 @@ void Daemon::OnSessionLost(const absl::Status& status, bool reregistered) {
 }
 
 void Daemon::StartJob(const v1::JobAssignment& assignment) {
+  {
+    absl::MutexLock lock(&claim_mu_);
+    claim_ = Claim{};  // a claim is done with once a job comes
+  }
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
@@ -804,14 +823,55 @@ bool DescendsFrom(pid_t pid, pid_t ancestor) {
 
 }  // namespace
 
+absl::Status Daemon::ClaimRank(const std::string& job_name, int32_t rank) {
+  // A claim is sent again now and then: a coordinator that restarted (or a job submitted after a
+  // NOT_FOUND) hears of it without the process giving up.
+  constexpr absl::Duration kResend = absl::Seconds(2);
+  constexpr absl::Duration kResendNotFound = absl::Milliseconds(500);  // the job may come any time
+  const absl::Time now = absl::Now();
+  bool send = false;
+  {
+    absl::MutexLock lock(&claim_mu_);
+    if (claim_.job_name != job_name || claim_.rank != rank) {
+      claim_ = Claim{job_name, rank, now, absl::OkStatus()};
+      send = true;
+    } else if (!claim_.refusal.ok() && claim_.refusal.code() != absl::StatusCode::kNotFound) {
+      // Refused for good (no such rank, held by another worker, ...): the process stops waiting.
+      return absl::FailedPreconditionError(claim_.refusal.message());
+    } else if (now - claim_.sent >= (claim_.refusal.ok() ? kResend : kResendNotFound)) {
+      claim_.sent = now;
+      send = true;
+    }
+    if (!send && !claim_.refusal.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("waiting for attached job '", job_name, "': ", claim_.refusal.message()));
+    }
+    if (send) claim_.refusal = absl::OkStatus();
+  }
+  if (send) {
+    v1::WorkerMessage m;
+    m.mutable_claim()->set_job_name(job_name);
+    m.mutable_claim()->set_rank(rank);
+    if (absl::Status s = session_->Send(m); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot claim rank ", rank, " of attached job '",
+                                                 job_name, "' yet: ", s.message()));
+    }
+  }
+  return absl::UnavailableError(absl::StrCat("rank ", rank, " of attached job '", job_name,
+                                             "' claimed on this worker: the job starts when all "
+                                             "its ranks are claimed"));
+}
+
 absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHello& hello,
                                                               const PeerCredentials& peer) {
   // The kernel's word, not the hello's: a process of another user must not get the job's arena,
   // nor may a process claim another's pid.
-  if (peer.uid != geteuid() && peer.uid != 0) {
+  if (peer.uid != geteuid() && peer.uid != 0 &&
+      std::find(options_.attach_uids.begin(), options_.attach_uids.end(), peer.uid) ==
+          options_.attach_uids.end()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "uid ", peer.uid, " may not attach: this daemon serves the processes of its own user (uid ",
-        geteuid(), ") and root"));
+        geteuid(), "), root and --attach-uid's"));
   }
   if (hello.pid() > 0 && hello.pid() != peer.pid) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -819,10 +879,18 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   }
   std::shared_ptr<Job> job = ServingJob();
   if (job == nullptr || job->stopped) {
+    if (!hello.attach_job().empty()) return ClaimRank(hello.attach_job(), hello.attach_rank());
     return absl::UnavailableError("no job is assigned to this worker yet");
   }
   const v1::Job& spec = job->assignment.job();
   const v1::RankInfo& me = spec.ranks(job->assignment.rank());
+  if (!hello.attach_job().empty() &&
+      (!spec.spec().attached() || spec.spec().name() != hello.attach_job() ||
+       me.rank() != hello.attach_rank())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker serves rank ", me.rank(), " of job ", spec.id(), " ('", spec.spec().name(),
+        "'), not rank ", hello.attach_rank(), " of attached job '", hello.attach_job(), "'"));
+  }
   // Held until the welcome is built: FinishJob marks the job closing under it before it releases
   // the arena.
   absl::ReleasableMutexLock lock(&job->attach_mu);

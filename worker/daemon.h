@@ -7,6 +7,8 @@
 // training-process requests on local-server threads, the rank's exit on a waiter thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -42,9 +44,13 @@ struct DaemonOptions {
   std::string device = "cpu";
   std::string host_name;    // default: gethostname()
   std::string socket_path;  // default: /tmp/ringmaster-worker-<pid>.sock
-  // The socket's group (mode 0660): processes of another user in it may connect, but only the
-  // daemon's own user (or root) is welcomed. "": the daemon's primary group.
+  // The socket's group, by name or number (mode 0660): processes of another user in it may
+  // connect, but only the daemon's own user, root and `attach_uids` are welcomed. "": the
+  // daemon's primary group.
   std::string socket_group;
+  // Users besides the daemon's own and root whose processes may attach (e.g. the runAsUser of
+  // Kubernetes training pods that attach to a root daemon).
+  std::vector<uid_t> attach_uids;
   // The data plane's network interface (Gloo, NCCL's bootstrap); "": the one that holds the
   // address of the route to the coordinator.
   std::string iface;
@@ -180,6 +186,21 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   // coordinator that had not heard of its end yet) does not start it twice.
   std::string finished_ ABSL_GUARDED_BY(mu_);
   std::optional<LocalAddress> data_address_ ABSL_GUARDED_BY(mu_);
+
+  // The rank of an attached job (JobSpec.attached) that a process waiting at the socket claimed
+  // through this daemon, until the job is assigned. One at a time: a daemon serves one rank.
+  struct Claim {
+    std::string job_name;
+    int32_t rank = -1;
+    absl::Time sent = absl::InfinitePast();
+    absl::Status refusal;  // the coordinator's ClaimRefused, if it answered one
+  };
+  // Claims `rank` of job `job_name` for a process at the socket (or says how the claim stands):
+  // UNAVAILABLE while the job waits for its ranks (the client retries), FAILED_PRECONDITION when
+  // the coordinator refused the claim for good.
+  absl::Status ClaimRank(const std::string& job_name, int32_t rank);
+  absl::Mutex claim_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  Claim claim_ ABSL_GUARDED_BY(claim_mu_);
   ThreadList finishers_;  // one per finished job
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // Stops the current job's rank once the coordinator has been unreachable for the grace.

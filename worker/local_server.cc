@@ -12,6 +12,7 @@
 #include <cstring>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/framing.h"
 #include "spdlog/spdlog.h"
@@ -48,7 +49,9 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::strin
                                                                 Handler* handler,
                                                                 const SocketAccess& access) {
   gid_t group_id = static_cast<gid_t>(-1);
-  if (!access.group.empty()) {
+  if (uint32_t number = 0; absl::SimpleAtoi(access.group, &number)) {
+    group_id = static_cast<gid_t>(number);  // a gid: no entry in /etc/group needed (containers)
+  } else if (!access.group.empty()) {
     const struct group* g = getgrnam(access.group.c_str());
     if (g == nullptr) {
       return absl::InvalidArgumentError(

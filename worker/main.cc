@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -54,8 +55,12 @@ ABSL_FLAG(std::string, tls_ca, "",
           "RINGMASTER_TLS_CA)");
 ABSL_FLAG(bool, insecure, false, "plaintext to the coordinator, ignoring RINGMASTER_TLS_*");
 ABSL_FLAG(std::string, socket_group, "",
-          "group of the --socket file (mode 0660; default: the daemon's group): its members may "
-          "connect, and only processes of the daemon's own user are welcomed");
+          "group of the --socket file, a name or a gid (mode 0660; default: the daemon's group): "
+          "its members may connect, and only processes of the daemon's own user, root and "
+          "--attach-uid are welcomed");
+ABSL_FLAG(std::string, attach_uid, "",
+          "comma-separated uids whose processes may attach besides the daemon's own user and root "
+          "(e.g. 10001: Kubernetes training pods' runAsUser; they also need --socket-group)");
 
 namespace {
 
@@ -108,6 +113,16 @@ int main(int argc, char** argv) {
   options.socket_path = absl::GetFlag(FLAGS_socket);
   options.work_dir = absl::GetFlag(FLAGS_work_dir);
   options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  for (absl::string_view uid :
+       absl::StrSplit(absl::GetFlag(FLAGS_attach_uid), ',', absl::SkipEmpty())) {
+    uint32_t n = 0;
+    if (!absl::SimpleAtoi(uid, &n)) {
+      std::fprintf(stderr, "ringmaster-worker: --attach-uid '%s' is not a uid\n",
+                   std::string(uid).c_str());
+      return 2;
+    }
+    options.attach_uids.push_back(static_cast<uid_t>(n));
+  }
   options.iface = absl::GetFlag(FLAGS_iface);
   if (options.iface.empty()) options.iface = Env("HOROVOD_GLOO_IFACE");
   const int64_t arena_mb = absl::GetFlag(FLAGS_arena_mb);

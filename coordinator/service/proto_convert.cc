@@ -20,6 +20,7 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
   out->env = {in.env().begin(), in.env().end()};
   out->working_dir = in.working_dir();
   out->labels = {in.labels().begin(), in.labels().end()};
+  out->attached = in.attached();
   out->source.sha256 = in.source().sha256();
   out->source.size_bytes = in.source().size_bytes();
   out->source.unpacked_bytes = in.source().unpacked_bytes();
@@ -62,6 +63,7 @@ void ToProto(const JobSpec& in, v1::JobSpec* out) {
   out->mutable_env()->insert(in.env.begin(), in.env.end());
   out->set_working_dir(in.working_dir);
   out->mutable_labels()->insert(in.labels.begin(), in.labels.end());
+  out->set_attached(in.attached);
   if (!in.source.sha256.empty()) {
     v1::SourceArchive* source = out->mutable_source();
     source->set_sha256(in.source.sha256);

@@ -121,6 +121,16 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     Enqueue(Serialize(message));
   }
 
+  void SendClaimRefused(const v1::RankClaim& claim, const absl::Status& why) {
+    v1::CoordinatorMessage message;
+    v1::ClaimRefused* refused = message.mutable_claim_refused();
+    refused->set_job_name(claim.job_name());
+    refused->set_rank(claim.rank());
+    refused->set_code(static_cast<int32_t>(why.code()));
+    refused->set_message(std::string(why.message()));
+    Enqueue(Serialize(message));
+  }
+
   void SendShutdown(const std::string& reason) override {
     v1::CoordinatorMessage message;
     message.mutable_shutdown()->set_reason(reason);
@@ -288,6 +298,15 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
         if (!s.ok()) {
           spdlog::debug("timeline of rank {} of job {} from {} dropped: {}", t.rank(), t.job_id(),
                         worker_id_, s.ToString());
+        }
+        return absl::OkStatus();
+      }
+      case v1::WorkerMessage::kClaim: {
+        // A refused claim is answered; the session goes on.
+        if (absl::Status s =
+                coordinator_.ClaimRank(worker_id_, m.claim().job_name(), m.claim().rank());
+            !s.ok()) {
+          SendClaimRefused(m.claim(), s);
         }
         return absl::OkStatus();
       }

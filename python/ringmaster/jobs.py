@@ -219,8 +219,11 @@ class Client:
     def submit(self, command, np=1, processes_per_host=0, name="", env=None, working_dir="",
                labels=None, fusion_threshold_mb=None, cycle_time_ms=None, cache_capacity=None,
                autotune=False, autotune_log="", timeline="", timeline_mark_cycles=False,
-               source_dir=None, **knobs):
+               source_dir=None, attached=False, **knobs):
         """Registers a job running `command` (a list of arguments) as `np` ranks; returns it.
+        `attached=True` (with an empty command): the ranks are training processes started
+        elsewhere that attach to their hosts' workers with RINGMASTER_ATTACH_JOB=`name` and
+        RINGMASTER_ATTACH_RANK (or JOB_COMPLETION_INDEX), as `ringmaster submit --attached`.
         `name` defaults to the command's base name, as `ringmaster submit` names it. The knobs are
         Horovod's, with its defaults when left None (docs/configuration.md); any other field of
         ringmaster.v1.Knobs may be given by name (e.g. stall_check_seconds=0, backend="gloo").
@@ -232,7 +235,8 @@ class Client:
             name = (os.path.basename(command[0]) if command else "") or "job"
         spec = job_pb2.JobSpec(name=name[:128], np=np, processes_per_host=processes_per_host,
                                command=command, env=dict(env or {}),
-                               working_dir=working_dir, labels=dict(labels or {}))
+                               working_dir=working_dir, labels=dict(labels or {}),
+                               attached=attached)
         k = spec.knobs
         if fusion_threshold_mb is not None:
             k.fusion_threshold_bytes = int(fusion_threshold_mb * (1 << 20))

@@ -164,7 +164,7 @@ def submit(cluster, coordinator, *args, **kw):
     ("ringmaster-worker", ["--coordinator", "--device", "--host-name", "--socket", "--iface",
                            "--metrics-listen", "--arena-mb", "--collective-timeout-seconds", "--log-level",
                            "--coordinator-grace", "--tls-cert", "--tls-key", "--tls-ca",
-                           "--insecure", "--socket-group", "--work-dir"]),
+                           "--insecure", "--socket-group", "--attach-uid", "--work-dir"]),
 ])
 def test_daemons_help_lists_their_own_flags_with_dashes(binary, flags):
     r = subprocess.run([str(BIN / binary), "--help"], capture_output=True, text=True, timeout=10)

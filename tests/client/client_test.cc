@@ -115,6 +115,38 @@ class FakeDaemon {
   std::unique_ptr<SharedMemory> arena_;
 };
 
+TEST(ClientTest, TheAttachClaimComesFromTheEnvironment) {
+  unsetenv("RINGMASTER_ATTACH_JOB");
+  unsetenv("RINGMASTER_ATTACH_RANK");
+  unsetenv("JOB_COMPLETION_INDEX");
+  absl::StatusOr<AttachClaim> claim = AttachClaimFromEnvironment();
+  ASSERT_TRUE(claim.ok());
+  EXPECT_EQ(claim->job_name, "");  // none: a process the daemon started
+  setenv("RINGMASTER_ATTACH_JOB", "train", 1);
+  claim = AttachClaimFromEnvironment();
+  EXPECT_EQ(claim.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(claim.status().message(),
+            "RINGMASTER_ATTACH_JOB='train' names an attached job but neither "
+            "RINGMASTER_ATTACH_RANK nor JOB_COMPLETION_INDEX says which rank this process is");
+  // A Kubernetes Indexed Job's index is the rank...
+  setenv("JOB_COMPLETION_INDEX", "3", 1);
+  claim = AttachClaimFromEnvironment();
+  ASSERT_TRUE(claim.ok()) << claim.status();
+  EXPECT_EQ(claim->job_name, "train");
+  EXPECT_EQ(claim->rank, 3);
+  // ...unless RINGMASTER_ATTACH_RANK says otherwise.
+  setenv("RINGMASTER_ATTACH_RANK", "1", 1);
+  claim = AttachClaimFromEnvironment();
+  ASSERT_TRUE(claim.ok()) << claim.status();
+  EXPECT_EQ(claim->rank, 1);
+  setenv("RINGMASTER_ATTACH_RANK", "-1", 1);
+  EXPECT_EQ(AttachClaimFromEnvironment().status().message(),
+            "RINGMASTER_ATTACH_RANK='-1' is not a rank (a number from 0)");
+  unsetenv("RINGMASTER_ATTACH_JOB");
+  unsetenv("RINGMASTER_ATTACH_RANK");
+  unsetenv("JOB_COMPLETION_INDEX");
+}
+
 TEST(ClientTest, TopologyIsTheWelcomes) {
   FakeDaemon daemon;
   std::unique_ptr<Client> client = daemon.Connect();

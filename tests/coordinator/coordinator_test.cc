@@ -282,6 +282,94 @@ TEST_F(CoordinatorTest, AssignmentsReachEachWorkerWithItsRankPlacement) {
   }
 }
 
+TEST_F(CoordinatorTest, AnAttachedJobIsPlacedWhereItsProcessesClaimedTheirRanks) {
+  const std::string a0 = Connect("host-a", "cpu");
+  const std::string a1 = Connect("host-a", "cpu");
+  const std::string b0 = Connect("host-b", "cpu");
+  const std::string spare = Connect("host-c", "cpu");
+  // Before the job exists, a claim finds nothing.
+  absl::Status s = coordinator_.ClaimRank(a0, "train", 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(),
+            "no attached job named 'train' is pending (submit one: ringmaster submit --attached "
+            "--name train --np N)");
+
+  JobSpec spec = Spec(3);
+  spec.name = "train";
+  spec.command.clear();
+  spec.attached = true;
+  absl::StatusOr<Job> job = coordinator_.RegisterJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  // Idle workers are there, but an attached job waits for its claims.
+  EXPECT_EQ(job->state, JobState::kPending);
+  EXPECT_EQ(GetJob(job->id).events.back().message,
+            "waiting for its ranks to be claimed by attached training processes");
+
+  s = coordinator_.ClaimRank(a0, "train", 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "rank 3 is not a rank of job job-000001 ('train', np 3)");
+  ASSERT_TRUE(coordinator_.ClaimRank(b0, "train", 0).ok());
+  ASSERT_TRUE(coordinator_.ClaimRank(b0, "train", 0).ok());  // again: a no-op
+  s = coordinator_.ClaimRank(a0, "train", 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(s.message(), absl::StrCat("rank 0 of job job-000001 is claimed by worker ", b0,
+                                      " on host-b already"));
+  s = coordinator_.ClaimRank(b0, "train", 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), absl::StrCat("worker ", b0,
+                                      " already holds rank 0 of job job-000001: "
+                                      "one rank per worker (is one training process per slot "
+                                      "attached?)"));
+  ASSERT_TRUE(coordinator_.ClaimRank(a1, "train", 2).ok());
+
+  // A scheduled job meanwhile takes only unclaimed workers: a0 (hosts of equal room go in name
+  // order), not a1 or b0.
+  absl::StatusOr<Job> other = coordinator_.RegisterJob(Spec(1));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->state, JobState::kStarting);
+  ASSERT_THAT(other->ranks, SizeIs(1));
+  EXPECT_EQ(other->ranks[0].worker_id, a0);
+  EXPECT_EQ(GetJob(job->id).state, JobState::kPending);
+  // A busy worker cannot claim.
+  s = coordinator_.ClaimRank(a0, "train", 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            absl::StrCat("worker ", a0, " is not idle: it cannot take rank 1 of job job-000001"));
+
+  // The last claim places the job: rank r on the worker that claimed it.
+  const std::string last = spare;
+  ASSERT_TRUE(coordinator_.ClaimRank(last, "train", 1).ok());
+  const Job placed = GetJob(job->id);
+  EXPECT_EQ(placed.state, JobState::kStarting);
+  EXPECT_EQ(placed.events.back().message,
+            "placed 3 ranks where their processes attached, on 3 hosts: host-b, host-c, host-a");
+  ASSERT_THAT(placed.ranks, SizeIs(3));
+  EXPECT_EQ(placed.ranks[0].worker_id, b0);
+  EXPECT_EQ(placed.ranks[1].worker_id, last);
+  EXPECT_EQ(placed.ranks[2].worker_id, a1);
+  for (const std::string& w : {b0, last, a1}) {
+    ASSERT_THAT(Channel(w).assignments, SizeIs(1)) << w;
+    EXPECT_EQ(Channel(w).assignments[0].job.id, job->id);
+    EXPECT_EQ(GetWorker(w).state, WorkerState::kBusy);
+  }
+  EXPECT_EQ(Channel(b0).assignments[0].rank, 0);
+  EXPECT_EQ(Channel(last).assignments[0].rank, 1);
+  EXPECT_EQ(Channel(a1).assignments[0].rank, 2);
+  // Once placed, the name takes no more claims.
+  EXPECT_EQ(coordinator_.ClaimRank(spare, "train", 0).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, AnAttachedJobTakesNoCommandNorSource) {
+  JobSpec spec = Spec(2);
+  spec.command = {"python3", "train.py"};
+  spec.attached = true;
+  absl::StatusOr<Job> job = coordinator_.RegisterJob(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job.status().message(),
+            "spec.command must be empty for an attached job (spec.attached): its ranks are the "
+            "training processes that attach and claim them, not processes the workers start");
+}
+
 TEST_F(CoordinatorTest, GangIsPlacedWholeOrNotAtAll) {
   const std::string w1 = Connect("host-a", "cuda:0");
   const std::string w2 = Connect("host-a", "cuda:1");

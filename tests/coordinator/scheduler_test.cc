@@ -35,6 +35,28 @@ std::vector<Placed> Placement(const std::vector<RankInfo>& ranks) {
   return out;
 }
 
+TEST(PlaceClaimedTest, RanksGoWhereTheyWereClaimedWithHorovodsLocalAndCrossRanks) {
+  // Interleaved hosts: ranks 0 and 2 on host-b, 1 and 3 on host-a, 4 alone on host-c.
+  const std::vector<Worker> claimed = {
+      MakeWorker("w1", "host-b", "cpu"), MakeWorker("w2", "host-a", "cpu"),
+      MakeWorker("w3", "host-b", "cpu"), MakeWorker("w4", "host-a", "cpu"),
+      MakeWorker("w5", "host-c", "cpu")};
+  absl::StatusOr<std::vector<RankInfo>> ranks = PlaceClaimed(claimed);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  EXPECT_THAT(Placement(*ranks), ElementsAre(Placed{0, "w1", "host-b", "cpu", 0, 2, 0, 3},
+                                             Placed{1, "w2", "host-a", "cpu", 0, 2, 1, 3},
+                                             Placed{2, "w3", "host-b", "cpu", 1, 2, 0, 2},
+                                             Placed{3, "w4", "host-a", "cpu", 1, 2, 1, 2},
+                                             Placed{4, "w5", "host-c", "cpu", 0, 1, 2, 3}));
+}
+
+TEST(PlaceClaimedTest, AWorkerHoldingTwoRanksIsRefused) {
+  absl::StatusOr<std::vector<RankInfo>> ranks =
+      PlaceClaimed({MakeWorker("w1", "host-a", "cpu"), MakeWorker("w1", "host-a", "cpu")});
+  EXPECT_EQ(ranks.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ranks.status().message(), "worker w1 on host-a claimed both rank 0 and rank 1");
+}
+
 TEST(GangScheduleTest, TwoHostsOfTwoFollowHorovodsRankLayout) {
   // Listed out of order on purpose: placement must not depend on the input order.
   const std::vector<Worker> available = {

@@ -145,9 +145,9 @@ SECRET_PAIRS = {"ringmaster-coordinator-tls": "coordinator", "ringmaster-worker-
 class Pod:
     """One pod's container, run as the kubelet would on the node `host`."""
 
-    def __init__(self, docs, pod_spec, container, host, tmp, name):
+    def __init__(self, docs, pod_spec, container, host, tmp, name, extra_env=None):
         self.host, self.name, self.container = host, name, container
-        env = {}
+        env = dict(extra_env or {})
         for e in container.get("env", []):
             if "value" in e:
                 env[e["name"]] = e["value"]
@@ -160,6 +160,9 @@ class Pod:
         volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
         for m in container.get("volumeMounts", []):
             d = tmp / name / m["name"]
+            # A hostPath is the node's: every pod on the node that mounts it shares it.
+            if host_path := volumes.get(m["name"], {}).get("hostPath"):
+                d = tmp / f"{host.name}{host_path['path'].replace('/', '-')}"
             d.mkdir(parents=True, exist_ok=True)
             mounts[m["mountPath"]] = str(d)
             # A Secret volume holds what the Secret holds: here the pair dev-ca.sh made for it.
@@ -254,3 +257,31 @@ def test_the_cpu_overlay_runs_as_rendered_and_the_example_job_succeeds(hosts, tm
     assert len({r["host"] for r in done["ranks"]}) == 2, done  # --processes-per-host 1
     logs = cli("logs", job)
     assert_collectives_passed(logs, 2)
+
+    # The Indexed Job whose pods attach to their node's daemon: its pods start first (on node-2
+    # with index 0, node-1 with index 1: the rank follows the index, not the node), then the
+    # launcher submits the attached job on node-0.
+    launcher_spec = find(job_docs, "Job", "ringmaster-indexed-launcher")["spec"]["template"]["spec"]
+    indexed = find(job_docs, "Job", "ringmaster-indexed-training")["spec"]
+    assert (indexed["completionMode"], indexed["completions"], indexed["parallelism"]) == (
+        "Indexed", 2, 2)
+    training = indexed["template"]["spec"]
+    assert training["securityContext"]["runAsUser"] == 10001
+    pods = [Pod(job_docs, training, training["containers"][0], hosts[2 - index], tmp_path,
+                f"train-{index}", extra_env={"JOB_COMPLETION_INDEX": str(index)}).start()
+            for index in range(2)]
+    launcher = Pod(job_docs, launcher_spec, launcher_spec["containers"][0], hosts[0], tmp_path,
+                   "indexed-launcher").start()
+    rc = launcher.proc.wait(180)
+    out = launcher.log.read_text()
+    assert rc == 0, out + "".join(p.log.read_text() for p in pods)
+    job = re.search(r"^submitted (job-\d+)$", out, re.M).group(1)
+    assert re.search(r"SUCCEEDED +all 2 ranks exited 0$", out, re.M), out
+    done = json.loads(cli("status", job, "--json"))
+    assert done["spec"]["attached"] is True and "command" not in done["spec"], done
+    assert [(r.get("rank", 0), r["host"]) for r in done["ranks"]] == [(0, "node-2"),
+                                                                      (1, "node-1")], done
+    for index, pod in enumerate(pods):
+        assert pod.proc.wait(30) == 0, pod.log.read_text()
+        assert re.search(rf"^collectives_check: rank {index}: \d+ checks passed, 0 failed$",
+                         pod.log.read_text(), re.M), pod.log.read_text()

@@ -158,6 +158,7 @@ class DaemonTest : public ::testing::Test {
     o.stop_grace = absl::Seconds(2);
     o.collective_timeout = absl::Seconds(2);
     o.coordinator_grace = absl::Seconds(1);
+    Configure(o);
     daemon_ = std::make_unique<Daemon>(o);
     ASSERT_TRUE(daemon_->Start().ok());
     runner_ = std::thread([this] { daemon_->Run(); });
@@ -171,6 +172,8 @@ class DaemonTest : public ::testing::Test {
     daemon_.reset();
     if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   }
+
+  virtual void Configure(DaemonOptions& /*options*/) {}
 
   // The rank's process id, which the command writes to `file` first.
   static pid_t ReadPid(const std::string& file) {
@@ -228,12 +231,16 @@ int ConnectTo(const std::string& path) {
   return fd;
 }
 
-// Says hello on a new connection, claiming `pid`; the reply's completion (the error) or "welcome".
-std::string RawHello(const std::string& path, int pid) {
+// Says hello on a new connection, claiming `pid` (and rank `attach_rank` of the attached job
+// `attach_job`, if given); the reply's completion (the error) or "welcome".
+std::string RawHello(const std::string& path, int pid, const std::string& attach_job = "",
+                     int attach_rank = 0) {
   const int fd = ConnectTo(path);
   if (fd < 0) return absl::StrCat("connect: errno ", -fd);
   v1::LocalRequest hello;
   hello.mutable_hello()->set_pid(pid);
+  hello.mutable_hello()->set_attach_job(attach_job);
+  hello.mutable_hello()->set_attach_rank(attach_rank);
   v1::LocalReply reply;
   std::string out;
   if (!WriteFrame(fd, hello).ok() || !ReadFrame(fd, &reply).ok()) {
@@ -283,7 +290,72 @@ TEST_F(DaemonTest, TheSocketIsTheDaemonsUserAndGroupsOnly) {
   EXPECT_EQ(HelloAsNobody(socket_),
             absl::StrCat("7: uid 65534 may not attach: this daemon serves the processes of its "
                          "own user (uid ",
-                         geteuid(), ") and root"));
+                         geteuid(), "), root and --attach-uid's"));
+}
+
+// A daemon that welcomes uid 65534 too, its socket in gid 65534 (given as a number: no group entry
+// is needed, as in a container).
+class DaemonAttachUidTest : public DaemonTest {
+ protected:
+  void Configure(DaemonOptions& o) override {
+    o.socket_group = "65534";
+    o.attach_uids = {65534};
+  }
+};
+
+TEST_F(DaemonAttachUidTest, AnotherUserNamedByAttachUidIsWelcomedThroughTheSocketGroup) {
+  struct stat st {};
+  ASSERT_EQ(stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a process as another user";
+  EXPECT_EQ(st.st_gid, 65534u);
+  Assign({});
+  std::string reply = HelloAsNobody(socket_);
+  for (int i = 0; i < 200 && reply != "welcome"; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    reply = HelloAsNobody(socket_);
+  }
+  EXPECT_EQ(reply, "welcome");
+}
+
+TEST_F(DaemonTest, AnAttachingProcessClaimsItsRankUntilTheJobIsPlacedOrTheClaimIsRefused) {
+  // No job yet: the daemon claims the rank at the coordinator and says so.
+  EXPECT_EQ(RawHello(socket_, getpid(), "train", 1),
+            "14: rank 1 of attached job 'train' claimed on this worker: the job starts when all "
+            "its ranks are claimed");
+  std::optional<v1::WorkerMessage> claim = coordinator_.Next();
+  ASSERT_TRUE(claim.has_value() && claim->has_claim());
+  EXPECT_EQ(claim->claim().job_name(), "train");
+  EXPECT_EQ(claim->claim().rank(), 1);
+  // Not submitted yet: the process keeps waiting, told why.
+  v1::CoordinatorMessage m;
+  m.mutable_claim_refused()->set_job_name("train");
+  m.mutable_claim_refused()->set_rank(1);
+  m.mutable_claim_refused()->set_code(static_cast<int>(absl::StatusCode::kNotFound));
+  m.mutable_claim_refused()->set_message("no attached job named 'train' is pending");
+  coordinator_.Send(m);
+  std::string reply;
+  for (int i = 0; i < 100; ++i) {
+    reply = RawHello(socket_, getpid(), "train", 1);
+    if (reply !=
+        "14: rank 1 of attached job 'train' claimed on this worker: the job starts when "
+        "all its ranks are claimed") {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(reply,
+            "14: waiting for attached job 'train': no attached job named 'train' is pending");
+  // Refused for good: the process is told so and stops waiting.
+  m.mutable_claim_refused()->set_code(static_cast<int>(absl::StatusCode::kAlreadyExists));
+  m.mutable_claim_refused()->set_message("rank 1 of job job-000042 is claimed by worker-3 already");
+  coordinator_.Send(m);
+  for (int i = 0; i < 100; ++i) {
+    reply = RawHello(socket_, getpid(), "train", 1);
+    if (absl::StartsWith(reply, "9: ")) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(reply, "9: rank 1 of job job-000042 is claimed by worker-3 already");
 }
 
 TEST_F(DaemonTest, AHelloMustCarryTheConnectingProcesssOwnPid) {
