@@ -210,12 +210,15 @@ void Engine::Loop() {
     {
       absl::MutexLock lock(&mu_);
       // Wake for responses at once. Requests go out at most once per cycle: at once when the last
-      // batch left a cycle ago or more, else when that cycle ends (so tensors enqueued meanwhile
-      // travel, and can be fused, together).
+      // batch left a cycle ago or more, or when nothing sent is still awaiting its response (a
+      // lone small collective, or the first of a step, does not wait out a cycle for tensors to
+      // fuse with: none are on their way), else when that cycle ends (so tensors enqueued
+      // meanwhile travel, and can be fused, together).
       const bool had_unsent = !unsent_.empty();
       Clock& clock = *options_.clock;
       auto due = [this, &clock]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !unsent_.empty() && clock.Now() >= last_sent_ + cycle_time_;
+        return !unsent_.empty() &&
+               (ops_.size() <= unsent_.size() || clock.Now() >= last_sent_ + cycle_time_);
       };
       auto ready = [this, had_unsent, &due]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || !responses_.empty() || (!had_unsent && !unsent_.empty()) || due();

@@ -226,6 +226,24 @@ TEST_F(EngineTest, TensorsEnqueuedWithinACycleTravelInOneBatchWhenItEnds) {
   EXPECT_THAT(Batches(2), ElementsAre("a|", "b,c|"));  // together, once the cycle is over
 }
 
+TEST_F(EngineTest, ARequestGoesAtOnceWhenNothingSentAwaitsItsResponse) {
+  Start(/*cycle=*/absl::Hours(1));  // on the fake clock: only Advance ends it
+  Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  EXPECT_THAT(Batches(1), ElementsAre("a|"));
+  Respond(Allreduce({"a"}, {4}));
+  EXPECT_EQ(WaitFor(1).code(), 0);
+  // Within the same cycle, but nothing sent awaits its response (a small collective in a loop):
+  // there is nothing to fuse with on its way, so it goes at once.
+  Enqueue(2, "b", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  EXPECT_THAT(Batches(2), ElementsAre("a|", "b|"));
+  // While b awaits its response, c waits for the cycle to end (to travel with what follows).
+  Enqueue(3, "c", v1::REQUEST_TYPE_ALLREDUCE, {4}, 64);
+  absl::SleepFor(3 * Engine::kClockPoll);
+  EXPECT_THAT(Batches(2), ElementsAre("a|", "b|"));
+  clock_.Advance(absl::Hours(1));
+  EXPECT_THAT(Batches(3), ElementsAre("a|", "b|", "c|"));
+}
+
 TEST_F(EngineTest, AFusedResponseBecomesOneCollectiveInItsOrderWithJoinedTensorsEmpty) {
   Start();
   Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {2, 2}, 0, /*ready_event=*/3);
