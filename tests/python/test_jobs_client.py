@@ -62,6 +62,45 @@ def test_a_job_submitted_from_python_runs_and_its_logs_and_artifacts_come_back(c
                                                    "spec.np = 0 is out of bounds [1, 4096]")
 
 
+def test_an_attached_job_runs_ringmaster_torch_processes_started_by_the_user(cluster, tmp_path):
+    """submit(attached=True): the ranks are processes the user starts (as a Kubernetes Indexed
+    Job's pods), each naming the job and its index; rank r lands on the worker its process used."""
+    coordinator = cluster.coordinator()
+    workers = [cluster.worker(coordinator, host=f"h{i}") for i in range(2)]
+    script = tmp_path / "train.py"
+    script.write_text("import torch, ringmaster.torch as hvd\n"
+                      "hvd.init()\n"
+                      "total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)\n"
+                      "print('rank', hvd.rank(), 'of', hvd.size(), 'sum', total.item(), flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGMASTER_")}
+    env["PYTHONPATH"] = str(BIN.parent / "python")
+    env["RINGMASTER_ATTACH_JOB"] = "attached-torch"
+    # Started before the job exists: worker h1's process is index 0, h0's index 1.
+    procs = [subprocess.Popen([sys.executable, str(script)],
+                              env=dict(env, RINGMASTER_SOCKET=workers[1 - index].socket,
+                                       JOB_COMPLETION_INDEX=str(index)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for index in range(2)]
+    try:
+        with Client(coordinator.address) as client:
+            wait_for(lambda: len(cluster.idle_workers(coordinator)) == 2, 20, "the workers")
+            with pytest.raises(RingmasterError) as e:
+                client.submit(["python3", "train.py"], np=2, name="x", attached=True)
+            assert e.value.code == "INVALID_ARGUMENT", e.value.message
+            job = client.submit([], np=2, name="attached-torch", attached=True)
+            states = [j.state for j in client.watch(job.id)]
+            assert states[-1] == "SUCCEEDED", states
+            done = client.get(job.id)
+            assert sorted((r.rank, r.host) for r in done.ranks) == [(0, "h1"), (1, "h0")]
+        outputs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for index, out in enumerate(outputs):
+        assert procs[index].returncode == 0, out
+        assert f"rank {index} of 2 sum 3.0" in out, out
+
+
 def test_tokens_authenticate_and_each_user_sees_only_their_own_jobs(cluster, tmp_path,
                                                                     monkeypatch):
     tokens = tmp_path / "tokens.csv"

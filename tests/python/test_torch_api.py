@@ -132,9 +132,13 @@ def test_torch_device_checks_cuda():
                          r.stdout, re.M), describe(r)
 
 
-def test_cnn_example_loss_goes_down():
-    r = run_local(2, PYTHON, os.path.join(EXAMPLES, "pytorch_train_cnn.py"), "--epochs", "4")
+def test_cnn_example_loss_goes_down(tmp_path):
+    # The model rank 0 saves in its output directory comes back as the artifact rank-0/model.pt
+    # (into the test's directory, not the source tree).
+    r = run_local(2, PYTHON, os.path.join(EXAMPLES, "pytorch_train_cnn.py"), "--epochs", "4",
+                  extra=("--artifacts-output", str(tmp_path)))
     assert r.returncode == 0, describe(r)
+    assert (tmp_path / "rank-0" / "model.pt").stat().st_size > 0, describe(r)
     losses = [float(m) for m in re.findall(r"^\[0\] epoch \d+: loss ([0-9.]+)", r.stdout, re.M)]
     assert len(losses) == 4, describe(r)
     assert losses[-1] < 0.7 * losses[0], f"the loss did not go down: {losses}\n{describe(r)}"
