@@ -23,7 +23,8 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-// Runs `call(stub, context)` until it returns anything but UNAVAILABLE or `until` passes. With one
+// Runs `call(stub, context)` until it returns anything but UNAVAILABLE (or a CANCELLED it did not
+// cause) or `until` passes. With one
 // coordinator address each attempt waits for the channel to connect (wait_for_ready); with several
 // (replicas) an attempt fails at once and the next goes where the failure pointed (the leader a
 // follower named, or the next address). Each attempt ends by `per_call` or `until`; a journal (may
@@ -49,9 +50,12 @@ absl::Status Retrying(CoordinatorChannels& channels, RendezvousJournal* journal,
       if (journal->cancelled())
         return absl::CancelledError("rendezvous cancelled: the job stopped");
     }
-    // Unreachable, or this attempt's own deadline passed waiting for a connection (not the
-    // server's answer that a wait timed out, which comes before it).
+    // Unreachable; cancelled by the server (not by us: a journal's cancel returned above), as a
+    // coordinator replica does to its calls in flight when it shuts its server down; or this
+    // attempt's own deadline passed waiting for a connection (not the server's answer that a wait
+    // timed out, which comes before it).
     const bool retry = s.code() == absl::StatusCode::kUnavailable ||
+                       s.code() == absl::StatusCode::kCancelled ||
                        (s.code() == absl::StatusCode::kDeadlineExceeded &&
                         absl::Now() >= attempt_until && absl::Now() < until);
     if (!retry || absl::Now() + kPause >= until) return s;
