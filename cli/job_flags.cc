@@ -47,7 +47,13 @@ void ReadEnvFile(const std::string& path, v1::JobSpec* spec) {
 }  // namespace
 
 const char kJobOptionsHelp[] = R"(job options:
-  --np N                          number of ranks (required)
+  --np N                          number of ranks (required unless --min-np or --max-np)
+  --min-np N, --max-np N          elastic: run with as many ranks as free workers allow in
+                                  [N, M], growing when workers come free; a lost rank starts a
+                                  new epoch with the others instead of failing the job (scripts
+                                  use hvd.elastic). Defaults: the other bound, or --np
+  --reset-limit N                 elastic: fail after N new epochs (default 0: no limit)
+  --elastic-timeout S             elastic: fail after S seconds below --min-np (default 600)
   --processes-per-host K          at most K ranks per host (default: no limit)
   --name NAME                     job name (default: the command's base name)
   --env KEY=VALUE                 environment for the training processes (repeatable; wins over
@@ -77,8 +83,9 @@ const char kJobOptionsHelp[] = R"(job options:
   --no-stall-check                the same as --stall-check-seconds 0
   --stall-shutdown-seconds S      fail the job when a stall lasts S seconds (default 0: never)
   --backend auto|gloo|nccl        collective backend (default auto)
-Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...);
-flags win over the environment.
+Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...),
+and the elastic options HOROVOD_MIN_NP, HOROVOD_MAX_NP, HOROVOD_RESET_LIMIT and
+HOROVOD_ELASTIC_TIMEOUT (RINGMASTER_* alike); flags win over the environment.
 )";
 
 std::string ExecutableDir() {
@@ -125,6 +132,20 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
     Usage(std::string(s.message()));
   }
   bool have_np = false;
+  // Elastic options: the environment first (RINGMASTER_ wins over HOROVOD_), then the flags.
+  for (const auto& [suffix, field] :
+       std::vector<std::pair<const char*, void (v1::JobSpec::*)(int32_t)>>{
+           {"MIN_NP", &v1::JobSpec::set_min_np},
+           {"MAX_NP", &v1::JobSpec::set_max_np},
+           {"RESET_LIMIT", &v1::JobSpec::set_reset_limit},
+           {"ELASTIC_TIMEOUT", &v1::JobSpec::set_elastic_timeout_seconds}}) {
+    for (const char* prefix : {"HOROVOD_", "RINGMASTER_"}) {
+      const std::string name = absl::StrCat(prefix, suffix);
+      if (std::optional<std::string> value = ProcessEnv()(name); value.has_value()) {
+        (spec.*field)(Number<int32_t>(name, *value));
+      }
+    }
+  }
   // Knobs given by a flag or the environment: fixed under autotune (unless started from).
   bool given_fusion = false, given_cycle = false, given_cache = false, start_from_given = false;
   const EnvLookup env = ProcessEnv();
@@ -139,6 +160,14 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
     if (flag == "--np") {
       spec.set_np(Number<int32_t>(flag, args.Value(flag)));
       have_np = true;
+    } else if (flag == "--min-np") {
+      spec.set_min_np(Number<int32_t>(flag, args.Value(flag)));
+    } else if (flag == "--max-np") {
+      spec.set_max_np(Number<int32_t>(flag, args.Value(flag)));
+    } else if (flag == "--reset-limit") {
+      spec.set_reset_limit(Number<int32_t>(flag, args.Value(flag)));
+    } else if (flag == "--elastic-timeout") {
+      spec.set_elastic_timeout_seconds(Number<int32_t>(flag, args.Value(flag)));
     } else if (flag == "--processes-per-host") {
       spec.set_processes_per_host(Number<int32_t>(flag, args.Value(flag)));
     } else if (flag == "--name") {
@@ -212,7 +241,9 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
                          " --help lists them)"));
     }
   }
-  if (!have_np) Usage(absl::StrCat(command, " needs --np N"));
+  if (!have_np && spec.min_np() == 0 && spec.max_np() == 0) {
+    Usage(absl::StrCat(command, " needs --np N (or --min-np/--max-np for an elastic job)"));
+  }
   for (const std::string& arg : args.Rest()) spec.add_command(arg);
   if (spec.name().empty()) {
     std::string base = spec.command().empty() ? "job" : spec.command(0);

@@ -1,5 +1,6 @@
 #include "cli/local.h"
 
+#include <algorithm>
 #include <signal.h>
 #include <unistd.h>
 
@@ -450,14 +451,19 @@ int Local(const Global& g, Args& args) {
   if (spec.command().empty()) {
     Usage("local needs a command: ringmaster local --np N -- CMD ARGS...");
   }
+  // An elastic job (--min-np/--max-np) without --np: as many workers as it may use.
+  if (spec.np() == 0 && (spec.min_np() > 0 || spec.max_np() > 0)) {
+    spec.set_np(spec.max_np() > 0 ? spec.max_np() : spec.min_np());
+  }
   // Checked here, before any process starts (the coordinator checks the rest of the spec).
   if (spec.np() < 1 || spec.np() > 4096) {
     Usage(absl::StrCat("--np ", spec.np(), " is out of bounds [1, 4096]"));
   }
-  if (spec.processes_per_host() == 0) spec.set_processes_per_host(spec.np());  // one host
-  if (spec.processes_per_host() < 1 || spec.processes_per_host() > spec.np()) {
+  const int32_t most = std::max(spec.np(), spec.max_np());
+  if (spec.processes_per_host() == 0) spec.set_processes_per_host(most);  // one host
+  if (spec.processes_per_host() < 1 || spec.processes_per_host() > most) {
     Usage(absl::StrCat("--processes-per-host ", spec.processes_per_host(), " is out of bounds [1, ",
-                       spec.np(), "]"));
+                       most, "]"));
   }
   options.artifact_paths = std::move(requested_paths);
   options.np = spec.np();

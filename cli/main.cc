@@ -282,6 +282,12 @@ void PrintJob(const v1::Job& job) {
               s.processes_per_host() > 0
                   ? absl::StrCat("at most ", s.processes_per_host(), " per host").c_str()
                   : "no per-host limit");
+  if (s.min_np() > 0 || s.max_np() > 0) {
+    std::printf("Elastic:   %d..%d ranks, %d resets%s, elastic timeout %d s\n", s.min_np(),
+                s.max_np(), job.resets(),
+                s.reset_limit() > 0 ? absl::StrCat(" of at most ", s.reset_limit()).c_str() : "",
+                s.elastic_timeout_seconds() > 0 ? s.elastic_timeout_seconds() : 600);
+  }
   std::printf("Epoch:     %lld\n", static_cast<long long>(job.epoch()));
   std::printf("Created:   %s\n", TimeString(job.create_time_unix_ms()).c_str());
   std::printf("Command:   %s\n", s.command().empty() ? "(processes attach to their workers)"

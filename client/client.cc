@@ -77,6 +77,7 @@ class ClientImpl : public Client {
         allocator_(staging_->allocator()) {
     topology_.device = staging_->device();
     topology_.job_id = welcome.job_id();
+    topology_.epoch = welcome.epoch();
     topology_.rank = welcome.rank();
     topology_.size = welcome.size();
     topology_.local_rank = welcome.local_rank();
@@ -91,6 +92,7 @@ class ClientImpl : public Client {
   ~ClientImpl() override { Shutdown(); }
 
   const Topology& topology() const override { return topology_; }
+  bool hosts_updated() const override { return hosts_updated_.load(std::memory_order_relaxed); }
 
   void* Allocate(size_t bytes) override {
     absl::StatusOr<size_t> offset = AllocateArena(bytes, /*wait=*/false);
@@ -395,6 +397,7 @@ class ClientImpl : public Client {
   }
 
   void Complete(const v1::LocalCompletion& c) {
+    if (c.hosts_updated()) hosts_updated_.store(true, std::memory_order_relaxed);
     Op* op;
     {
       absl::MutexLock lock(&mu_);
@@ -520,6 +523,7 @@ class ClientImpl : public Client {
   Topology topology_;
   std::thread reader_;
   std::atomic<int64_t> joins_{0};
+  std::atomic<bool> hosts_updated_{false};
   std::map<int32_t, int64_t> barriers_ ABSL_GUARDED_BY(mu_);  // by process set
   std::atomic<int64_t> groups_{0};
 
@@ -559,10 +563,12 @@ absl::StatusOr<AttachClaim> AttachClaimFromEnvironment() {
       "which rank this process is"));
 }
 
-absl::StatusOr<std::unique_ptr<Client>> Handshake(int fd, bool* retry, const AttachClaim& attach) {
+absl::StatusOr<std::unique_ptr<Client>> Handshake(int fd, bool* retry, const AttachClaim& attach,
+                                                  int64_t after_epoch) {
   *retry = false;
   v1::LocalRequest hello;
   hello.mutable_hello()->set_pid(getpid());
+  hello.mutable_hello()->set_after_epoch(after_epoch);
   if (!attach.job_name.empty()) {
     hello.mutable_hello()->set_attach_job(attach.job_name);
     hello.mutable_hello()->set_attach_rank(attach.rank);
@@ -626,7 +632,8 @@ absl::StatusOr<std::unique_ptr<Client>> Handshake(int fd, bool* retry, const Att
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path,
-                                                        absl::Duration timeout) {
+                                                        absl::Duration timeout,
+                                                        int64_t after_epoch) {
   if (socket_path.empty()) {
     const char* env = std::getenv("RINGMASTER_SOCKET");
     if (env == nullptr || *env == '\0') {
@@ -644,7 +651,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(std::string socket_path,
     absl::StatusOr<int> fd = Dial(socket_path);
     if (fd.ok()) {
       bool retry = false;
-      absl::StatusOr<std::unique_ptr<Client>> client = Handshake(*fd, &retry, *attach);
+      absl::StatusOr<std::unique_ptr<Client>> client = Handshake(*fd, &retry, *attach, after_epoch);
       if (client.ok() || !retry) return client;
       last = client.status();
     } else {

@@ -20,8 +20,10 @@ struct AttachClaim {
   std::string job_name;  // empty: none
   int32_t rank = 0;
 };
+// `after_epoch`: LocalHello.after_epoch (0: the job's current epoch).
 absl::StatusOr<std::unique_ptr<Client>> Handshake(int fd, bool* retry,
-                                                  const AttachClaim& attach = {});
+                                                  const AttachClaim& attach = {},
+                                                  int64_t after_epoch = 0);
 // The claim the environment makes: RINGMASTER_ATTACH_JOB, with RINGMASTER_ATTACH_RANK or a
 // Kubernetes Indexed Job's JOB_COMPLETION_INDEX. INVALID_ARGUMENT naming the variable when the rank
 // is missing or not a number.

@@ -347,6 +347,8 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
     pending_failures_.erase(job_id);
     starting_since_.erase(job_id);
     resume_deadlines_.erase(job_id);
+    below_min_since_.erase(job_id);
+    grow_notices_.erase(job_id);
     for (const RankInfo& r : job->ranks) {
       if (r.worker_id == except_worker) continue;
       if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendStopJob(job_id, reason);

@@ -198,6 +198,12 @@ class Coordinator {
   // epoch.
   absl::Status SubmitRequests(const std::string& worker_id, RequestBatch batch);
   absl::Status UpdateRank(const std::string& worker_id, const RankUpdate& update);
+  // Elastic jobs: rank `rank` of epoch `epoch` reset (its training process left the epoch and waits
+  // for the next): the job starts a new epoch (after CoordinatorOptions::failure_settle, so that a
+  // dead peer's broken session is seen first and it is left out). FAILED_PRECONDITION for a job
+  // that is not elastic or a rank the worker does not serve; ABORTED for a stale epoch.
+  absl::Status ResetRank(const std::string& worker_id, const std::string& job_id, int64_t epoch,
+                         int32_t rank, const std::string& reason);
   // A training process attached to idle worker `worker_id` claims rank `rank` of the pending
   // attached job named `job_name` (JobSpec::attached). Claiming the same rank again is a no-op;
   // the job is placed, ranks on the claiming workers, when all its ranks are claimed. NOT_FOUND:
@@ -302,6 +308,14 @@ class Coordinator {
     std::string reason;
     std::string worker_id;  // the exiting rank's worker (needs no stop); empty: stop every rank
     absl::Time deadline;
+    // Elastic jobs: the epoch it happened in (a new epoch makes it moot); 0: any.
+    int64_t epoch = 0;
+  };
+  // Elastic jobs: the HostsUpdated sent to epoch `epoch`'s ranks; they reset by `deadline`, or the
+  // new epoch starts anyway.
+  struct GrowNotice {
+    int64_t epoch = 0;
+    absl::Time deadline;
   };
 
   // "; its last output:\n  LINE..." with the last lines of the rank's output and the command that
@@ -336,6 +350,22 @@ class Coordinator {
                                                          const std::string& job_id, int64_t epoch,
                                                          int32_t rank);
   absl::Status CheckScope(const std::string& job_id, int64_t epoch, const std::string* token) const;
+  // Elastic jobs (coordinator_elastic.cc). A lost or reset rank, settled like a failure.
+  void NoteMembershipChange(const std::string& job_id, int64_t epoch, std::string reason);
+  // Idle workers that may join `job` (which has `members` ranks, `per_host` of them on each host),
+  // up to max_np and processes_per_host, leaving out attached jobs' claims.
+  std::vector<Worker> AddableWorkers(const Job& job, int members,
+                                     const std::map<std::string, int>& per_host)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(schedule_mu_);
+  // The job's next epoch (unless it moved past `from_epoch` already; 0: any): the surviving ranks
+  // and free workers, renumbered; below min_np it waits for workers instead; past the reset limit
+  // it fails. On the executor.
+  void Reshape(const std::string& job_id, int64_t from_epoch, std::string why);
+  // Opens the new epoch's runtime and sends every rank its assignment.
+  void StartNextEpoch(const Job& job);
+  // Housekeeping: running jobs grow (HostsUpdated) when workers are free; jobs below min_np get
+  // their epoch when workers come, or fail after their elastic timeout.
+  void TendElasticJobs(absl::Time now);
   // Flushes the job's due cycle to its ranks' channels.
   void Flush(JobRuntime& runtime, absl::Time now);
   void Housekeeping(absl::Time now);
@@ -411,6 +441,9 @@ class Coordinator {
   // When each restoring job stops waiting for its ranks (until its restore ends).
   absl::flat_hash_map<std::string, absl::Time> resume_deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, WorkerChannel*> channels_ ABSL_GUARDED_BY(mu_);
+  // Elastic jobs below min_np (no epoch running), since when; and the growth notices out.
+  absl::flat_hash_map<std::string, absl::Time> below_min_since_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, GrowNotice> grow_notices_ ABSL_GUARDED_BY(mu_);
   absl::Time last_housekeeping_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_retention_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

@@ -41,6 +41,13 @@ void Coordinator::SettleFailures(absl::Time now, const std::string& disconnected
     }
   }
   for (auto& [job_id, failure] : due) {
+    if (absl::StatusOr<Job> job = jobs_.Get(job_id); job.ok() && job->spec.elastic()) {
+      // Not a failure: the job goes on in a new epoch without what it lost.
+      slow_.Post([this, job_id, epoch = failure.epoch, why = std::move(failure.reason)]() mutable {
+        Reshape(job_id, epoch, std::move(why));
+      });
+      continue;
+    }
     std::string reason = std::move(failure.reason);
     if (absl::StatusOr<Job> job = jobs_.Get(job_id); job.ok()) {
       if (std::string cause = DisconnectedWorkerOf(*job, failure.worker_id); !cause.empty()) {
@@ -141,9 +148,13 @@ void Coordinator::Housekeeping(absl::Time now) {
     }
     if (w.job_id.empty()) Schedule();  // pending jobs' reasons count registered workers
     if (!w.job_id.empty()) {
-      FinishLater(w.job_id, JobState::kFailed,
-                  absl::StrCat("worker ", w.id, " serving rank ", w.rank, " on host ", w.host,
-                               " was lost: ", lost));  // the job may have ended meanwhile
+      std::string reason = absl::StrCat("worker ", w.id, " serving rank ", w.rank, " on host ",
+                                        w.host, " was lost: ", lost);
+      if (absl::StatusOr<Job> job = jobs_.Get(w.job_id); job.ok() && job->spec.elastic()) {
+        NoteMembershipChange(w.job_id, job->epoch, std::move(reason));
+      } else {
+        FinishLater(w.job_id, JobState::kFailed, std::move(reason));  // it may have ended meanwhile
+      }
     }
   }
   std::vector<std::shared_ptr<JobRuntime>> runtimes;
@@ -162,6 +173,7 @@ void Coordinator::Housekeeping(absl::Time now) {
     }
   }
   FailJobsThatDidNotStart(now);
+  TendElasticJobs(now);
   rendezvous_.ExpireWaiters(now);
   logs_.EndDue();
 }

@@ -214,6 +214,16 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
   if (update.message.size() > 4096) {
     return absl::InvalidArgumentError("rank_update.message is longer than 4096 bytes");
   }
+  // Elastic jobs: a rank's data plane failing is a reset (its process goes on into the next
+  // epoch), and a process failing leaves the job its other ranks.
+  if (absl::StatusOr<Job> known = jobs_.Get(update.job_id); known.ok() && known->spec.elastic() &&
+                                                            update.state == RankState::kExited &&
+                                                            update.failed) {
+    const RankInfo& r = known->ranks[update.rank];
+    NoteMembershipChange(update.job_id, update.epoch,
+                         absl::StrCat(Placement(r), " failed: ", update.message));
+    return absl::OkStatus();
+  }
   // A rank exits once: its first report stands (a rank whose data plane failed may see its
   // process exit, even with 0, afterwards). A report repeated after a reconnect (the worker
   // re-sends its last ones) changes nothing either.
@@ -261,6 +271,10 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     // failed (`failed`): then its process runs on and is stopped with the others.
     // The rank's output is all here: a worker forwards it before reporting the exit.
     absl::StrAppend(&reason, OutputTail(update.job_id, update.rank));
+    if (job->spec.elastic()) {
+      NoteMembershipChange(update.job_id, update.epoch, std::move(reason));
+      return absl::OkStatus();
+    }
     const std::string stopped_already = update.failed ? "" : worker_id;
     bool restoring;
     {

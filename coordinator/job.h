@@ -41,7 +41,18 @@ struct JobSpec {
   SourceArchive source;
   // Ranks placed where attached training processes claim them (JobSpec.attached in job.proto).
   bool attached = false;
+  // Elastic training (JobSpec.min_np, max_np, reset_limit, elastic_timeout_seconds in job.proto).
+  // Register fills in the defaults: an elastic job has 1 <= min_np <= np <= max_np.
+  int32_t min_np = 0;
+  int32_t max_np = 0;
+  int32_t reset_limit = 0;  // 0: no limit
+  int32_t elastic_timeout_seconds = 0;  // 0: kDefaultElasticTimeoutSeconds
+
+  bool elastic() const { return min_np > 0 || max_np > 0; }
 };
+
+// Horovod's default --elastic-timeout.
+inline constexpr int32_t kDefaultElasticTimeoutSeconds = 600;
 
 struct RankInfo {
   int32_t rank = 0;
@@ -60,6 +71,10 @@ struct RankInfo {
   RankState state = RankState::kAssigned;
   int32_t exit_code = 0;
 };
+
+// An elastic spec's defaults filled in (min_np and max_np default to np, np to max_np); other
+// specs are left as they are. Before ValidateJobSpec.
+void FillElasticDefaults(JobSpec& spec);
 
 // "rank 1 on host h1 (worker-000002)": where a rank runs, in error messages.
 std::string Placement(const RankInfo& r);
@@ -95,6 +110,8 @@ struct Job {
   JobState state = JobState::kPending;
   std::string reason;
   int64_t epoch = 0;
+  // Elastic jobs: the epochs started after the first (membership changes).
+  int32_t resets = 0;
   absl::Time create_time;
   absl::Time update_time;
   std::vector<RankInfo> ranks;

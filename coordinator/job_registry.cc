@@ -47,6 +47,7 @@ JobRegistry::JobRegistry(std::unique_ptr<JobStore> store, Clock* clock, int64_t 
 }
 
 absl::StatusOr<Job> JobRegistry::Register(JobSpec spec, std::string owner) {
+  FillElasticDefaults(spec);
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
   if (owner.size() > 256) {
     return absl::InvalidArgumentError(
@@ -202,7 +203,36 @@ absl::StatusOr<Job> JobRegistry::Start(const std::string& id, std::vector<RankIn
     }
     job.state = JobState::kStarting;
     job.ranks = std::move(ranks);
+    if (job.spec.elastic()) job.spec.np = static_cast<int32_t>(job.ranks.size());
     ++job.epoch;
+    job.rendezvous_token = RandomSecret();
+    watchers = CommitLocked(job, std::move(message));
+    notify_mu_.Lock();
+  }
+  Notify(watchers, job);
+  notify_mu_.Unlock();
+  return job;
+}
+
+absl::StatusOr<Job> JobRegistry::NextEpoch(const std::string& id, std::vector<RankInfo> ranks,
+                                           std::string message) {
+  std::vector<std::shared_ptr<Watcher>> watchers;
+  Job job;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Job> loaded = LoadLocked(id);
+    if (!loaded.ok()) return loaded.status();
+    job = *std::move(loaded);
+    if (!job.spec.elastic() ||
+        (job.state != JobState::kStarting && job.state != JobState::kRunning)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " is ", JobStateName(job.state),
+          job.spec.elastic() ? "" : " and not elastic", "; it cannot start a new epoch"));
+    }
+    job.ranks = std::move(ranks);
+    job.spec.np = static_cast<int32_t>(job.ranks.size());
+    ++job.epoch;
+    ++job.resets;
     job.rendezvous_token = RandomSecret();
     watchers = CommitLocked(job, std::move(message));
     notify_mu_.Lock();

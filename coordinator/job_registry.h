@@ -59,6 +59,12 @@ class JobRegistry {
   absl::StatusOr<Job> Start(const std::string& id, std::vector<RankInfo> ranks,
                             std::string message);
 
+  // Elastic jobs: the ranks of a new epoch (renumbered; the spec's np becomes their number), with a
+  // new rendezvous token; the epoch and the reset count go up, the state stays STARTING or
+  // RUNNING. FAILED_PRECONDITION for a job that is not elastic or not placed.
+  absl::StatusOr<Job> NextEpoch(const std::string& id, std::vector<RankInfo> ranks,
+                                std::string message);
+
   // Records a rank's new state. Returns the job after the update.
   absl::StatusOr<Job> UpdateRank(const std::string& id, int rank, RankState state, int exit_code);
 

@@ -86,8 +86,12 @@ std::shared_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore
     if (absl::Status s = artifacts.Reset(job.id); !s.ok()) problems->emplace_back(s.message());
   }
   if (!k.timeline.empty() && restored) {
-    problems->push_back(absl::StrCat("the timeline ", k.timeline,
-                                     " ends where the coordinator restarted (it is not resumed)"));
+    problems->push_back(
+        job.resets > 0
+            ? absl::StrCat("the timeline ", k.timeline, " ends where epoch ", job.epoch,
+                           " began (an elastic job's timeline covers its first epoch)")
+            : absl::StrCat("the timeline ", k.timeline,
+                           " ends where the coordinator restarted (it is not resumed)"));
   } else if (!k.timeline.empty()) {
     absl::StatusOr<std::unique_ptr<ringmaster::Timeline>> timeline =
         ringmaster::Timeline::Create(artifacts.PathOf(job.id, k.timeline),

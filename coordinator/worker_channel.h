@@ -39,6 +39,11 @@ class WorkerChannel {
   // `cycle->output.notices[rank]` is this worker's own part.
   virtual void SendResponses(const std::shared_ptr<CycleBroadcast>& cycle, int rank) = 0;
   virtual void SendStopJob(const std::string& job_id, const std::string& reason) = 0;
+  // Elastic jobs: ends epoch `epoch` of the job's rank (its collectives fail) but keeps its process
+  // for the next epoch (StopJob.epoch).
+  virtual void SendStopEpoch(const std::string& job_id, int64_t epoch, const std::string& reason) {}
+  // Elastic jobs: workers were added; the rank's process resets at its next commit.
+  virtual void SendHostsUpdated(const std::string& job_id, int64_t epoch) {}
   // The reliable session's answer to a reconnected rank (after the lists re-sent to it): the last
   // request batch the coordinator has of it.
   virtual void SendResumed(const std::string& job_id, int64_t epoch, int rank,

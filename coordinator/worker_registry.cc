@@ -240,6 +240,19 @@ void WorkerRegistry::Release(const std::string& id) {
   it->second.rank = -1;
 }
 
+absl::Status WorkerRegistry::Renumber(const std::string& id, const std::string& job_id,
+                                      int32_t rank) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(id);
+  if (it == workers_.end() || it->second.state != WorkerState::kBusy ||
+      it->second.job_id != job_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", id, " does not serve job ", job_id));
+  }
+  it->second.rank = rank;
+  return absl::OkStatus();
+}
+
 absl::Status WorkerRegistry::Restore(const std::string& id, std::string host, std::string device,
                                      const std::string& job_id, int32_t rank, absl::Time until,
                                      std::string address, std::string identity,

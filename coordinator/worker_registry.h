@@ -99,6 +99,9 @@ class WorkerRegistry {
                       const std::vector<int32_t>& ranks);
   // Returns a busy worker to idle (no-op for a lost or unknown one).
   void Release(const std::string& id);
+  // An elastic job's new epoch renumbered the rank that busy worker `id` serves for `job_id`.
+  // FAILED_PRECONDITION when it does not serve that job.
+  absl::Status Renumber(const std::string& id, const std::string& job_id, int32_t rank);
 
   // After a coordinator restart: a worker that served rank `rank` of running job `job_id`, known
   // again (busy, not connected) so that its daemon's session reattaches; it is lost unless it

@@ -257,8 +257,23 @@ void Daemon::OnMessage(const v1::CoordinatorMessage& m) {
     case v1::CoordinatorMessage::kStopJob:
       StopJob(m.stop_job().job_id(),
               absl::AbortedError(absl::StrCat("job ", m.stop_job().job_id(),
-                                              " stopped: ", m.stop_job().reason())));
+                                              m.stop_job().epoch() > 0
+                                                  ? absl::StrCat(" epoch ", m.stop_job().epoch())
+                                                  : std::string(),
+                                              " stopped: ", m.stop_job().reason())),
+              m.stop_job().epoch());
       break;
+    case v1::CoordinatorMessage::kHostsUpdated: {
+      std::shared_ptr<Job> job = CurrentJob();
+      if (job != nullptr && job->assignment.job().id() == m.hosts_updated().job_id() &&
+          job->assignment.epoch() == m.hosts_updated().epoch()) {
+        spdlog::info("job {} epoch {}: workers were added; rank {} resets at its next commit",
+                     m.hosts_updated().job_id(), m.hosts_updated().epoch(),
+                     job->assignment.rank());
+        job->hosts_updated->store(true);
+      }
+      break;
+    }
     case v1::CoordinatorMessage::kClaimRefused: {
       const v1::ClaimRefused& r = m.claim_refused();
       absl::MutexLock lock(&claim_mu_);
@@ -328,6 +343,7 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     claim_ = Claim{};  // a claim is done with once a job comes
   }
   std::shared_ptr<Job> job;
+  std::shared_ptr<Job> previous;  // an elastic job's epoch that this one follows
   {
     absl::MutexLock lock(&mu_);
     if (finished_ == absl::StrCat(assignment.job().id(), "@", assignment.epoch())) {
@@ -335,7 +351,11 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
                    assignment.job().id());
       return;
     }
-    if (job_ != nullptr) {
+    if (job_ != nullptr && job_->ready && !job_->stopped && job_->elastic() &&
+        job_->assignment.job().id() == assignment.job().id() &&
+        assignment.epoch() > job_->assignment.epoch()) {
+      previous = job_;  // its process goes on in the new epoch
+    } else if (job_ != nullptr) {
       if (job_->assignment.job().id() != assignment.job().id() ||
           job_->assignment.epoch() != assignment.epoch()) {
         // The coordinator freed this worker when the last job ended; its cleanup here (the
@@ -348,11 +368,29 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     }
     job = std::make_shared<Job>();
     job->assignment = assignment;
+    if (previous != nullptr) {
+      job->proc = previous->proc;
+      job->started = previous->started.load();
+    }
     job_ = job;
   }
   const v1::Job& spec = assignment.job();
   const int rank = assignment.rank();
-  spdlog::info("job {} rank {} of {}: starting", spec.id(), rank, spec.spec().np());
+  if (previous != nullptr) {
+    spdlog::info("job {} epoch {}: rank {} of {} (rank {} in epoch {})", spec.id(),
+                 assignment.epoch(), rank, spec.spec().np(), previous->assignment.rank(),
+                 previous->assignment.epoch());
+    EndEpoch(previous, absl::AbortedError(absl::StrCat(
+                           "job ", spec.id(), " epoch ", previous->assignment.epoch(),
+                           " ended: its ranks changed (epoch ", assignment.epoch(), " has ",
+                           spec.spec().np(), "); reset into the new epoch (hvd.elastic)")));
+    absl::MutexLock lock(&job->proc->output_mu);
+    job->proc->output_epoch = assignment.epoch();
+    job->proc->output_rank = rank;
+    job->proc->output_seq = 0;
+  } else {
+    spdlog::info("job {} rank {} of {}: starting", spec.id(), rank, spec.spec().np());
+  }
   const std::string arena_name =
       absl::StrCat("ringmaster-", spec.id(), "-", assignment.epoch(), "-rank-", rank);
   absl::StatusOr<std::unique_ptr<SharedMemory>> arena =
@@ -473,35 +511,36 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
             absl::AbortedError(absl::StrCat("job ", spec.id(), " stopped while starting")));
     return;
   }
+  if (previous != nullptr) return;  // the rank's process runs on: it resets into this epoch
 
   if (spec.spec().command().empty()) {
     spdlog::info("job {} rank {}: waiting for a training process on {}", spec.id(), rank,
                  options_.socket_path);
     return;  // STARTED when the process attaches
   }
-  job->waiter = std::thread([this, job] { RunRank(job); });
+  job->proc->waiter = std::thread([this, job] { RunRank(job); });
 }
 
 absl::Status Daemon::PrepareRankDir(Job& job) {
   const v1::Job& spec = job.assignment.job();
-  job.dir = absl::StrCat(options_.work_dir, "/", spec.id(), "-", job.assignment.epoch(), "-rank-",
+  job.proc->dir = absl::StrCat(options_.work_dir, "/", spec.id(), "-", job.assignment.epoch(), "-rank-",
                          job.assignment.rank(), "-", getpid());
   std::error_code error;
-  fs::remove_all(job.dir, error);
+  fs::remove_all(job.proc->dir, error);
   error.clear();
-  if (!fs::create_directories(job.dir + "/output", error) && error) {
+  if (!fs::create_directories(job.proc->dir + "/output", error) && error) {
     return absl::UnavailableError(
-        absl::StrCat("cannot create the rank's directory ", job.dir, ": ", error.message()));
+        absl::StrCat("cannot create the rank's directory ", job.proc->dir, ": ", error.message()));
   }
-  fs::permissions(job.dir, fs::perms::owner_all, fs::perm_options::replace, error);
+  fs::permissions(job.proc->dir, fs::perms::owner_all, fs::perm_options::replace, error);
   if (spec.spec().source().sha256().empty()) return absl::OkStatus();
-  const std::string archive = job.dir + "/source.tar.gz";
+  const std::string archive = job.proc->dir + "/source.tar.gz";
   RendezvousClient client(channel_, spec.id(), job.assignment.epoch(), job.rendezvous,
                           job.assignment.rendezvous_token());
   if (absl::Status s = client.FetchSource(archive); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("could not fetch the job's code: ", s.message()));
   }
-  if (absl::Status s = ExtractArchive(archive, job.dir + "/code"); !s.ok()) {
+  if (absl::Status s = ExtractArchive(archive, job.proc->dir + "/code"); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("could not unpack the job's code: ", s.message()));
   }
   fs::remove(archive, error);
@@ -517,7 +556,17 @@ void Daemon::RunRank(const std::shared_ptr<Job>& job) {
     FinishJob(job);
     return;
   }
-  ChildExit exit = job->child->Wait();
+  ChildExit exit = job->proc->child->Wait();
+  // An elastic job's process outlives its first epoch: its exit is the current epoch's.
+  if (std::shared_ptr<Job> current = CurrentJob();
+      current != nullptr && current != job && current->proc == job->proc) {
+    RunRankExited(current, exit);
+    return;
+  }
+  RunRankExited(job, exit);
+}
+
+void Daemon::RunRankExited(const std::shared_ptr<Job>& job, const ChildExit& exit) {
   spdlog::info("job {} rank {}: process exited with {} {}", job->assignment.job().id(),
                job->assignment.rank(), exit.exit_code, exit.message);
   // Before the exit is reported: the job's end must find the rank's files among its artifacts.
@@ -527,7 +576,7 @@ void Daemon::RunRank(const std::shared_ptr<Job>& job) {
   int32_t sent_files = 0;
   int64_t sent_bytes = 0;
   if (absl::Status put =
-          files.PutOutput(job->assignment.rank(), job->dir + "/output", &sent_files, &sent_bytes);
+          files.PutOutput(job->assignment.rank(), job->proc->dir + "/output", &sent_files, &sent_bytes);
       !put.ok()) {
     spdlog::warn("job {} rank {}: its output files were not all kept: {}",
                  job->assignment.job().id(), job->assignment.rank(), put.ToString());
@@ -567,6 +616,10 @@ absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
   env["RINGMASTER_COORDINATOR"] = options_.coordinator;
   env["RINGMASTER_JOB_ID"] = spec.id();
   env["RINGMASTER_EPOCH"] = absl::StrCat(job->assignment.epoch());
+  if (job->elastic()) {
+    const int32_t timeout = spec.spec().elastic_timeout_seconds();
+    env["RINGMASTER_ELASTIC_TIMEOUT"] = absl::StrCat(timeout > 0 ? timeout : 600);
+  }
   // The job's own processes may meet through the coordinator's rendezvous (a raw Gloo context, a
   // benchmark's baseline): the epoch's token lets them, and only for this job.
   env["RINGMASTER_RENDEZVOUS_TOKEN"] = job->assignment.rendezvous_token();
@@ -575,38 +628,49 @@ absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
   if (!me.address().empty()) env["RINGMASTER_ADDRESS"] = me.address();
   // What the rank writes here comes back as the job's artifacts "rank-<rank>/...". SageMaker
   // scripts find it under their names.
-  const std::string output = job->dir + "/output";
+  const std::string output = job->proc->dir + "/output";
   env["RINGMASTER_OUTPUT_DIR"] = output;
   env["SM_OUTPUT_DATA_DIR"] = output;
   env["SM_MODEL_DIR"] = output;
   std::string cwd = spec.spec().working_dir();
   if (!spec.spec().source().sha256().empty()) {
-    cwd = job->dir + "/code";
+    cwd = job->proc->dir + "/code";
     env["RINGMASTER_CODE_DIR"] = cwd;
     env["SM_MODULE_DIR"] = cwd;
   }
   std::vector<std::string> argv(spec.spec().command().begin(), spec.spec().command().end());
   CoordinatorSession* session = session_.get();
-  const v1::JobAssignment assignment = job->assignment;
   // Numbered (the reliable session: re-sent after a reconnect, deduplicated by the coordinator);
   // stdout's and stderr's readers number and send under one lock, so the numbers go out in order.
-  auto numbering = std::make_shared<std::pair<absl::Mutex, uint64_t>>();
-  auto print = [session, assignment, numbering](int stream, std::string data) {
-    absl::MutexLock lock(&numbering->first);
+  // The output is the current epoch's (an elastic job's process outlives its first).
+  std::shared_ptr<Process> proc = job->proc;
+  {
+    absl::MutexLock lock(&proc->output_mu);
+    proc->output_job = spec.id();
+    proc->output_epoch = job->assignment.epoch();
+    proc->output_rank = rank;
+    proc->output_seq = 0;
+  }
+  auto print = [session, weak = std::weak_ptr<Process>(proc)](int stream, std::string data) {
+    std::shared_ptr<Process> proc = weak.lock();
+    if (proc == nullptr) return;
+    absl::MutexLock lock(&proc->output_mu);
     for (size_t at = 0; at < data.size(); at += kMaxOutputChunk) {
       v1::WorkerMessage m;
       v1::RankOutput* o = m.mutable_output();
-      o->set_job_id(assignment.job().id());
-      o->set_epoch(assignment.epoch());
-      o->set_rank(assignment.rank());
+      o->set_job_id(proc->output_job);
+      o->set_epoch(proc->output_epoch);
+      o->set_rank(proc->output_rank);
       o->set_stream(stream == 1 ? v1::RankOutput::STREAM_STDOUT : v1::RankOutput::STREAM_STDERR);
       o->set_data(data.substr(at, kMaxOutputChunk));
-      o->set_seq(++numbering->second);
+      // Numbers grow across an elastic job's epochs too (the coordinator drops a rank's chunk
+      // numbered at or below the last it stored): the epoch in the high bits.
+      o->set_seq((static_cast<uint64_t>(proc->output_epoch) << 40) | ++proc->output_seq);
       session->Send(m).IgnoreError();
     }
   };
   {
-    absl::MutexLock lock(&job->launch_mu);
+    absl::MutexLock lock(&job->proc->launch_mu);
     if (job->stopped) {
       return absl::AbortedError(
           absl::StrCat("job ", spec.id(), " stopped before rank ", rank, " started"));
@@ -614,9 +678,9 @@ absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
     absl::StatusOr<std::unique_ptr<ChildProcess>> child =
         ChildProcess::Start(argv, env, cwd, print);
     if (!child.ok()) return child.status();
-    job->child = *std::move(child);
+    job->proc->child = *std::move(child);
   }
-  job->child_pid.store(job->child->pid());
+  job->proc->child_pid.store(job->proc->child->pid());
   job->started = true;
   SendRankUpdate(*job, v1::RANK_STATE_STARTED, 0, "");
   return absl::OkStatus();
@@ -638,13 +702,26 @@ void Daemon::SendRankUpdate(const Job& job, v1::RankState state, int exit_code,
   }
 }
 
-void Daemon::StopJob(const std::string& job_id, const absl::Status& reason) {
+void Daemon::StopJob(const std::string& job_id, const absl::Status& reason, int64_t epoch) {
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
-    if (queued_.has_value() && queued_->job().id() == job_id) queued_.reset();  // never started
+    if (queued_.has_value() && queued_->job().id() == job_id &&
+        (epoch == 0 || queued_->epoch() <= epoch)) {
+      queued_.reset();  // never started
+    }
     job = job_;
     if (job == nullptr || job->assignment.job().id() != job_id) return;
+    if (epoch > 0 && epoch < job->assignment.epoch()) return;  // an epoch this rank has left
+    if (epoch > 0 && job->ready && job->elastic() && !job->stopped) {
+      // Too few ranks are left for a new epoch: the process waits (in its reset) for the next.
+      if (!job->epoch_ended.exchange(true)) {
+        spdlog::info("job {} epoch {} ended: {}", job_id, epoch, reason.ToString());
+        job->rendezvous->Cancel();
+        job->engine->Abort(reason);
+      }
+      return;
+    }
     if (!job->ready) {  // StartJob stops it as soon as it is built
       job->stop_requested = true;
       return;
@@ -658,14 +735,42 @@ void Daemon::StopJob(const std::string& job_id, const absl::Status& reason) {
   job->engine->Abort(reason);
   ChildProcess* child;
   {
-    absl::MutexLock lock(&job->launch_mu);
-    child = job->child.get();
+    absl::MutexLock lock(&job->proc->launch_mu);
+    child = job->proc->child.get();
   }
   if (child != nullptr) {
     // Not detached: the job must not outlive the daemon (its engine's gauges live in metrics_).
-    finishers_.Start([job, grace = options_.stop_grace] { job->child->Terminate(grace); });
+    finishers_.Start([job, grace = options_.stop_grace] { job->proc->child->Terminate(grace); });
   } else {
     FinishJob(job);
+  }
+}
+
+void Daemon::EndEpoch(const std::shared_ptr<Job>& job, const absl::Status& reason) {
+  job->epoch_ended = true;
+  job->rendezvous->Cancel();  // a rank still meeting its old peers stops
+  job->engine->Abort(reason);
+  // The engine's threads (a Gloo pair still connecting to a peer that is gone ends within the
+  // collective timeout) and the epoch's arena go on a thread of their own; the process does not.
+  finishers_.Start([job] {
+    job->engine->Stop();
+    job->arena.reset();  // unmapped here; the process unmaps its view when it lets go of it
+  });
+}
+
+void Daemon::RequestReset(Job& job, const std::string& why) {
+  if (job.reset_sent.exchange(true)) return;
+  spdlog::info("job {} epoch {}: rank {} asks for a new epoch: {}", job.assignment.job().id(),
+               job.assignment.epoch(), job.assignment.rank(), why);
+  v1::WorkerMessage m;
+  v1::RankReset* r = m.mutable_reset();
+  r->set_job_id(job.assignment.job().id());
+  r->set_epoch(job.assignment.epoch());
+  r->set_rank(job.assignment.rank());
+  r->set_reason(why.substr(0, 4096));
+  if (absl::Status s = session_->Send(m); !s.ok()) {
+    job.reset_sent = false;  // asked again at the process's next try
+    spdlog::warn("reset of job {} not delivered: {}", job.assignment.job().id(), s.ToString());
   }
 }
 
@@ -688,17 +793,17 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
           job->assignment.job().id(), job->assignment.rank());
       finishers_.Start([job] { job->engine->Stop(); });
     }
-    if (job->waiter.joinable() && job->waiter.get_id() != std::this_thread::get_id()) {
-      job->waiter.join();
+    if (job->proc->waiter.joinable() && job->proc->waiter.get_id() != std::this_thread::get_id()) {
+      job->proc->waiter.join();
     }
     {
       absl::MutexLock lock(&job->attach_mu);
       job->closing = true;  // no welcome into this job any more
     }
     local_->DisconnectAll();
-    if (!job->dir.empty()) {
+    if (!job->proc->dir.empty()) {
       std::error_code error;
-      fs::remove_all(job->dir, error);  // the rank's code and output (sent already)
+      fs::remove_all(job->proc->dir, error);  // the rank's code and output (sent already)
     }
     const std::string id = job->assignment.job().id();
     // The memory goes once the training process has unmapped it too (and, when the engine is
@@ -884,6 +989,17 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   }
   const v1::Job& spec = job->assignment.job();
   const v1::RankInfo& me = spec.ranks(job->assignment.rank());
+  if (hello.after_epoch() > 0 && job->assignment.epoch() <= hello.after_epoch()) {
+    if (!job->elastic()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", spec.id(), " is not elastic (ringmaster submit --min-np/--max-np): its ranks "
+          "cannot reset into a new epoch"));
+    }
+    RequestReset(*job, absl::StrCat("its training process (pid ", peer.pid,
+                                    ") reset and waits for the next epoch"));
+    return absl::UnavailableError(absl::StrCat("waiting for an epoch of job ", spec.id(),
+                                               " after epoch ", hello.after_epoch()));
+  }
   if (!hello.attach_job().empty() &&
       (!spec.spec().attached() || spec.spec().name() != hello.attach_job() ||
        me.rank() != hello.attach_rank())) {
@@ -898,7 +1014,7 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   const int pid = peer.pid > 0 ? peer.pid : -1;
   // A rank the daemon launched is served to that process or one it started, nothing else.
   if (!spec.spec().command().empty()) {
-    const pid_t child = job->child_pid.load();
+    const pid_t child = job->proc->child_pid.load();
     if (child == 0) return absl::UnavailableError("the rank's process is starting");
     if (!DescendsFrom(pid, child)) {
       return absl::PermissionDeniedError(
@@ -944,31 +1060,47 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   return Welcome{std::move(w), arena_fd};
 }
 
-void Daemon::OnEnqueue(const v1::LocalEnqueue& enqueue,
+void Daemon::OnEnqueue(const v1::LocalWelcome* welcome, const v1::LocalEnqueue& enqueue,
                        std::function<void(const v1::LocalCompletion&)> reply) {
   std::shared_ptr<Job> job = ServingJob();
-  if (job == nullptr) {
+  auto refuse = [&](absl::StatusCode code, std::string message) {
     v1::LocalCompletion c;
     c.set_handle(enqueue.handle());
-    c.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-    c.set_message("no job is assigned to this worker");
+    c.set_code(static_cast<int>(code));
+    c.set_message(std::move(message));
     reply(c);
+  };
+  if (job == nullptr) {
+    refuse(absl::StatusCode::kUnavailable, "no job is assigned to this worker");
+    return;
+  }
+  // A connection welcomed into an elastic job's earlier epoch: its offsets are into that epoch's
+  // arena, and its peers are gone.
+  if (welcome != nullptr && (welcome->job_id() != job->assignment.job().id() ||
+                             welcome->epoch() != job->assignment.epoch())) {
+    refuse(absl::StatusCode::kAborted,
+           absl::StrCat("job ", welcome->job_id(), " epoch ", welcome->epoch(),
+                        " has ended: reset into the job's new epoch (hvd.elastic)"));
     return;
   }
   const uint64_t handle = enqueue.handle();
   LocalOp op;
   FromProto(enqueue, &op);
-  job->engine->Enqueue(std::move(op), [reply, handle](const OpResult& result) {
-    v1::LocalCompletion c;
-    ToProto(result, handle, &c);
-    reply(c);
-  });
+  job->engine->Enqueue(std::move(op),
+                       [reply, handle, hosts_updated = job->hosts_updated](const OpResult& result) {
+                         v1::LocalCompletion c;
+                         ToProto(result, handle, &c);
+                         if (hosts_updated->load()) c.set_hosts_updated(true);
+                         reply(c);
+                       });
 }
 
-void Daemon::OnRelease(const v1::LocalRelease& release) {
-  if (std::shared_ptr<Job> job = ServingJob()) {
-    job->outputs->Free(static_cast<size_t>(release.offset())).IgnoreError();
+void Daemon::OnRelease(const v1::LocalWelcome* welcome, const v1::LocalRelease& release) {
+  std::shared_ptr<Job> job = ServingJob();
+  if (job == nullptr || (welcome != nullptr && welcome->epoch() != job->assignment.epoch())) {
+    return;  // an earlier epoch's output went with its arena
   }
+  job->outputs->Free(static_cast<size_t>(release.offset())).IgnoreError();
 }
 
 void Daemon::OnDisconnect(const v1::LocalWelcome* welcome) {
@@ -986,7 +1118,7 @@ void Daemon::OnDisconnect(const v1::LocalWelcome* welcome) {
     job->attached_pid = 0;
   }
   // An attached training process (no command of ours) that goes away ends its rank.
-  if (job->child != nullptr || !job->started || job->stopped.exchange(true)) return;
+  if (job->proc->child != nullptr || !job->started || job->stopped.exchange(true)) return;
   SendRankUpdate(*job, v1::RANK_STATE_EXITED, 0, "");
   job->engine->Abort(absl::CancelledError("the training process disconnected"));
   FinishJob(job);

@@ -93,13 +93,34 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   // LocalServer::Handler
   absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello,
                                   const PeerCredentials& peer) override;
-  void OnEnqueue(const v1::LocalEnqueue& enqueue,
+  void OnEnqueue(const v1::LocalWelcome* welcome, const v1::LocalEnqueue& enqueue,
                  std::function<void(const v1::LocalCompletion&)> reply) override;
-  void OnRelease(const v1::LocalRelease& release) override;
+  void OnRelease(const v1::LocalWelcome* welcome, const v1::LocalRelease& release) override;
   absl::Status OnReadyEvents(const v1::LocalReadyEvents& events) override;
   void OnDisconnect(const v1::LocalWelcome* welcome) override;
 
  private:
+  // A rank's process and directory. An elastic job's rank keeps them across its epochs: each new
+  // epoch's Job shares its predecessor's.
+  struct Process {
+    // Held while the process is started (child set) and when a stop looks for it: a stop that
+    // comes while the rank's code is being fetched finds no process, and none starts after it.
+    absl::Mutex launch_mu;
+    std::unique_ptr<ChildProcess> child;
+    std::atomic<pid_t> child_pid{0};
+    // A launched rank's directory under DaemonOptions::work_dir ("": none made yet).
+    std::string dir;  // child's, once started (OnHello reads it unlocked)
+    std::thread waiter;
+    // Whose output the process's output is (the current epoch's job, epoch and rank), and the
+    // number of its last chunk in that epoch.
+    absl::Mutex output_mu;
+    std::string output_job ABSL_GUARDED_BY(output_mu);
+    int64_t output_epoch ABSL_GUARDED_BY(output_mu) = 0;
+    int32_t output_rank ABSL_GUARDED_BY(output_mu) = 0;
+    uint64_t output_seq ABSL_GUARDED_BY(output_mu) = 0;
+  };
+
+  // One epoch of the rank this daemon serves.
   struct Job {
     v1::JobAssignment assignment;
     // GPU slots: the device side (arena, events, NCCL); declared before the engine, which uses it,
@@ -118,16 +139,15 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     // coordinator in their order (it drops one numbered below what it has).
     absl::Mutex send_mu;
     std::unique_ptr<Engine> engine;
-    // Held while the process is started (child set) and when a stop looks for it: a stop that
-    // comes while the rank's code is being fetched finds no process, and none starts after it.
-    absl::Mutex launch_mu;
-    std::unique_ptr<ChildProcess> child;
-    std::atomic<pid_t> child_pid{0};
-    // A launched rank's directory under DaemonOptions::work_dir ("": none made yet).
-    std::string dir;  // child's, once started (OnHello reads it unlocked)
-    std::thread waiter;
+    std::shared_ptr<Process> proc = std::make_shared<Process>();
     std::atomic<bool> started{false};
     std::atomic<bool> stopped{false};
+    // Elastic jobs: this epoch was ended (StopJob of the epoch: too few ranks left) while the
+    // process stays for the next; the rank asked the coordinator for a new epoch (RankReset, once);
+    // workers were added to the job (HostsUpdated), which completions tell the process.
+    std::atomic<bool> epoch_ended{false};
+    std::atomic<bool> reset_sent{false};
+    std::shared_ptr<std::atomic<bool>> hosts_updated = std::make_shared<std::atomic<bool>>(false);
     // The training process connected to this rank (its pid; -1 if it gave none; 0: none) and its
     // open connections (a process may reconnect before its old connection's end is seen). One
     // process per rank: a second one would share the arena (and, on a GPU, replace the ready
@@ -140,6 +160,10 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     // reserved but not served, and a stop is only requested.
     bool ready = false;
     bool stop_requested = false;
+
+    bool elastic() const {
+      return assignment.job().spec().min_np() > 0 || assignment.job().spec().max_np() > 0;
+    }
   };
 
   void StartJob(const v1::JobAssignment& assignment);
@@ -147,12 +171,20 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   // code), starts its process, waits for it, sends what it left in its output directory, and
   // reports its exit.
   void RunRank(const std::shared_ptr<Job>& job);
+  // The rest of RunRank once the process exited: `job` is the epoch it exited in.
+  void RunRankExited(const std::shared_ptr<Job>& job, const ChildExit& exit);
   // The rank's directory: <work_dir>/<job>-<epoch>-rank-<rank>-<pid>/{code,output}.
   absl::Status PrepareRankDir(Job& job);
   // UNAVAILABLE-free ABORTED when the job was stopped before the process could start.
   absl::Status LaunchChild(const std::shared_ptr<Job>& job);
-  // Stops the job's rank (abort pending ops, terminate the process) because of `reason`.
-  void StopJob(const std::string& job_id, const absl::Status& reason);
+  // Stops the job's rank (abort pending ops, terminate the process) because of `reason`. `epoch`
+  // > 0: that epoch only; an elastic job's process then stays for the next epoch.
+  void StopJob(const std::string& job_id, const absl::Status& reason, int64_t epoch = 0);
+  // Elastic jobs: ends epoch `job` (its pending operations fail with `reason`, its engine and arena
+  // go) but not its process, which the next epoch's Job has.
+  void EndEpoch(const std::shared_ptr<Job>& job, const absl::Status& reason);
+  // Elastic jobs: asks the coordinator for an epoch after the job's current one (once per epoch).
+  void RequestReset(Job& job, const std::string& why);
   // Releases the job's resources once its rank is done. Runs on a thread of its own.
   void FinishJob(std::shared_ptr<Job> job);
   // GPU slots: the job's device side (GpuJob) into `job`; the engine options point at it.

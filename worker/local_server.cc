@@ -196,7 +196,7 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
         break;
       }
       case v1::LocalRequest::kEnqueue:
-        handler_->OnEnqueue(request.enqueue(), [weak](const v1::LocalCompletion& c) {
+        handler_->OnEnqueue(welcomed.has_value() ? &*welcomed : nullptr, request.enqueue(), [weak](const v1::LocalCompletion& c) {
           if (auto conn = weak.lock()) {
             v1::LocalReply reply;
             *reply.mutable_completion() = c;
@@ -205,7 +205,7 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
         });
         break;
       case v1::LocalRequest::kRelease:
-        handler_->OnRelease(request.release());
+        handler_->OnRelease(welcomed.has_value() ? &*welcomed : nullptr, request.release());
         break;
       case v1::LocalRequest::kReadyEvents:
         if (absl::Status s = welcomed.has_value()

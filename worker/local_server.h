@@ -52,9 +52,10 @@ class LocalServer {
     virtual absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello,
                                             const PeerCredentials& peer) = 0;
     // `reply` may be called from any thread, once per enqueue, even after the connection closed.
-    virtual void OnEnqueue(const v1::LocalEnqueue& enqueue,
+    // `welcome`: what the connection was welcomed with (nullptr: not welcomed).
+    virtual void OnEnqueue(const v1::LocalWelcome* welcome, const v1::LocalEnqueue& enqueue,
                            std::function<void(const v1::LocalCompletion&)> reply) = 0;
-    virtual void OnRelease(const v1::LocalRelease& release) = 0;
+    virtual void OnRelease(const v1::LocalWelcome* welcome, const v1::LocalRelease& release) = 0;
     // GPU daemons: the training process's interprocess ready events. An error closes the
     // connection.
     virtual absl::Status OnReadyEvents(const v1::LocalReadyEvents& events) {

@@ -28,6 +28,9 @@ using Handle = uint64_t;
 
 struct Topology {
   std::string job_id;
+  // The job's epoch this process was welcomed into (elastic jobs start a new one at each
+  // membership change).
+  int64_t epoch = 0;
   int rank = 0;
   int size = 1;
   int local_rank = 0;
@@ -54,9 +57,12 @@ struct AllgatherOutput {
 class Client {
  public:
   // Connects to the daemon at `socket_path` ("" = $RINGMASTER_SOCKET), retrying while the daemon
-  // has no job yet, until `timeout`.
+  // has no job yet, until `timeout`. Elastic jobs: `after_epoch` > 0 (the epoch of the connection
+  // this process leaves after a reset) waits for the job's next epoch, which the daemon asks the
+  // coordinator for.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
-      std::string socket_path = "", absl::Duration timeout = absl::Seconds(60));
+      std::string socket_path = "", absl::Duration timeout = absl::Seconds(60),
+      int64_t after_epoch = 0);
   virtual ~Client() = default;
 
   virtual const Topology& topology() const = 0;
@@ -109,6 +115,10 @@ class Client {
   // contributes zeros to other ranks' allreduces.
   virtual absl::StatusOr<int> Join() = 0;
   virtual absl::Status Barrier() = 0;
+
+  // Elastic jobs: whether a completion said that workers were added to the job (the process
+  // should reset into the epoch that adds them at its next commit).
+  virtual bool hosts_updated() const { return false; }
 
   // Closes the connection; operations still in flight fail with CANCELLED.
   virtual void Shutdown() = 0;

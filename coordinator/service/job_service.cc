@@ -373,7 +373,10 @@ class SubmitReactor : public grpc::ServerReadReactor<v1::SubmitJobRequest> {
       }
       absl::Status s = FromProto(in_.spec(), &spec_);
       // Checked now, so that a bad spec does not wait for its archive to arrive.
-      if (s.ok()) s = ValidateJobSpec(spec_);
+      if (s.ok()) {
+        FillElasticDefaults(spec_);
+        s = ValidateJobSpec(spec_);
+      }
       if (!s.ok()) {
         Finish(ToGrpcStatus(s));
         return;

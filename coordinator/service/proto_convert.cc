@@ -21,6 +21,10 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
   out->working_dir = in.working_dir();
   out->labels = {in.labels().begin(), in.labels().end()};
   out->attached = in.attached();
+  out->min_np = in.min_np();
+  out->max_np = in.max_np();
+  out->reset_limit = in.reset_limit();
+  out->elastic_timeout_seconds = in.elastic_timeout_seconds();
   out->source.sha256 = in.source().sha256();
   out->source.size_bytes = in.source().size_bytes();
   out->source.unpacked_bytes = in.source().unpacked_bytes();
@@ -64,6 +68,10 @@ void ToProto(const JobSpec& in, v1::JobSpec* out) {
   out->set_working_dir(in.working_dir);
   out->mutable_labels()->insert(in.labels.begin(), in.labels.end());
   out->set_attached(in.attached);
+  out->set_min_np(in.min_np);
+  out->set_max_np(in.max_np);
+  out->set_reset_limit(in.reset_limit);
+  out->set_elastic_timeout_seconds(in.elastic_timeout_seconds);
   if (!in.source.sha256.empty()) {
     v1::SourceArchive* source = out->mutable_source();
     source->set_sha256(in.source.sha256);
@@ -108,6 +116,7 @@ absl::Status FromProto(const v1::Job& in, Job* out) {
   if (absl::Status s = FromProto(in.state(), &out->state); !s.ok()) return s;
   out->reason = in.reason();
   out->epoch = in.epoch();
+  out->resets = in.resets();
   out->create_time = absl::FromUnixMillis(in.create_time_unix_ms());
   out->update_time = absl::FromUnixMillis(in.update_time_unix_ms());
   out->ranks.clear();
@@ -169,6 +178,7 @@ void ToProto(const Job& in, v1::Job* out) {
   out->set_state(ToProto(in.state));
   out->set_reason(in.reason);
   out->set_epoch(in.epoch);
+  out->set_resets(in.resets);
   out->set_create_time_unix_ms(UnixMs(in.create_time));
   out->set_update_time_unix_ms(UnixMs(in.update_time));
   for (const RankInfo& r : in.ranks) {

@@ -121,6 +121,21 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     Enqueue(Serialize(message));
   }
 
+  void SendStopEpoch(const std::string& job_id, int64_t epoch, const std::string& reason) override {
+    v1::CoordinatorMessage message;
+    message.mutable_stop_job()->set_job_id(job_id);
+    message.mutable_stop_job()->set_reason(reason);
+    message.mutable_stop_job()->set_epoch(epoch);
+    Enqueue(Serialize(message));
+  }
+
+  void SendHostsUpdated(const std::string& job_id, int64_t epoch) override {
+    v1::CoordinatorMessage message;
+    message.mutable_hosts_updated()->set_job_id(job_id);
+    message.mutable_hosts_updated()->set_epoch(epoch);
+    Enqueue(Serialize(message));
+  }
+
   void SendClaimRefused(const v1::RankClaim& claim, const absl::Status& why) {
     v1::CoordinatorMessage message;
     v1::ClaimRefused* refused = message.mutable_claim_refused();
@@ -248,9 +263,28 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
         RequestBatch batch;
         FromProto(m.requests(), &batch);
         const std::string job_id = batch.job_id;
+        const int64_t epoch = batch.epoch;
         if (absl::Status s = coordinator_.SubmitRequests(worker_id_, std::move(batch)); !s.ok()) {
-          // Not this worker's job (or a stale epoch): tell it to stop that job; the session lives.
-          SendStopJob(job_id, s.ToString());
+          // Not this worker's job: tell it to stop that job; the session lives. A stale epoch
+          // (an elastic job moved on): only that epoch ends, and the worker's rank of the new
+          // one (if it has one) goes on.
+          if (s.code() == absl::StatusCode::kAborted) {
+            SendStopEpoch(job_id, epoch, s.ToString());
+          } else {
+            SendStopJob(job_id, s.ToString());
+          }
+        }
+        return absl::OkStatus();
+      }
+      case v1::WorkerMessage::kReset: {
+        const v1::RankReset& r = m.reset();
+        if (r.reason().size() > 4096) {
+          return absl::InvalidArgumentError("reset.reason is longer than 4096 bytes");
+        }
+        if (absl::Status s =
+                coordinator_.ResetRank(worker_id_, r.job_id(), r.epoch(), r.rank(), r.reason());
+            !s.ok()) {
+          spdlog::debug("reset from {} ignored: {}", worker_id_, s.ToString());
         }
         return absl::OkStatus();
       }

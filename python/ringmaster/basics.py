@@ -75,6 +75,47 @@ def _start_local_sizes_allgather():
         raise HorovodInternalError(f"ringmaster: init() failed: {e.args[1]}") from None
 
 
+def _elastic_timeout_seconds():
+    for name in ("RINGMASTER_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT"):
+        value = os.environ.get(name)
+        if value:
+            try:
+                return float(value)
+            except ValueError:
+                raise ValueError(f"{name}={value!r} is not a number") from None
+    return 600.0
+
+
+def _elastic_reset():
+    """Elastic jobs (hvd.elastic.run): leaves this process's epoch and joins the job's next one.
+    Its daemon asks the coordinator for a new epoch (unless one has started already) and welcomes
+    this process into it, with its rank and size in the new epoch; waits at most the job's elastic
+    timeout. Operations of the old epoch still in flight fail."""
+    global _client, _topology, _initialized, _homogeneous
+    with _lock:
+        old = _client
+        after = _topology.epoch if _topology is not None else 0
+        try:
+            client = _ringmaster.Client.connect("", _elastic_timeout_seconds(), after)
+        except _ringmaster.StatusError as e:
+            raise HorovodInternalError(f"ringmaster: no new epoch to join: {e.args[1]}") from None
+        _client = client
+        _topology = client.topology
+        _homogeneous = None
+        if old is None:
+            atexit.register(_close)
+        _initialized = True
+        _start_local_sizes_allgather()
+    if old is not None:
+        old.shutdown()  # its arena stays mapped while tensors in it live
+
+
+def _hosts_updated():
+    """Elastic jobs: whether this rank's daemon said that workers were added to the job."""
+    c = _client
+    return c is not None and c.hosts_updated
+
+
 def is_homogeneous():
     """True when every host runs the same number of ranks."""
     global _homogeneous

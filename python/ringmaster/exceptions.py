@@ -7,8 +7,10 @@ class HorovodInternalError(RuntimeError):
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod elastic's signal that the hosts changed. Ringmaster has no elastic mode yet, so it is
-    never raised; it exists so that `except hvd.HostsUpdatedInterrupt` keeps working."""
+    """Horovod elastic's signal that the hosts changed: raised on every rank by `state.commit()`
+    (`state.check_host_updates()`) when ranks were added to an elastic job; `hvd.elastic.run`
+    catches it, keeps the state and starts the training function again with the new ranks.
+    `skip_sync`: the state need not be synced again (Ringmaster raises it with False)."""
 
     def __init__(self, skip_sync=False):
         super().__init__()

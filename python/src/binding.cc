@@ -99,11 +99,12 @@ class GatheredBuffer {
 // The Python-facing client. Thread-safe as the C++ client is.
 class PyClient {
  public:
-  static std::unique_ptr<PyClient> Connect(const std::string& socket, double timeout_seconds) {
+  static std::unique_ptr<PyClient> Connect(const std::string& socket, double timeout_seconds,
+                                           int64_t after_epoch) {
     absl::StatusOr<std::unique_ptr<Client>> client;
     {
       py::gil_scoped_release release;
-      client = Client::Connect(socket, absl::Seconds(timeout_seconds));
+      client = Client::Connect(socket, absl::Seconds(timeout_seconds), after_epoch);
     }
     return std::make_unique<PyClient>(std::shared_ptr<Client>(ValueOrThrow(std::move(client))));
   }
@@ -111,6 +112,7 @@ class PyClient {
   explicit PyClient(std::shared_ptr<Client> client) : client_(std::move(client)) {}
 
   const Topology& topology() const { return client_->topology(); }
+  bool hosts_updated() const { return client_->hosts_updated(); }
 
   void SetCudaStream(uintptr_t stream) { client_->SetCudaStream(reinterpret_cast<void*>(stream)); }
   void SetProcessSet(int32_t id, std::vector<int32_t> ranks) {
@@ -254,6 +256,7 @@ PYBIND11_MODULE(_ringmaster, m) {
 
   py::class_<Topology>(m, "Topology")
       .def_readonly("job_id", &Topology::job_id)
+      .def_readonly("epoch", &Topology::epoch)
       .def_readonly("rank", &Topology::rank)
       .def_readonly("size", &Topology::size)
       .def_readonly("local_rank", &Topology::local_rank)
@@ -301,9 +304,12 @@ PYBIND11_MODULE(_ringmaster, m) {
 
   py::class_<PyClient>(m, "Client")
       .def_static("connect", &PyClient::Connect, py::arg("socket") = "",
-                  py::arg("timeout_seconds") = 60.0,
-                  "Connects to the rank's worker daemon ($RINGMASTER_SOCKET when socket is empty).")
+                  py::arg("timeout_seconds") = 60.0, py::arg("after_epoch") = 0,
+                  "Connects to the rank's worker daemon ($RINGMASTER_SOCKET when socket is empty); "
+                  "after_epoch > 0 waits for an elastic job's epoch after that one.")
       .def_property_readonly("topology", &PyClient::topology, py::return_value_policy::copy)
+      .def_property_readonly("hosts_updated", &PyClient::hosts_updated,
+                             "Whether workers were added to this elastic job (reset at commit).")
       .def("allocate", &PyClient::Allocate, py::arg("bytes"),
            "An ArenaBuffer of `bytes` in the shared arena, or None when it is full.")
       .def("allreduce", &PyClient::Allreduce, py::arg("name"), py::arg("data"), py::arg("dtype"),

@@ -33,14 +33,14 @@ class RecordingHandler : public LocalServer::Handler {
     w.message.set_rank(1);
     return w;
   }
-  void OnEnqueue(const v1::LocalEnqueue& enqueue,
+  void OnEnqueue(const v1::LocalWelcome*, const v1::LocalEnqueue& enqueue,
                  std::function<void(const v1::LocalCompletion&)> reply) override {
     v1::LocalCompletion c;
     c.set_handle(enqueue.handle());
     c.set_message(enqueue.request().name());
     reply(c);
   }
-  void OnRelease(const v1::LocalRelease& release) override {}
+  void OnRelease(const v1::LocalWelcome*, const v1::LocalRelease& release) override {}
   absl::Status OnReadyEvents(const v1::LocalReadyEvents& events) override {
     absl::MutexLock lock(&mu_);
     ready_events.push_back(events.handles_size());

@@ -40,3 +40,6 @@ def shutdown():
     unknown (their tensors stay referenced: the daemon may still write them)."""
     _mpi_ops._forget_handles()
     _shutdown()
+
+
+from ringmaster.torch import elastic  # noqa: E402

@@ -263,6 +263,11 @@ def _forget_handles():
         _named.clear()
 
 
+def _reset_after_elastic():
+    """After an elastic reset: the old epoch's handles are forgotten (their operations failed)."""
+    _forget_handles()
+
+
 def _claim(c, names):
     """Raises ValueError, before anything is enqueued, when one of `names` (caller-given tensor
     names) belongs to an operation of this process still in flight: Horovod refuses it so."""
