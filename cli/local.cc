@@ -1,9 +1,9 @@
 #include "cli/local.h"
 
-#include <algorithm>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>

@@ -142,11 +142,19 @@ std::optional<Job> Coordinator::PlaceOne() {
       }
       continue;  // placed by ClaimRank
     }
+    // An elastic job starts with as many ranks as fit, from max_np down to min_np.
+    const int most = job.spec.elastic()
+                         ? std::min<int>(job.spec.max_np, static_cast<int>(available.size()))
+                         : job.spec.np;
+    const int least = job.spec.elastic() ? job.spec.min_np : job.spec.np;
     absl::StatusOr<std::vector<RankInfo>> ranks =
-        GangSchedule(available, job.spec.np, job.spec.processes_per_host);
+        GangSchedule(available, std::max(most, least), job.spec.processes_per_host);
+    for (int np = most - 1; !ranks.ok() && np >= least; --np) {
+      ranks = GangSchedule(available, np, job.spec.processes_per_host);
+    }
     if (!ranks.ok()) {
       // Watchers see why it waits, each time that changes.
-      std::string why = WaitingReason(workers_.List(), job.spec.np, job.spec.processes_per_host,
+      std::string why = WaitingReason(workers_.List(), least, job.spec.processes_per_host,
                                       job.spec.knobs.backend);
       // At most kMaxWaitingEvents per job (workers coming and going change the counts); `status`
       // always has the reason as it is.
@@ -404,8 +412,8 @@ std::vector<Job> Coordinator::ListJobs(const std::vector<JobState>& states) cons
   for (Job& job : jobs) {
     if (job.state != JobState::kPending) continue;
     if (workers.empty()) workers = workers_.List();
-    job.waiting_reason =
-        WaitingReason(workers, job.spec.np, job.spec.processes_per_host, job.spec.knobs.backend);
+    job.waiting_reason = WaitingReason(workers, job.spec.elastic() ? job.spec.min_np : job.spec.np,
+                                       job.spec.processes_per_host, job.spec.knobs.backend);
   }
   return jobs;
 }
@@ -414,8 +422,9 @@ absl::StatusOr<Job> Coordinator::GetJob(const std::string& id) const {
   absl::StatusOr<Job> job = jobs_.Get(id);
   if (!job.ok()) return job;
   if (job->state == JobState::kPending) {
-    job->waiting_reason = WaitingReason(workers_.List(), job->spec.np, job->spec.processes_per_host,
-                                        job->spec.knobs.backend);
+    job->waiting_reason =
+        WaitingReason(workers_.List(), job->spec.elastic() ? job->spec.min_np : job->spec.np,
+                      job->spec.processes_per_host, job->spec.knobs.backend);
   }
   std::shared_ptr<JobRuntime> runtime = RuntimeOf(id);
   if (runtime == nullptr) return job;  // an ended job keeps its last figures

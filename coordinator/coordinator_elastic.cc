@@ -136,10 +136,10 @@ void Coordinator::Reshape(const std::string& job_id, int64_t from_epoch, std::st
                                     ? job->spec.elastic_timeout_seconds
                                     : kDefaultElasticTimeoutSeconds;
         jobs_
-            .AddEvent(job_id, absl::StrCat("epoch ", job->epoch, " ended (", why, "); ",
-                                           members_count, " ranks left, fewer than min_np ",
-                                           job->spec.min_np, ": waiting up to ", timeout,
-                                           " s for workers"))
+            .AddEvent(job_id,
+                      absl::StrCat("epoch ", job->epoch, " ended (", why, "); ", members_count,
+                                   " ranks left, fewer than min_np ", job->spec.min_np,
+                                   ": waiting up to ", timeout, " s for workers"))
             .IgnoreError();
         spdlog::warn("job {}: {} ranks left, fewer than min_np {}: waiting for workers", job_id,
                      members_count, job->spec.min_np);
@@ -198,9 +198,9 @@ void Coordinator::Reshape(const std::string& job_id, int64_t from_epoch, std::st
 
 void Coordinator::StartNextEpoch(const Job& job) {
   std::vector<std::string> problems;
-  std::shared_ptr<JobRuntime> runtime = JobRuntime::Open(job, artifacts_, metrics_, slow_,
-                                                         clock_->Now(), &problems,
-                                                         /*restored=*/true);  // keeps its files
+  std::shared_ptr<JobRuntime> runtime =
+      JobRuntime::Open(job, artifacts_, metrics_, slow_, clock_->Now(), &problems,
+                       /*restored=*/true);  // keeps its files
   for (const std::string& problem : problems) {
     if (job.resets == 1) jobs_.AddEvent(job.id, problem).IgnoreError();  // said once
   }

@@ -216,9 +216,8 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
   }
   // Elastic jobs: a rank's data plane failing is a reset (its process goes on into the next
   // epoch), and a process failing leaves the job its other ranks.
-  if (absl::StatusOr<Job> known = jobs_.Get(update.job_id); known.ok() && known->spec.elastic() &&
-                                                            update.state == RankState::kExited &&
-                                                            update.failed) {
+  if (absl::StatusOr<Job> known = jobs_.Get(update.job_id);
+      known.ok() && known->spec.elastic() && update.state == RankState::kExited && update.failed) {
     const RankInfo& r = known->ranks[update.rank];
     NoteMembershipChange(update.job_id, update.epoch,
                          absl::StrCat(Placement(r), " failed: ", update.message));

@@ -69,21 +69,21 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   if (spec.elastic()) {
     if (spec.min_np < 1 || spec.min_np > spec.np) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.min_np = ", spec.min_np,
-                                                     " is out of bounds [1, np = ", spec.np, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.min_np = ", spec.min_np, " is out of bounds [1, np = ", spec.np, "]"));
     }
     if (spec.max_np < spec.np || spec.max_np > kMaxNp) {
       return absl::InvalidArgumentError(absl::StrCat(
           "spec.max_np = ", spec.max_np, " is out of bounds [np = ", spec.np, ", ", kMaxNp, "]"));
     }
     if (spec.reset_limit < 0 || spec.reset_limit > 1'000'000) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.reset_limit = ", spec.reset_limit, " is out of bounds [0, 1000000]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.reset_limit = ", spec.reset_limit, " is out of bounds [0, 1000000]"));
     }
     if (spec.elastic_timeout_seconds < 0 || spec.elastic_timeout_seconds > 86400) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.elastic_timeout_seconds = ",
-                                                     spec.elastic_timeout_seconds,
-                                                     " is out of bounds [0, 86400]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.elastic_timeout_seconds = ", spec.elastic_timeout_seconds,
+                       " is out of bounds [0, 86400]"));
     }
     if (spec.attached) {
       return absl::InvalidArgumentError(
@@ -98,8 +98,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   const int32_t most = spec.elastic() ? spec.max_np : spec.np;
   if (spec.processes_per_host < 0 || spec.processes_per_host > most) {
     return absl::InvalidArgumentError(
-        absl::StrCat("spec.processes_per_host = ", spec.processes_per_host, " is out of bounds [0, ",
-                     spec.elastic() ? "max_np" : "np", " = ", most, "]"));
+        absl::StrCat("spec.processes_per_host = ", spec.processes_per_host,
+                     " is out of bounds [0, ", spec.elastic() ? "max_np" : "np", " = ", most, "]"));
   }
   if (spec.command.size() > 1024) {
     return absl::InvalidArgumentError("spec.command has more than 1024 arguments");

@@ -45,7 +45,7 @@ struct JobSpec {
   // Register fills in the defaults: an elastic job has 1 <= min_np <= np <= max_np.
   int32_t min_np = 0;
   int32_t max_np = 0;
-  int32_t reset_limit = 0;  // 0: no limit
+  int32_t reset_limit = 0;              // 0: no limit
   int32_t elastic_timeout_seconds = 0;  // 0: kDefaultElasticTimeoutSeconds
 
   bool elastic() const { return min_np > 0 || max_np > 0; }

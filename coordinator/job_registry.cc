@@ -226,8 +226,8 @@ absl::StatusOr<Job> JobRegistry::NextEpoch(const std::string& id, std::vector<Ra
     if (!job.spec.elastic() ||
         (job.state != JobState::kStarting && job.state != JobState::kRunning)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job ", id, " is ", JobStateName(job.state),
-          job.spec.elastic() ? "" : " and not elastic", "; it cannot start a new epoch"));
+          "job ", id, " is ", JobStateName(job.state), job.spec.elastic() ? "" : " and not elastic",
+          "; it cannot start a new epoch"));
     }
     job.ranks = std::move(ranks);
     job.spec.np = static_cast<int32_t>(job.ranks.size());

@@ -87,11 +87,10 @@ std::shared_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore
   }
   if (!k.timeline.empty() && restored) {
     problems->push_back(
-        job.resets > 0
-            ? absl::StrCat("the timeline ", k.timeline, " ends where epoch ", job.epoch,
-                           " began (an elastic job's timeline covers its first epoch)")
-            : absl::StrCat("the timeline ", k.timeline,
-                           " ends where the coordinator restarted (it is not resumed)"));
+        job.resets > 0 ? absl::StrCat("the timeline ", k.timeline, " ends where epoch ", job.epoch,
+                                      " began (an elastic job's timeline covers its first epoch)")
+                       : absl::StrCat("the timeline ", k.timeline,
+                                      " ends where the coordinator restarted (it is not resumed)"));
   } else if (!k.timeline.empty()) {
     absl::StatusOr<std::unique_ptr<ringmaster::Timeline>> timeline =
         ringmaster::Timeline::Create(artifacts.PathOf(job.id, k.timeline),

@@ -8,8 +8,8 @@ surviving ranks go back to their last commit, and every rank takes rank 0's stat
 On a cluster: `ringmaster submit --min-np 2 --max-np 8 -- python3 pytorch_elastic.py`.
 
 Each rank's batch at step s depends on (s, rank), so the average gradient depends on who took
-part: rank 0 prints one line per committed step ("commit STEP SIZE") and the final weights
-("final W..."), from which tests/python/test_elastic.py recomputes the model exactly.
+part: rank 0 prints one line per committed step ("commit STEP SIZE"), and every rank its final
+weights ("final SIZE W..."), from which tests/python/test_elastic.py recomputes the model exactly.
 --fail-at-step N makes the rank-1 process of the first epoch raise at step N (a process that
 fails inside a step); --sleep S slows each step down.
 """
@@ -74,9 +74,8 @@ def main():
                 time.sleep(args.sleep)
 
     train(state)
-    if hvd.rank() == 0:
-        weights = " ".join(repr(w) for w in model.weight.detach().flatten().tolist())
-        print(f"final {weights}", flush=True)
+    weights = " ".join(repr(w) for w in model.weight.detach().flatten().tolist())
+    print(f"final {hvd.size()} {weights}", flush=True)
     return 0
 
 

@@ -268,8 +268,7 @@ void Daemon::OnMessage(const v1::CoordinatorMessage& m) {
       if (job != nullptr && job->assignment.job().id() == m.hosts_updated().job_id() &&
           job->assignment.epoch() == m.hosts_updated().epoch()) {
         spdlog::info("job {} epoch {}: workers were added; rank {} resets at its next commit",
-                     m.hosts_updated().job_id(), m.hosts_updated().epoch(),
-                     job->assignment.rank());
+                     m.hosts_updated().job_id(), m.hosts_updated().epoch(), job->assignment.rank());
         job->hosts_updated->store(true);
       }
       break;
@@ -523,8 +522,8 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
 
 absl::Status Daemon::PrepareRankDir(Job& job) {
   const v1::Job& spec = job.assignment.job();
-  job.proc->dir = absl::StrCat(options_.work_dir, "/", spec.id(), "-", job.assignment.epoch(), "-rank-",
-                         job.assignment.rank(), "-", getpid());
+  job.proc->dir = absl::StrCat(options_.work_dir, "/", spec.id(), "-", job.assignment.epoch(),
+                               "-rank-", job.assignment.rank(), "-", getpid());
   std::error_code error;
   fs::remove_all(job.proc->dir, error);
   error.clear();
@@ -575,8 +574,8 @@ void Daemon::RunRankExited(const std::shared_ptr<Job>& job, const ChildExit& exi
                          job->assignment.rendezvous_token());
   int32_t sent_files = 0;
   int64_t sent_bytes = 0;
-  if (absl::Status put =
-          files.PutOutput(job->assignment.rank(), job->proc->dir + "/output", &sent_files, &sent_bytes);
+  if (absl::Status put = files.PutOutput(job->assignment.rank(), job->proc->dir + "/output",
+                                         &sent_files, &sent_bytes);
       !put.ok()) {
     spdlog::warn("job {} rank {}: its output files were not all kept: {}",
                  job->assignment.job().id(), job->assignment.rank(), put.ToString());
@@ -991,9 +990,10 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   const v1::RankInfo& me = spec.ranks(job->assignment.rank());
   if (hello.after_epoch() > 0 && job->assignment.epoch() <= hello.after_epoch()) {
     if (!job->elastic()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", spec.id(), " is not elastic (ringmaster submit --min-np/--max-np): its ranks "
-          "cannot reset into a new epoch"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", spec.id(),
+                       " is not elastic (ringmaster submit --min-np/--max-np): its ranks "
+                       "cannot reset into a new epoch"));
     }
     RequestReset(*job, absl::StrCat("its training process (pid ", peer.pid,
                                     ") reset and waits for the next epoch"));

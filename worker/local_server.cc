@@ -196,13 +196,14 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
         break;
       }
       case v1::LocalRequest::kEnqueue:
-        handler_->OnEnqueue(welcomed.has_value() ? &*welcomed : nullptr, request.enqueue(), [weak](const v1::LocalCompletion& c) {
-          if (auto conn = weak.lock()) {
-            v1::LocalReply reply;
-            *reply.mutable_completion() = c;
-            conn->Send(reply);
-          }
-        });
+        handler_->OnEnqueue(welcomed.has_value() ? &*welcomed : nullptr, request.enqueue(),
+                            [weak](const v1::LocalCompletion& c) {
+                              if (auto conn = weak.lock()) {
+                                v1::LocalReply reply;
+                                *reply.mutable_completion() = c;
+                                conn->Send(reply);
+                              }
+                            });
         break;
       case v1::LocalRequest::kRelease:
         handler_->OnRelease(welcomed.has_value() ? &*welcomed : nullptr, request.release());

@@ -60,9 +60,9 @@ class Client {
   // has no job yet, until `timeout`. Elastic jobs: `after_epoch` > 0 (the epoch of the connection
   // this process leaves after a reset) waits for the job's next epoch, which the daemon asks the
   // coordinator for.
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(
-      std::string socket_path = "", absl::Duration timeout = absl::Seconds(60),
-      int64_t after_epoch = 0);
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(std::string socket_path = "",
+                                                         absl::Duration timeout = absl::Seconds(60),
+                                                         int64_t after_epoch = 0);
   virtual ~Client() = default;
 
   virtual const Topology& topology() const = 0;
