@@ -85,6 +85,7 @@ void Coordinator::Reshape(const std::string& job_id, int64_t from_epoch, std::st
   std::optional<Job> next;
   std::shared_ptr<JobRuntime> dropped;  // a job left waiting for workers negotiates nothing
   int64_t dropped_epoch = 0;
+  std::optional<std::string> failure;  // ended with no lock held (Finish schedules)
   {
     absl::MutexLock schedule_lock(&schedule_mu_);
     absl::StatusOr<Job> job = jobs_.Get(job_id);
@@ -145,48 +146,49 @@ void Coordinator::Reshape(const std::string& job_id, int64_t from_epoch, std::st
                      members_count, job->spec.min_np);
       }
     } else if (job->spec.reset_limit > 0 && job->resets >= job->spec.reset_limit) {
-      FinishLater(job_id, JobState::kFailed,
-                  absl::StrCat("reset limit ", job->spec.reset_limit,
-                               " reached (--reset-limit): epoch ", job->epoch, " ended: ", why));
-      return;
+      failure = absl::StrCat("reset limit ", job->spec.reset_limit,
+                             " reached (--reset-limit): epoch ", job->epoch, " ended: ", why);
     } else {
       std::vector<Worker> order = members;
       order.insert(order.end(), added.begin(), added.end());
       absl::StatusOr<std::vector<RankInfo>> ranks = PlaceClaimed(order);
-      if (!ranks.ok()) {
-        FinishLater(job_id, JobState::kFailed, std::string(ranks.status().message()));
-        return;
-      }
-      for (size_t i = 0; i < kept.size(); ++i) {
-        (*ranks)[i].state = kept[i].state;  // their processes run on
-        workers_.Renumber(members[i].id, job_id, static_cast<int32_t>(i)).IgnoreError();
-      }
       std::vector<std::string> ids;
       std::vector<int32_t> numbers;
       for (size_t i = 0; i < added.size(); ++i) {
         ids.push_back(added[i].id);
         numbers.push_back(static_cast<int32_t>(kept.size() + i));
       }
-      if (absl::Status s = workers_.Assign(ids, job_id, numbers); !s.ok()) {
+      if (!ranks.ok()) {
+        failure = std::string(ranks.status().message());
+      } else if (!workers_.Assign(ids, job_id, numbers).ok()) {
         // Taken meanwhile (a registry change between Available and Assign): try again shortly.
         NoteMembershipChange(job_id, job->epoch, why);
         return;
+      } else {
+        for (size_t i = 0; i < kept.size(); ++i) {
+          (*ranks)[i].state = kept[i].state;  // their processes run on
+          workers_.Renumber(members[i].id, job_id, static_cast<int32_t>(i)).IgnoreError();
+        }
+        std::string message = absl::StrCat("epoch ", job->epoch + 1, ": ", total, " ranks (",
+                                           members_count, " kept, ", added.size(), " added)");
+        if (!left.empty()) absl::StrAppend(&message, "; gone: ", absl::StrJoin(left, ", "));
+        absl::StrAppend(&message, "; because ", why);
+        absl::StatusOr<Job> moved = jobs_.NextEpoch(job_id, *std::move(ranks), message);
+        if (!moved.ok()) {
+          for (const std::string& id : ids) workers_.Release(id);
+          return;
+        }
+        spdlog::info("job {}: {}", job_id, message);
+        next = *std::move(moved);
+        absl::MutexLock lock(&mu_);
+        below_min_since_.erase(job_id);
+        grow_notices_.erase(job_id);
       }
-      std::string message = absl::StrCat("epoch ", job->epoch + 1, ": ", total, " ranks (",
-                                         members_count, " kept, ", added.size(), " added)");
-      if (!left.empty()) absl::StrAppend(&message, "; gone: ", absl::StrJoin(left, ", "));
-      absl::StrAppend(&message, "; because ", why);
-      absl::StatusOr<Job> moved = jobs_.NextEpoch(job_id, *std::move(ranks), message);
-      if (!moved.ok()) {
-        for (const std::string& id : ids) workers_.Release(id);
-        return;
-      }
-      spdlog::info("job {}: {}", job_id, message);
-      next = *std::move(moved);
-      absl::MutexLock lock(&mu_);
-      below_min_since_.erase(job_id);
-      grow_notices_.erase(job_id);
     }
+  }
+  if (failure.has_value()) {
+    FinishLater(job_id, JobState::kFailed, *std::move(failure));
+    return;
   }
   if (dropped != nullptr) {
     dropped->Close();
@@ -275,7 +277,9 @@ void Coordinator::TendElasticJobs(absl::Time now) {
                                   ? job.spec.elastic_timeout_seconds
                                   : kDefaultElasticTimeoutSeconds;
       if (members + static_cast<int>(addable) >= job.spec.min_np) {
-        slow_.Post([this, id = job.id] { Reshape(id, 0, "workers came free"); });
+        // Once for the epoch: a post that finds the job moved on does nothing.
+        slow_.Post(
+            [this, id = job.id, epoch = job.epoch] { Reshape(id, epoch, "workers came free"); });
       } else if (now - *below_since >= absl::Seconds(timeout)) {
         {
           absl::MutexLock lock(&mu_);

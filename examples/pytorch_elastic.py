@@ -39,6 +39,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
     parser.add_argument("--fail-at-step", type=int, default=-1)
+    parser.add_argument("--print-time", action="store_true",
+                        help="end each commit line with the time (seconds since the Unix epoch)")
     args = parser.parse_args()
 
     hvd.init()
@@ -68,7 +70,8 @@ def main():
             optimizer.step()
             state.step += 1
             if hvd.rank() == 0:  # commit() saves first: the step is committed from here on
-                print(f"commit {state.step} {hvd.size()}", flush=True)
+                when = f" {time.time():.3f}" if args.print_time else ""
+                print(f"commit {state.step} {hvd.size()}{when}", flush=True)
             state.commit()
             if args.sleep > 0:
                 time.sleep(args.sleep)

@@ -350,8 +350,8 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
                    assignment.job().id());
       return;
     }
-    if (job_ != nullptr && job_->ready && !job_->stopped && job_->elastic() &&
-        job_->assignment.job().id() == assignment.job().id() &&
+    if (job_ != nullptr && job_->ready && !job_->stopped && !job_->proc->exited &&
+        job_->elastic() && job_->assignment.job().id() == assignment.job().id() &&
         assignment.epoch() > job_->assignment.epoch()) {
       previous = job_;  // its process goes on in the new epoch
     } else if (job_ != nullptr) {
@@ -556,6 +556,7 @@ void Daemon::RunRank(const std::shared_ptr<Job>& job) {
     return;
   }
   ChildExit exit = job->proc->child->Wait();
+  job->proc->exited = true;
   // An elastic job's process outlives its first epoch: its exit is the current epoch's.
   if (std::shared_ptr<Job> current = CurrentJob();
       current != nullptr && current != job && current->proc == job->proc) {

@@ -111,6 +111,8 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     // A launched rank's directory under DaemonOptions::work_dir ("": none made yet).
     std::string dir;  // child's, once started (OnHello reads it unlocked)
     std::thread waiter;
+    // The launched process exited: a new epoch's assignment starts a new one (after cleanup).
+    std::atomic<bool> exited{false};
     // Whose output the process's output is (the current epoch's job, epoch and rank), and the
     // number of its last chunk in that epoch.
     absl::Mutex output_mu;

@@ -216,11 +216,15 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
-    def submit(self, command, np=1, processes_per_host=0, name="", env=None, working_dir="",
+    def submit(self, command, np=None, processes_per_host=0, name="", env=None, working_dir="",
                labels=None, fusion_threshold_mb=None, cycle_time_ms=None, cache_capacity=None,
                autotune=False, autotune_log="", timeline="", timeline_mark_cycles=False,
-               source_dir=None, attached=False, **knobs):
-        """Registers a job running `command` (a list of arguments) as `np` ranks; returns it.
+               source_dir=None, attached=False, min_np=0, max_np=0, reset_limit=0,
+               elastic_timeout=0, **knobs):
+        """Registers a job running `command` (a list of arguments) as `np` ranks (default 1);
+        returns it. `min_np`/`max_np` make it elastic (docs/elastic.md): it runs with as many ranks
+        as fit in [min_np, max_np] (np then defaults to max_np), with `reset_limit` new epochs at
+        most (0: no limit) and `elastic_timeout` seconds below min_np at most (0: 600).
         `attached=True` (with an empty command): the ranks are training processes started
         elsewhere that attach to their hosts' workers with RINGMASTER_ATTACH_JOB=`name` and
         RINGMASTER_ATTACH_RANK (or JOB_COMPLETION_INDEX), as `ringmaster submit --attached`.
@@ -233,10 +237,14 @@ class Client:
         command = [str(c) for c in command]
         if not name:
             name = (os.path.basename(command[0]) if command else "") or "job"
+        if np is None:
+            np = 0 if (min_np or max_np) else 1
         spec = job_pb2.JobSpec(name=name[:128], np=np, processes_per_host=processes_per_host,
                                command=command, env=dict(env or {}),
                                working_dir=working_dir, labels=dict(labels or {}),
-                               attached=attached)
+                               attached=attached, min_np=min_np, max_np=max_np,
+                               reset_limit=reset_limit,
+                               elastic_timeout_seconds=int(elastic_timeout))
         k = spec.knobs
         if fusion_threshold_mb is not None:
             k.fusion_threshold_bytes = int(fusion_threshold_mb * (1 << 20))

@@ -29,6 +29,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::SizeIs;
 
 // Records every call. The coordinator calls it on the test's thread only, so it needs no lock.
@@ -55,6 +56,12 @@ class RecordingChannel : public WorkerChannel {
   void SendStopJob(const std::string& job_id, const std::string& reason) override {
     stops.push_back({job_id, reason});
   }
+  void SendStopEpoch(const std::string& job_id, int64_t epoch, const std::string& reason) override {
+    stopped_epochs.push_back(absl::StrCat(job_id, "@", epoch, ": ", reason));
+  }
+  void SendHostsUpdated(const std::string& job_id, int64_t epoch) override {
+    hosts_updated.push_back(absl::StrCat(job_id, "@", epoch));
+  }
   void SendShutdown(const std::string& reason) override { shutdowns.push_back(reason); }
   void Close(const absl::Status& status) override { closes.push_back(status); }
   void SendResumed(const std::string& job_id, int64_t epoch, int rank,
@@ -68,6 +75,8 @@ class RecordingChannel : public WorkerChannel {
   std::vector<std::string> shutdowns;
   std::vector<absl::Status> closes;
   std::vector<std::string> resumed;
+  std::vector<std::string> stopped_epochs;
+  std::vector<std::string> hosts_updated;
 };
 
 std::ostream& operator<<(std::ostream& os, const RecordingChannel::Stop& s) {
@@ -606,6 +615,187 @@ TEST_F(CoordinatorTest, LostLeaseFailsOnlyTheJobOfTheLostWorker) {
   absl::Status reopen = coordinator_.OpenSession(a1, &fresh);
   EXPECT_EQ(reopen.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(reopen.message(), "worker worker-000002 on host-a lost its lease; register again");
+}
+
+// ---- Elastic jobs ----
+
+JobSpec Elastic(int min_np, int max_np, int reset_limit = 0, int timeout_seconds = 0) {
+  JobSpec spec;
+  spec.name = "elastic";
+  spec.min_np = min_np;
+  spec.max_np = max_np;
+  spec.reset_limit = reset_limit;
+  spec.elastic_timeout_seconds = timeout_seconds;
+  return spec;
+}
+
+TEST_F(CoordinatorTest, AnElasticJobStartsWithTheWorkersThereAreBetweenMinAndMax) {
+  const std::string a = Connect("host-a", "cpu");
+  absl::StatusOr<Job> job = coordinator_.RegisterJob(Elastic(2, 4));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.np, 4);  // np defaults to max_np until placed
+  EXPECT_EQ(GetJob(job->id).state, JobState::kPending);
+  EXPECT_EQ(GetJob(job->id).waiting_reason, "needs 2 idle cpu slots; 1 registered, 1 idle");
+  const std::string b = Connect("host-b", "cpu");  // min_np are there: it starts
+  Job placed = GetJob(job->id);
+  EXPECT_EQ(placed.state, JobState::kStarting);
+  EXPECT_EQ(placed.spec.np, 2);
+  ASSERT_THAT(placed.ranks, SizeIs(2));
+  EXPECT_EQ(placed.ranks[0].worker_id, a);
+  EXPECT_EQ(placed.ranks[1].worker_id, b);
+  ASSERT_THAT(Channel(b).assignments, SizeIs(1));
+  EXPECT_EQ(Channel(b).assignments[0].job.spec.np, 2);
+  // Three free workers for a job of at most 2: it takes 2.
+  for (const char* host : {"host-c", "host-d", "host-e"}) Connect(host, "cpu");
+  absl::StatusOr<Job> two = coordinator_.RegisterJob(Elastic(1, 2));
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(GetJob(two->id).ranks.size(), 2u);
+
+  // Bad bounds name the field.
+  absl::StatusOr<Job> bad = coordinator_.RegisterJob(Elastic(3, 2));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "spec.min_np = 3 is out of bounds [1, np = 2]");
+  JobSpec limit = Spec(2);
+  limit.reset_limit = 3;
+  EXPECT_EQ(coordinator_.RegisterJob(limit).status().message(),
+            "spec.reset_limit and spec.elastic_timeout_seconds need an elastic job (spec.min_np "
+            "or spec.max_np)");
+}
+
+TEST_F(CoordinatorTest, ALostWorkerStartsANewEpochWithTheOthersRenumbered) {
+  const std::string a = Connect("host-a", "cpu");
+  const std::string b = Connect("host-b", "cpu");
+  const std::string c = Connect("host-c", "cpu");
+  const std::string id = coordinator_.RegisterJob(Elastic(2, 3))->id;
+  for (const auto& [w, r] : {std::pair{a, 0}, {b, 1}, {c, 2}}) {
+    ASSERT_TRUE(Update(w, id, r, RankState::kStarted).ok());
+  }
+  ASSERT_EQ(GetJob(id).state, JobState::kRunning);
+
+  // b stops heartbeating: lost after the 10 s lease, then the failure settles (300 ms).
+  RunFor(absl::Milliseconds(10500), {a, c}, absl::Milliseconds(500));
+  Job job = GetJob(id);
+  EXPECT_EQ(job.state, JobState::kRunning);
+  EXPECT_EQ(job.epoch, 2);
+  EXPECT_EQ(job.resets, 1);
+  EXPECT_EQ(job.spec.np, 2);
+  ASSERT_THAT(job.ranks, SizeIs(2));
+  EXPECT_EQ(job.ranks[0].worker_id, a);
+  EXPECT_EQ(job.ranks[1].worker_id, c);  // rank 2 became rank 1
+  EXPECT_EQ(job.ranks[1].state, RankState::kStarted);
+  EXPECT_EQ(job.events.back().message,
+            absl::StrCat("epoch 2: 2 ranks (2 kept, 0 added); gone: rank 1 on host host-b (", b,
+                         "); because worker ", b,
+                         " serving rank 1 on host host-b was lost: no heartbeat for 10s"));
+  EXPECT_EQ(GetWorker(c).rank, 1);
+  EXPECT_EQ(GetWorker(b).state, WorkerState::kLost);
+  ASSERT_THAT(Channel(c).assignments, SizeIs(2));
+  EXPECT_EQ(Channel(c).assignments[1].job.epoch, 2);
+  EXPECT_EQ(Channel(c).assignments[1].rank, 1);
+  EXPECT_THAT(Channel(a).stops, IsEmpty());
+  // The old epoch is refused; the new one negotiates.
+  EXPECT_EQ(Submit(c, id, 2, {Allreduce("g")}).code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(Submit(a, id, 0, {Allreduce("g")}, {}, 2).ok());
+  ASSERT_TRUE(Submit(c, id, 1, {Allreduce("g")}, {}, 2).ok());
+  RunFor(absl::Milliseconds(10), {a, c});
+  ASSERT_THAT(Channel(c).deliveries, Not(IsEmpty()));
+  EXPECT_THAT(Describe(Channel(c).deliveries.back().cycle->output),
+              ElementsAre("allreduce [] ids [1] sizes [4]"));  // a fresh negotiator's first id
+}
+
+TEST_F(CoordinatorTest, AFailedProcessLeavesItsSlotToANewOneAndTheResetLimitEndsIt) {
+  const std::string a = Connect("host-a", "cpu");
+  const std::string b = Connect("host-b", "cpu");
+  const std::string id = coordinator_.RegisterJob(Elastic(2, 2, /*reset_limit=*/1))->id;
+  ASSERT_TRUE(Update(a, id, 0, RankState::kStarted).ok());
+  ASSERT_TRUE(Update(b, id, 1, RankState::kStarted).ok());
+  ASSERT_TRUE(Update(b, id, 1, RankState::kExited, 1).ok());
+  RunFor(absl::Milliseconds(300), {a, b}, absl::Milliseconds(100));
+  Job job = GetJob(id);
+  ASSERT_EQ(job.epoch, 2);
+  ASSERT_THAT(job.ranks, SizeIs(2));
+  EXPECT_EQ(job.ranks[1].worker_id, b);  // the same slot, a new process
+  EXPECT_EQ(job.ranks[1].state, RankState::kAssigned);
+  EXPECT_EQ(job.events.back().message,
+            absl::StrCat("epoch 2: 2 ranks (1 kept, 1 added); gone: rank 1 on host host-b (", b,
+                         "); because rank 1 on host host-b (", b, ") exited with status 1"));
+  ASSERT_THAT(Channel(b).assignments, SizeIs(2));
+  EXPECT_EQ(Channel(b).assignments[1].job.epoch, 2);
+
+  // A second reset is past the limit of 1.
+  ASSERT_TRUE(coordinator_.ResetRank(a, id, 2, 0, "a collective failed").ok());
+  EXPECT_EQ(coordinator_.ResetRank(a, id, 1, 0, "stale").code(), absl::StatusCode::kAborted);
+  RunFor(absl::Milliseconds(300), {a, b}, absl::Milliseconds(100));
+  job = GetJob(id);
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_EQ(job.reason,
+            absl::StrCat("reset limit 1 reached (--reset-limit): epoch 2 ended: rank 0 on host "
+                         "host-a (",
+                         a, ") reset: a collective failed"));
+}
+
+TEST_F(CoordinatorTest, BelowMinTheJobWaitsForWorkersThenFailsAtItsElasticTimeout) {
+  const std::string a = Connect("host-a", "cpu");
+  const std::string b = Connect("host-b", "cpu");
+  const std::string id = coordinator_.RegisterJob(Elastic(2, 2, 0, /*timeout=*/30))->id;
+  ASSERT_TRUE(Update(a, id, 0, RankState::kStarted).ok());
+  ASSERT_TRUE(Update(b, id, 1, RankState::kStarted).ok());
+  coordinator_.CloseSession(b, &Channel(b));  // b's daemon died; a's rank resets
+  ASSERT_TRUE(coordinator_.ResetRank(a, id, 1, 0, "its peer went away").ok());
+  RunFor(absl::Milliseconds(300), {a}, absl::Milliseconds(100));
+  EXPECT_EQ(GetJob(id).epoch, 1);
+  EXPECT_THAT(Channel(a).stopped_epochs,
+              ElementsAre(absl::StrCat(id, "@1: rank 0 on host host-a (", a,
+                                       ") reset: its peer went away")));
+  EXPECT_EQ(GetJob(id).events.back().message,
+            absl::StrCat("epoch 1 ended (rank 0 on host host-a (", a,
+                         ") reset: its peer went away); 1 ranks left, fewer than min_np 2: "
+                         "waiting up to 30 s for workers"));
+  // A worker that comes within the timeout makes the next epoch.
+  RunFor(absl::Seconds(5), {a}, absl::Milliseconds(500));
+  const std::string c = Connect("host-c", "cpu");
+  RunFor(absl::Milliseconds(200), {a, c}, absl::Milliseconds(100));
+  Job job = GetJob(id);
+  ASSERT_EQ(job.epoch, 2);
+  EXPECT_EQ(job.ranks[0].worker_id, a);
+  EXPECT_EQ(job.ranks[1].worker_id, c);
+
+  // c's daemon dies too: 1 rank left, and no worker comes for 30 s.
+  coordinator_.CloseSession(c, &Channel(c));
+  ASSERT_TRUE(coordinator_.ResetRank(a, id, 2, 0, "its peer went away").ok());
+  RunFor(absl::Seconds(29), {a}, absl::Milliseconds(500));
+  EXPECT_EQ(GetJob(id).state, JobState::kRunning);
+  RunFor(absl::Seconds(2), {a}, absl::Milliseconds(500));
+  job = GetJob(id);
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_EQ(job.reason,
+            "elastic job had 1 rank for 30 s (--elastic-timeout), fewer than min_np 2 (--min-np)");
+}
+
+TEST_F(CoordinatorTest, AFreeWorkerGrowsTheJobWhenItsRanksReset) {
+  const std::string a = Connect("host-a", "cpu");
+  const std::string b = Connect("host-b", "cpu");
+  const std::string id = coordinator_.RegisterJob(Elastic(1, 3))->id;
+  ASSERT_TRUE(Update(a, id, 0, RankState::kStarted).ok());
+  ASSERT_TRUE(Update(b, id, 1, RankState::kStarted).ok());
+  const std::string c = Connect("host-c", "cpu");
+  RunFor(absl::Milliseconds(200), {a, b, c}, absl::Milliseconds(100));
+  EXPECT_THAT(Channel(a).hosts_updated, ElementsAre(absl::StrCat(id, "@1")));
+  EXPECT_THAT(Channel(b).hosts_updated, ElementsAre(absl::StrCat(id, "@1")));
+  EXPECT_EQ(GetJob(id).epoch, 1);
+  // The ranks reset at their next commit.
+  ASSERT_TRUE(coordinator_.ResetRank(a, id, 1, 0, "hosts updated").ok());
+  ASSERT_TRUE(coordinator_.ResetRank(b, id, 1, 1, "hosts updated").ok());
+  RunFor(absl::Milliseconds(300), {a, b, c}, absl::Milliseconds(100));
+  Job job = GetJob(id);
+  ASSERT_EQ(job.epoch, 2);
+  ASSERT_THAT(job.ranks, SizeIs(3));
+  EXPECT_EQ(job.ranks[2].worker_id, c);
+  EXPECT_EQ(job.events.back().message,
+            absl::StrCat("epoch 2: 3 ranks (2 kept, 1 added); because rank 0 on host host-a (", a,
+                         ") reset: hosts updated"));
+  ASSERT_THAT(Channel(c).assignments, SizeIs(1));
+  EXPECT_EQ(Channel(c).assignments[0].rank, 2);
 }
 
 // ---- Request batches ----

@@ -134,8 +134,14 @@ def test_a_process_that_raises_is_replaced_and_training_goes_on(cluster):
     for i in range(3):
         cluster.worker(c, host=f"h{i}")
     wait_for(lambda: len(cluster.idle_workers(c)) == 3, 20, "the workers")
-    job = submit(cluster, c, "--min-np", "2", "--max-np", "3", "--", PYTHON, SCRIPT,
-                 "--steps", "60", "--fail-at-step", "25")
+    # Submitted from Python this time (ringmaster.jobs), as a platform's launcher would.
+    from ringmaster.jobs import Client
+    with Client(c.address) as client:
+        submitted = client.submit([PYTHON, SCRIPT, "--steps", "60", "--fail-at-step", "25"],
+                                  min_np=2, max_np=3, reset_limit=5,
+                                  env={"PYTHONPATH": os.environ["PYTHONPATH"]})
+    assert (submitted.proto.spec.min_np, submitted.proto.spec.max_np) == (2, 3)
+    job = submitted.id
     done = cluster.wait_state(c, job, TERMINAL, 90)
     text = logs(cluster, c, job)
     assert done["state"] == "JOB_STATE_SUCCEEDED", (done["reason"], text[-3000:])
