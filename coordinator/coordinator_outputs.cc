@@ -72,9 +72,11 @@ absl::Status Coordinator::AppendOutput(const std::string& worker_id, const std::
 absl::Status Coordinator::CheckLogQuery(const std::string& job_id, int32_t rank) const {
   absl::StatusOr<Job> job = jobs_.Get(job_id);
   if (!job.ok()) return job.status();
-  if (rank != LogStore::kAllRanks && (rank < 0 || rank >= job->spec.np)) {
+  // An elastic job's ranks of earlier epochs (up to max_np) have logs too.
+  const int32_t ranks = std::max(job->spec.np, job->spec.max_np);
+  if (rank != LogStore::kAllRanks && (rank < 0 || rank >= ranks)) {
     return absl::InvalidArgumentError(absl::StrCat("rank = ", rank, " is out of bounds [0, ",
-                                                   job->spec.np - 1, "] of job ", job_id));
+                                                   ranks - 1, "] of job ", job_id));
   }
   return absl::OkStatus();
 }
