@@ -107,6 +107,11 @@ absl::StatusOr<Worker> Coordinator::RegisterWorker(std::string host, std::string
   return w;
 }
 
+bool Coordinator::ServesJob(const std::string& worker_id, const std::string& job_id) const {
+  absl::StatusOr<Worker> w = workers_.Get(worker_id);
+  return w.ok() && w->state == WorkerState::kBusy && w->job_id == job_id;
+}
+
 WorkerChannel* Coordinator::ChannelOf(const std::string& worker_id) {
   auto it = channels_.find(worker_id);
   return it == channels_.end() ? nullptr : it->second;
@@ -359,10 +364,14 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
     grow_notices_.erase(job_id);
     for (const RankInfo& r : job->ranks) {
       if (r.worker_id == except_worker) continue;
+      // An elastic job's ranks may name a worker it let go of, now another job's.
+      if (!ServesJob(r.worker_id, job_id)) continue;
       if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendStopJob(job_id, reason);
     }
   }
-  for (const RankInfo& r : job->ranks) workers_.Release(r.worker_id);
+  for (const RankInfo& r : job->ranks) {
+    if (ServesJob(r.worker_id, job_id)) workers_.Release(r.worker_id);
+  }
   rendezvous_.DropScope(RendezvousStore::Scope(job_id, job->epoch),
                         absl::StrCat("job ", job_id, " ended: ", reason));
   // After the transition: a follower that sees the log end finds the job terminal. Ranks that had

@@ -388,6 +388,8 @@ class Coordinator {
   // (store writes, file removal).
   void EvictEndedJobs(absl::Time now);
   WorkerChannel* ChannelOf(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `worker_id` is busy serving `job_id`.
+  bool ServesJob(const std::string& worker_id, const std::string& job_id) const;
 
   Clock* const clock_;
   Executor& slow_;

@@ -32,6 +32,9 @@ absl::Status Coordinator::ResetRank(const std::string& worker_id, const std::str
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id, " is not elastic: its ranks cannot reset"));
   }
+  if (job->epoch != epoch || rank >= static_cast<int32_t>(job->ranks.size())) {
+    return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id, " has ended"));
+  }
   const RankInfo& r = job->ranks[rank];
   NoteMembershipChange(job_id, epoch, absl::StrCat(Placement(r), " reset: ", reason));
   return absl::OkStatus();
@@ -44,7 +47,10 @@ void Coordinator::NoteMembershipChange(const std::string& job_id, int64_t epoch,
   const absl::Time due = clock_->Now() + failure_settle_;
   {
     absl::MutexLock lock(&mu_);
-    pending_failures_.try_emplace(job_id, PendingFailure{std::move(reason), "", due, epoch});
+    // The first change of an epoch stands; one of a later epoch replaces it.
+    auto [it, added] =
+        pending_failures_.try_emplace(job_id, PendingFailure{reason, "", due, epoch});
+    if (!added && it->second.epoch < epoch) it->second = PendingFailure{reason, "", due, epoch};
   }
   WakeTicker(due);
 }

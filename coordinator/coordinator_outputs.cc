@@ -75,8 +75,8 @@ absl::Status Coordinator::CheckLogQuery(const std::string& job_id, int32_t rank)
   // An elastic job's ranks of earlier epochs (up to max_np) have logs too.
   const int32_t ranks = std::max(job->spec.np, job->spec.max_np);
   if (rank != LogStore::kAllRanks && (rank < 0 || rank >= ranks)) {
-    return absl::InvalidArgumentError(absl::StrCat("rank = ", rank, " is out of bounds [0, ",
-                                                   ranks - 1, "] of job ", job_id));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank = ", rank, " is out of bounds [0, ", ranks - 1, "] of job ", job_id));
   }
   return absl::OkStatus();
 }

@@ -134,6 +134,13 @@ absl::StatusOr<std::shared_ptr<JobRuntime>> Coordinator::RuntimeFor(const std::s
     if (it != runtimes_.end()) {
       const std::shared_ptr<JobRuntime>& runtime = it->second;
       if (epoch != runtime->epoch()) {
+        // An elastic job's worker that is no longer among its ranks stops its rank altogether.
+        if (absl::StatusOr<Worker> w = workers_.Get(worker_id);
+            !w.ok() || w->state != WorkerState::kBusy || w->job_id != job_id) {
+          return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id,
+                                                            " no longer serves job ", job_id,
+                                                            " (at epoch ", runtime->epoch(), ")"));
+        }
         return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id,
                                                " is stale; the job is at epoch ",
                                                runtime->epoch()));
@@ -148,6 +155,15 @@ absl::StatusOr<std::shared_ptr<JobRuntime>> Coordinator::RuntimeFor(const std::s
   }
   absl::StatusOr<Job> job = jobs_.Get(job_id);
   if (!job.ok()) return job.status();
+  // An elastic job waiting for workers (below min_np) has no runtime: its ranks' epoch ended, but
+  // their processes wait for the next one.
+  if (job->spec.elastic() && !IsTerminal(job->state)) {
+    if (absl::StatusOr<Worker> w = workers_.Get(worker_id);
+        w.ok() && w->state == WorkerState::kBusy && w->job_id == job_id) {
+      return absl::AbortedError(
+          absl::StrCat("epoch ", epoch, " of job ", job_id, " ended; the job waits for workers"));
+    }
+  }
   return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is not assigned rank ",
                                                     rank, " of job ", job_id, ", which is ",
                                                     JobStateName(job->state)));
@@ -216,6 +232,11 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
   }
   // Elastic jobs: a rank's data plane failing is a reset (its process goes on into the next
   // epoch), and a process failing leaves the job its other ranks.
+  if (absl::StatusOr<Job> known = jobs_.Get(update.job_id);
+      known.ok() && known->spec.elastic() && known->epoch != update.epoch) {
+    return absl::AbortedError(
+        absl::StrCat("epoch ", update.epoch, " of job ", update.job_id, " has ended"));
+  }
   if (absl::StatusOr<Job> known = jobs_.Get(update.job_id);
       known.ok() && known->spec.elastic() && update.state == RankState::kExited && update.failed) {
     const RankInfo& r = known->ranks[update.rank];

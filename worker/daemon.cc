@@ -343,6 +343,7 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   }
   std::shared_ptr<Job> job;
   std::shared_ptr<Job> previous;  // an elastic job's epoch that this one follows
+  std::shared_ptr<Job> stale;     // an elastic job's epoch stopped for the queued next one
   {
     absl::MutexLock lock(&mu_);
     if (finished_ == absl::StrCat(assignment.job().id(), "@", assignment.epoch())) {
@@ -350,10 +351,23 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
                    assignment.job().id());
       return;
     }
-    if (job_ != nullptr && job_->ready && !job_->stopped && !job_->proc->exited &&
-        job_->elastic() && job_->assignment.job().id() == assignment.job().id() &&
-        assignment.epoch() > job_->assignment.epoch()) {
+    const bool next_epoch = job_ != nullptr && job_->elastic() &&
+                            job_->assignment.job().id() == assignment.job().id() &&
+                            assignment.epoch() > job_->assignment.epoch();
+    if (next_epoch && job_->ready && !job_->stopped && job_->proc->child_pid.load() != 0 &&
+        !job_->proc->exited) {
       previous = job_;  // its process goes on in the new epoch
+    } else if (next_epoch) {
+      // The epoch this one follows has no process to hand over (still starting, or exited): it
+      // stops, and the new epoch starts a process of its own once it is cleaned up.
+      spdlog::info("job {} epoch {}: starts once epoch {} here is cleaned up",
+                   assignment.job().id(), assignment.epoch(), job_->assignment.epoch());
+      queued_ = assignment;
+      if (job_->ready) {
+        stale = job_;
+      } else {
+        job_->stop_requested = true;  // StartJob stops it as soon as it is built
+      }
     } else if (job_ != nullptr) {
       if (job_->assignment.job().id() != assignment.job().id() ||
           job_->assignment.epoch() != assignment.epoch()) {
@@ -365,13 +379,25 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
       }
       return;  // else a re-sent assignment after a reconnect
     }
-    job = std::make_shared<Job>();
-    job->assignment = assignment;
-    if (previous != nullptr) {
-      job->proc = previous->proc;
-      job->started = previous->started.load();
+    if (stale == nullptr && queued_.has_value() && queued_->epoch() == assignment.epoch() &&
+        queued_->job().id() == assignment.job().id()) {
+      return;  // queued behind an epoch still being built, which stops itself
     }
-    job_ = job;
+    if (stale == nullptr) {
+      job = std::make_shared<Job>();
+      job->assignment = assignment;
+      if (previous != nullptr) {
+        job->proc = previous->proc;
+        job->started = previous->started.load();
+      }
+      job_ = job;
+    }
+  }
+  if (stale != nullptr) {
+    StopRank(stale, absl::AbortedError(absl::StrCat(
+                        "job ", assignment.job().id(), " epoch ", stale->assignment.epoch(),
+                        " ended: its ranks changed (epoch ", assignment.epoch(), ")")));
+    return;
   }
   const v1::Job& spec = assignment.job();
   const int rank = assignment.rank();
@@ -395,18 +421,14 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   absl::StatusOr<std::unique_ptr<SharedMemory>> arena =
       SharedMemory::Create(arena_name, options_.arena_bytes);
   if (!arena.ok()) {
-    SendRankUpdate(*job, v1::RANK_STATE_EXITED, 1,
-                   absl::StrCat("worker could not create its arena: ", arena.status().message()));
-    FinishJob(job);
+    FailStart(job, absl::StrCat("worker could not create its arena: ", arena.status().message()));
     return;
   }
   job->arena = *std::move(arena);
   absl::StatusOr<LocalAddress> address = DataAddress();
   if (!address.ok()) {
-    SendRankUpdate(
-        *job, v1::RANK_STATE_EXITED, 1,
-        absl::StrCat("worker has no address for the data plane: ", address.status().message()));
-    FinishJob(job);
+    FailStart(job, absl::StrCat("worker has no address for the data plane: ",
+                                address.status().message()));
     return;
   }
   const size_t client_bytes = options_.arena_bytes / 4 * 3;
@@ -488,10 +510,8 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     e.executor = std::make_unique<CpuExecutor>(std::move(cpu));
   } else {
     if (absl::Status s = StartDevice(*job, e); !s.ok()) {
-      SendRankUpdate(
-          *job, v1::RANK_STATE_EXITED, 1,
-          absl::StrCat("worker could not set up cuda:", cuda_device_, ": ", s.message()));
-      FinishJob(job);
+      FailStart(job,
+                absl::StrCat("worker could not set up cuda:", cuda_device_, ": ", s.message()));
       return;
     }
   }
@@ -517,7 +537,19 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
                  options_.socket_path);
     return;  // STARTED when the process attaches
   }
-  job->proc->waiter = std::thread([this, job] { RunRank(job); });
+  job->proc->waiter = std::thread([this, job]() mutable { RunRank(std::move(job)); });
+}
+
+void Daemon::FailStart(const std::shared_ptr<Job>& job, const std::string& why) {
+  SendRankUpdate(*job, v1::RANK_STATE_EXITED, 1, why);
+  if (job->proc->child_pid.load() == 0) {
+    FinishJob(job);
+    return;
+  }
+  // An elastic job's process from an earlier epoch: it stops, and its waiter finishes the rank.
+  job->stopped = true;
+  finishers_.Start(
+      [proc = job->proc, grace = options_.stop_grace] { proc->child->Terminate(grace); });
 }
 
 absl::Status Daemon::PrepareRankDir(Job& job) {
@@ -546,7 +578,7 @@ absl::Status Daemon::PrepareRankDir(Job& job) {
   return absl::OkStatus();
 }
 
-void Daemon::RunRank(const std::shared_ptr<Job>& job) {
+void Daemon::RunRank(std::shared_ptr<Job> job) {
   absl::Status s = PrepareRankDir(*job);
   if (s.ok()) s = LaunchChild(job);
   if (!s.ok()) {
@@ -555,15 +587,26 @@ void Daemon::RunRank(const std::shared_ptr<Job>& job) {
     FinishJob(job);
     return;
   }
-  ChildExit exit = job->proc->child->Wait();
-  job->proc->exited = true;
-  // An elastic job's process outlives its first epoch: its exit is the current epoch's.
-  if (std::shared_ptr<Job> current = CurrentJob();
-      current != nullptr && current != job && current->proc == job->proc) {
-    RunRankExited(current, exit);
-    return;
+  // An elastic job's process outlives its first epoch: the first epoch's Job (its arena, its GPU
+  // side) is not held while the process runs.
+  std::shared_ptr<Process> proc = job->proc;
+  std::weak_ptr<Job> first = job;
+  job.reset();
+  ChildExit exit = proc->child->Wait();
+  proc->exited = true;
+  // Its exit is the current epoch's, once that is built (StartJob is quick; bounded here).
+  std::shared_ptr<Job> current;
+  for (int i = 0; i < 500; ++i) {
+    {
+      absl::MutexLock lock(&mu_);
+      current = job_ != nullptr && job_->proc == proc ? job_ : nullptr;
+      if (current == nullptr || current->ready || current->stopped) break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
   }
-  RunRankExited(job, exit);
+  if (current == nullptr || (!current->ready && !current->stopped)) current = first.lock();
+  if (current == nullptr) return;  // every epoch of it was cleaned up already
+  RunRankExited(current, exit);
 }
 
 void Daemon::RunRankExited(const std::shared_ptr<Job>& job, const ChildExit& exit) {
@@ -727,8 +770,13 @@ void Daemon::StopJob(const std::string& job_id, const absl::Status& reason, int6
       return;
     }
   }
+  StopRank(job, reason);
+}
+
+void Daemon::StopRank(const std::shared_ptr<Job>& job, const absl::Status& reason) {
   if (job->stopped.exchange(true)) return;
-  spdlog::info("stopping job {}: {}", job_id, reason.ToString());
+  spdlog::info("stopping job {} epoch {}: {}", job->assignment.job().id(), job->assignment.epoch(),
+               reason.ToString());
   // A rank still meeting its peers stops waiting for the coordinator.
   job->rendezvous->Cancel();
   // Pending operations fail at once with the reason; the process gets SIGTERM, then SIGKILL.
@@ -748,6 +796,10 @@ void Daemon::StopJob(const std::string& job_id, const absl::Status& reason, int6
 
 void Daemon::EndEpoch(const std::shared_ptr<Job>& job, const absl::Status& reason) {
   job->epoch_ended = true;
+  {
+    absl::MutexLock lock(&job->attach_mu);
+    job->closing = true;  // no welcome into it any more: its arena goes
+  }
   job->rendezvous->Cancel();  // a rank still meeting its old peers stops
   job->engine->Abort(reason);
   // The engine's threads (a Gloo pair still connecting to a peer that is gone ends within the

@@ -172,7 +172,7 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   // A launched rank, on its waiter thread: makes its directory (fetching and unpacking the job's
   // code), starts its process, waits for it, sends what it left in its output directory, and
   // reports its exit.
-  void RunRank(const std::shared_ptr<Job>& job);
+  void RunRank(std::shared_ptr<Job> job);
   // The rest of RunRank once the process exited: `job` is the epoch it exited in.
   void RunRankExited(const std::shared_ptr<Job>& job, const ChildExit& exit);
   // The rank's directory: <work_dir>/<job>-<epoch>-rank-<rank>-<pid>/{code,output}.
@@ -182,6 +182,11 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   // Stops the job's rank (abort pending ops, terminate the process) because of `reason`. `epoch`
   // > 0: that epoch only; an elastic job's process then stays for the next epoch.
   void StopJob(const std::string& job_id, const absl::Status& reason, int64_t epoch = 0);
+  // Stops `job`'s rank (StopJob once the job is found).
+  void StopRank(const std::shared_ptr<Job>& job, const absl::Status& reason);
+  // StartJob could not build `job`: reported EXITED with `why`; finished, or, when it took over an
+  // elastic job's running process, that process stopped (its waiter finishes the rank).
+  void FailStart(const std::shared_ptr<Job>& job, const std::string& why);
   // Elastic jobs: ends epoch `job` (its pending operations fail with `reason`, its engine and arena
   // go) but not its process, which the next epoch's Job has.
   void EndEpoch(const std::shared_ptr<Job>& job, const absl::Status& reason);
