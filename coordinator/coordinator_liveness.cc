@@ -43,9 +43,10 @@ void Coordinator::SettleFailures(absl::Time now, const std::string& disconnected
   for (auto& [job_id, failure] : due) {
     if (absl::StatusOr<Job> job = jobs_.Get(job_id); job.ok() && job->spec.elastic()) {
       // Not a failure: the job goes on in a new epoch without what it lost.
-      slow_.Post([this, job_id, epoch = failure.epoch, why = std::move(failure.reason)]() mutable {
-        Reshape(job_id, epoch, std::move(why));
-      });
+      // (A structured binding is captured through a copy: clang 14 refuses it in a capture list.)
+      slow_.Post(
+          [this, id = std::string(job_id), epoch = failure.epoch,
+           why = std::move(failure.reason)]() mutable { Reshape(id, epoch, std::move(why)); });
       continue;
     }
     std::string reason = std::move(failure.reason);

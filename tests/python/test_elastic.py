@@ -105,6 +105,23 @@ def test_a_killed_daemon_leaves_the_job_running_on_the_others(cluster):
     events = [e["message"] for e in done["events"]]
     assert any(re.match(rf"epoch 2: 2 ranks \(2 kept, 0 added\); gone: rank 2 on host h2 "
                         rf"\({victim['worker_id']}\)", e) for e in events), events
+    status = cluster.cli(c, "status", job).stdout
+    assert "\nElastic:   2..3 ranks, 1 resets, elastic timeout 600 s\n" in status, status
+    assert "\nEpoch:     2\n" in status, status
+
+
+def test_bad_elastic_bounds_are_refused_naming_the_field(cluster):
+    c = cluster.coordinator()
+    r = cluster.cli(c, "submit", "--min-np", "3", "--max-np", "2", "--", PYTHON, SCRIPT)
+    assert r.returncode != 0
+    assert "spec.min_np = 3 is out of bounds [1, np = 2]" in r.stderr, r.stderr
+    r = cluster.cli(c, "submit", "--np", "2", "--reset-limit", "2", "--", PYTHON, SCRIPT)
+    assert r.returncode != 0
+    assert ("spec.reset_limit and spec.elastic_timeout_seconds need an elastic job "
+            "(spec.min_np or spec.max_np)") in r.stderr, r.stderr
+    r = cluster.cli(c, "submit", "--", PYTHON, SCRIPT)
+    assert r.returncode == 2
+    assert "submit needs --np N (or --min-np/--max-np for an elastic job)" in r.stderr, r.stderr
 
 
 def test_an_added_worker_grows_the_job_at_the_next_commit(cluster):

@@ -1,0 +1,94 @@
+#!/usr/bin/python3
+"""The gradient step through the public `hvd` API, against PyTorch DDP's bucketed allreduce in the
+same run (issue 17, "the Python path as fast as the C++ path").
+
+Each rank holds a model profile's gradient tensors as ordinary CPU tensors (not in the arena) and,
+per step, calls `hvd.allreduce_async_` on each of them, then `hvd.synchronize` on every handle: what
+a script that reduces its gradients itself does. The yardstick is the shared torch_anchor.py
+(torch.distributed with Gloo; DDP-style buckets of 25 MB, gradients as bucket views) with the same
+profile and number of ranks, run right after. Repeats both and prints the medians and the ratio.
+
+    /usr/bin/python3 bench/torch_api_step.py [--np 2] [--profile bench/profiles/resnet50.json]
+                                             [--steps 10] [--repeats 3]
+
+Inside a job (what each rank runs): torch_api_step.py --rank-main --profile P --steps S.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ANCHOR = ROOT.parent / "shared" / "bench" / "torch_anchor.py"
+
+
+def rank_main(args):
+    import torch
+    import ringmaster.torch as hvd
+
+    hvd.init()
+    torch.set_num_threads(1)
+    prof = json.load(open(args.profile))
+    grads = []
+    for t in prof["tensors"]:
+        n = 1
+        for d in t["shape"]:
+            n *= d
+        grads.append((t["name"], torch.randn(n)))
+    times = []
+    for step in range(args.warmup + args.steps):
+        hvd.barrier()
+        t0 = time.perf_counter()
+        handles = [hvd.allreduce_async_(g, name=name, op=hvd.Sum) for name, g in grads]
+        for h in handles:
+            hvd.synchronize(h)
+        dt = time.perf_counter() - t0
+        if step >= args.warmup:
+            times.append(dt)
+    # The step ends when the slowest rank's does.
+    worst = hvd.allreduce(torch.tensor([statistics.median(times)]), op=hvd.Max,
+                          name="torch_api_step.median")
+    if hvd.rank() == 0:
+        print(f"RESULT {worst.item():.6f} {len(grads)}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--profile", default=str(ROOT / "bench" / "profiles" / "resnet50.json"))
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_main:
+        rank_main(args)
+        return
+    ours, ddp = [], []
+    for i in range(args.repeats):
+        out = subprocess.run(
+            [str(ROOT / "build" / "bin" / "ringmaster"), "local", "--np", str(args.np), "--",
+             "/usr/bin/python3", __file__, "--rank-main", "--profile", args.profile, "--steps",
+             str(args.steps), "--warmup", str(args.warmup)],
+            capture_output=True, text=True, timeout=900, check=True).stdout
+        ours.append(float(re.search(r"RESULT ([\d.]+)", out).group(1)))
+        anchor = subprocess.run(
+            ["/usr/bin/python3", str(ANCHOR), "--profile", args.profile, "--np", str(args.np),
+             "--steps", str(args.steps), "--warmup", str(args.warmup), "--modes", "bucketed",
+             "--port", str(29700 + i)],
+            capture_output=True, text=True, timeout=900, check=True).stdout
+        ddp.append(json.loads(anchor.splitlines()[0])["step_time_s_median"])
+        print(f"run {i + 1}: hvd.allreduce_async_ per tensor {ours[-1] * 1e3:.1f} ms, "
+              f"torch DDP bucketed {ddp[-1] * 1e3:.1f} ms", flush=True)
+    o, d = statistics.median(ours), statistics.median(ddp)
+    print(f"median: ringmaster.torch {o * 1e3:.1f} ms, torch DDP bucketed {d * 1e3:.1f} ms, "
+          f"ratio {o / d:.2f} (target <= 1.0), np {args.np}, {Path(args.profile).stem}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
