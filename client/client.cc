@@ -78,6 +78,8 @@ class ClientImpl : public Client {
     topology_.device = staging_->device();
     topology_.job_id = welcome.job_id();
     topology_.epoch = welcome.epoch();
+    direct_access_ = welcome.direct_access() && welcome.device() == 0;
+    topology_.direct_access = direct_access_;
     topology_.rank = welcome.rank();
     topology_.size = welcome.size();
     topology_.local_rank = welcome.local_rank();
@@ -135,7 +137,7 @@ class ClientImpl : public Client {
       int64_t count = 1;
       for (int64_t d : shapes[i]) count *= d;
       const size_t bytes = static_cast<size_t>(std::max<int64_t>(0, count * DataTypeSize(dtype)));
-      if (!staging_->InArena(data[i], bytes)) {
+      if (!direct_access_ && !staging_->InArena(data[i], bytes)) {
         staged += (bytes + ArenaAllocator::kAlignment - 1) / ArenaAllocator::kAlignment *
                   ArenaAllocator::kAlignment;
       }
@@ -279,6 +281,7 @@ class ClientImpl : public Client {
     absl::Status status;
     void* user = nullptr;  // where the caller's tensor is
     size_t offset = 0;     // where it is in the arena
+    uint64_t address = 0;  // direct access: the caller's tensor, read and written by the daemon
     size_t bytes = 0;
     bool staged = false;        // copied into the arena: copy back and free on completion
     bool user_on_host = false;  // GPU slot, staged from host memory: the copy back is waited for
@@ -318,8 +321,11 @@ class ClientImpl : public Client {
     op.group = request.group_id();
     op.stream = CurrentStream();
     std::unique_ptr<Staging::DeviceScope> scope = staging_->EnterDevice();
+    const bool direct = direct_access_ && request.type() == v1::REQUEST_TYPE_ALLREDUCE;
     if (data != nullptr && staging_->InArena(data, bytes)) {
       op.offset = static_cast<size_t>(static_cast<const uint8_t*>(data) - base_);  // zero copy
+    } else if (data != nullptr && direct) {
+      op.address = reinterpret_cast<uint64_t>(data);  // the daemon reads and writes it there
     } else if (data != nullptr) {
       absl::StatusOr<size_t> offset = AllocateArena(bytes, /*wait=*/true, request.group_id());
       if (!offset.ok()) return offset.status();
@@ -351,6 +357,7 @@ class ClientImpl : public Client {
     e->set_ready_event(*slot + 1);  // 1-based; 0: none
     *e->mutable_request() = std::move(request);
     e->set_offset(static_cast<int64_t>(op.offset));
+    e->set_address(op.address);
     Handle handle = 0;
     bool closed = false;
     {
@@ -524,6 +531,8 @@ class ClientImpl : public Client {
   std::thread reader_;
   std::atomic<int64_t> joins_{0};
   std::atomic<bool> hosts_updated_{false};
+  // The daemon reads and writes this process's allreduce tensors where they are (CPU slots).
+  bool direct_access_ = false;
   std::map<int32_t, int64_t> barriers_ ABSL_GUARDED_BY(mu_);  // by process set
   std::atomic<int64_t> groups_{0};
 
@@ -569,6 +578,14 @@ absl::StatusOr<std::unique_ptr<Client>> Handshake(int fd, bool* retry, const Att
   v1::LocalRequest hello;
   hello.mutable_hello()->set_pid(getpid());
   hello.mutable_hello()->set_after_epoch(after_epoch);
+  // Lets a CPU daemon that can read this process's memory reduce tensors where they are
+  // (LocalWelcome.direct_access); RINGMASTER_DIRECT_ACCESS=0 keeps every tensor staged.
+  static const uint64_t probe = static_cast<uint64_t>(getpid()) * 0x9E3779B97F4A7C15ull | 1;
+  if (const char* direct = std::getenv("RINGMASTER_DIRECT_ACCESS");
+      direct == nullptr || std::string(direct) != "0") {
+    hello.mutable_hello()->set_probe_address(reinterpret_cast<uint64_t>(&probe));
+    hello.mutable_hello()->set_probe_value(probe);
+  }
   if (!attach.job_name.empty()) {
     hello.mutable_hello()->set_attach_job(attach.job_name);
     hello.mutable_hello()->set_attach_rank(attach.rank);

@@ -1,6 +1,9 @@
 #include "worker/cpu_executor.h"
 
+#include <sys/uio.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -206,6 +209,31 @@ absl::StatusOr<Executed> CpuExecutor::Execute(const Collective& c, ExecutionTrac
   return absl::InternalError(absl::StrCat("unknown collective ", static_cast<int>(c.type)));
 }
 
+namespace {
+
+// Moves `bytes` between `local` and process `pid`'s memory at `address` (cross-memory attach:
+// process_vm_readv/writev, one copy): a tensor of a training process with direct access.
+absl::Status RemoteCopy(int pid, uint64_t address, uint8_t* local, size_t bytes, bool read) {
+  size_t done = 0;
+  while (done < bytes) {
+    iovec here{local + done, bytes - done};
+    iovec there{reinterpret_cast<void*>(address + done), bytes - done};
+    const ssize_t n = read ? process_vm_readv(pid, &here, 1, &there, 1, 0)
+                           : process_vm_writev(pid, &here, 1, &there, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot ", read ? "read" : "write", " the training process's tensor (pid ",
+                       pid, ", ", bytes, " bytes at 0x", absl::Hex(address),
+                       "): ", n < 0 ? std::strerror(errno) : "nothing moved"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) {
   const DataType dtype = c.dtype;
   const int64_t elem = DataTypeSize(dtype);
@@ -216,7 +244,7 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
   for (size_t i = 0; i < n; ++i) {
     counts[i] = i < c.sizes.size() ? c.sizes[i] : 0;
     total += counts[i];
-    if (c.tensors[i].offset < 0) {
+    if (c.tensors[i].offset < 0 || c.tensors[i].address != 0) {
       contiguous = false;
     } else if (i > 0 && c.tensors[i - 1].offset >= 0 &&
                c.tensors[i - 1].offset + counts[i - 1] * elem != c.tensors[i].offset) {
@@ -232,7 +260,11 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
     int64_t at = 0;
     for (size_t i = 0; i < n; ++i) {
       const size_t bytes = counts[i] * elem;
-      if (c.tensors[i].offset >= 0) {
+      if (c.tensors[i].address != 0) {
+        absl::Status s = RemoteCopy(c.tensors[i].pid, c.tensors[i].address, buffer + at, bytes,
+                                    /*read=*/true);
+        if (!s.ok()) return s;
+      } else if (c.tensors[i].offset >= 0) {
         std::memcpy(buffer + at, options_.arena + c.tensors[i].offset, bytes);
       } else {
         std::memset(buffer + at, 0, bytes);  // a joined rank contributes zeros
@@ -275,7 +307,11 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
     int64_t at = 0;
     for (size_t i = 0; i < n; ++i) {
       const size_t bytes = counts[i] * elem;
-      if (c.tensors[i].offset >= 0) {
+      if (c.tensors[i].address != 0) {
+        absl::Status s = RemoteCopy(c.tensors[i].pid, c.tensors[i].address, buffer + at, bytes,
+                                    /*read=*/false);
+        if (!s.ok()) return s;
+      } else if (c.tensors[i].offset >= 0) {
         std::memcpy(options_.arena + c.tensors[i].offset, buffer + at, bytes);
       }
       at += bytes;

@@ -1,6 +1,7 @@
 #include "worker/daemon.h"
 
 #include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1109,6 +1110,22 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
     for (const std::string& h : job->done_event_handles) w.add_done_events(h);
   }
   lock.Release();  // not held across the message to the coordinator
+  // CPU slots: a process whose memory this daemon can read gets its tensors reduced where they
+  // are (no staging through the arena).
+  if (job->gpu == nullptr && hello.probe_address() != 0 && peer.pid > 0) {
+    uint64_t seen = 0;
+    iovec here{&seen, sizeof(seen)};
+    iovec there{reinterpret_cast<void*>(hello.probe_address()), sizeof(seen)};
+    if (process_vm_readv(peer.pid, &here, 1, &there, 1, 0) == sizeof(seen) &&
+        seen == hello.probe_value()) {
+      w.set_direct_access(true);
+    } else {
+      spdlog::info(
+          "job {} rank {}: pid {} is served through the arena (its memory cannot be read "
+          "here: {})",
+          spec.id(), me.rank(), peer.pid, std::strerror(errno));
+    }
+  }
   if (!job->started.exchange(true)) SendRankUpdate(*job, v1::RANK_STATE_STARTED, 0, "");
   return Welcome{std::move(w), arena_fd};
 }
@@ -1139,6 +1156,15 @@ void Daemon::OnEnqueue(const v1::LocalWelcome* welcome, const v1::LocalEnqueue& 
   const uint64_t handle = enqueue.handle();
   LocalOp op;
   FromProto(enqueue, &op);
+  if (op.address != 0) {
+    if (welcome == nullptr || !welcome->direct_access()) {
+      refuse(absl::StatusCode::kInvalidArgument,
+             "enqueue.address needs a connection welcomed with direct_access");
+      return;
+    }
+    absl::MutexLock lock(&job->attach_mu);
+    op.pid = job->attached_pid;
+  }
   job->engine->Enqueue(std::move(op),
                        [reply, handle, hosts_updated = job->hosts_updated](const OpResult& result) {
                          v1::LocalCompletion c;

@@ -111,7 +111,12 @@ void Engine::Enqueue(LocalOp local, Done done) {
   if (r.name.empty()) return reject(absl::InvalidArgumentError("tensor name is empty"));
   const bool has_data = r.type == RequestType::kAllreduce || r.type == RequestType::kAllgather ||
                         r.type == RequestType::kBroadcast;
-  if (has_data) {
+  if (local.address != 0 && (r.type != RequestType::kAllreduce || local.pid <= 0)) {
+    return reject(absl::InvalidArgumentError(
+        absl::StrCat("tensor '", r.name, "': only an allreduce of a process with direct access ",
+                     "may name its tensor by address")));
+  }
+  if (has_data && local.address == 0) {
     const int64_t bytes = ByteSize(r);
     if (local.offset < 0 || bytes < 0 ||
         static_cast<uint64_t>(local.offset) + static_cast<uint64_t>(bytes) > options_.arena_bytes) {
@@ -405,6 +410,8 @@ Collective Engine::ToCollective(const Response& r, const std::vector<Op*>& ops) 
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i] == nullptr) continue;
     c.tensors[i].offset = ops[i]->local.offset;
+    c.tensors[i].address = ops[i]->local.address;
+    c.tensors[i].pid = ops[i]->local.pid;
     c.tensors[i].ready_event = ops[i]->local.ready_event;
     c.tensors[i].shape = ops[i]->local.request.shape;
   }

@@ -44,6 +44,10 @@ struct LocalOp {
   TensorRequest request;
   int64_t offset = 0;       // where the tensor's bytes are in the arena
   int32_t ready_event = 0;  // GPU: the client's event to wait for (1-based; 0: the data is ready)
+  // Allreduce on a CPU slot with direct access: the tensor lives at `address` in process `pid`
+  // (read and written there with process_vm_readv/writev; `offset` is ignored). 0: in the arena.
+  uint64_t address = 0;
+  int32_t pid = 0;
 };
 
 // How an operation ended.

@@ -11,6 +11,7 @@ void FromProto(const v1::LocalEnqueue& in, LocalOp* out) {
   FromProto(in.request(), &out->request);
   out->offset = in.offset();
   out->ready_event = in.ready_event();
+  out->address = in.address();
 }
 
 void ToProto(const OpResult& in, uint64_t handle, v1::LocalCompletion* out) {

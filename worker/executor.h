@@ -31,6 +31,9 @@ struct Collective {
     int64_t offset = -1;      // in the arena; -1: this rank has none (it joined): zeros, or scratch
     int32_t ready_event = 0;  // GPU: the training process's ready event (1-based; 0: none)
     std::vector<int64_t> shape;  // this rank's (empty when it has none)
+    // Allreduce on a CPU slot: the tensor at this address of process `pid` instead (LocalOp).
+    uint64_t address = 0;
+    int32_t pid = 0;
   };
   std::vector<Tensor> tensors;  // in the response's (fused) order
   // Allreduce and broadcast: elements of each tensor. Allgather: each tensor's first dimension on

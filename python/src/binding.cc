@@ -265,7 +265,8 @@ PYBIND11_MODULE(_ringmaster, m) {
       .def_readonly("cross_size", &Topology::cross_size)
       .def_readonly("host", &Topology::host)
       .def_readonly("device", &Topology::device)
-      .def_readonly("arena_bytes", &Topology::arena_bytes);
+      .def_readonly("arena_bytes", &Topology::arena_bytes)
+      .def_readonly("direct_access", &Topology::direct_access);
 
   py::class_<ArenaBuffer>(m, "ArenaBuffer", py::buffer_protocol())
       .def_buffer([](ArenaBuffer& b) {

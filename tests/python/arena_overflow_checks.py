@@ -50,23 +50,37 @@ def main():
     if not 0 < in_arena < 24 or in_arena_bytes > arena // 2:
         failures.append(f"{in_arena} gradients ({in_arena_bytes} bytes) in an arena of "
                         f"{arena}: want some, within half of it")
-    # One tensor larger than the whole arena: refused at once, saying what to do.
-    try:
-        hvd.allreduce(torch.ones(arena // 4 + 1), name="too.big")
-        failures.append("a tensor larger than the arena was accepted")
-    except hvd.HorovodInternalError as e:
-        want = (f"shared arena full: {arena + 4} bytes requested, ")
-        if not str(e).startswith(want) or "start the workers with a larger --arena-mb" not in str(e):
-            failures.append(f"unexpected error for a tensor larger than the arena: {e}")
-    # A grouped allreduce whose members cannot all be in the arena at once (they complete
-    # together): refused before any member is submitted, the job goes on.
-    try:
-        hvd.grouped_allreduce([torch.ones(arena // 8) for _ in range(3)], name="too.big.group")
-        failures.append("a group larger than the arena was accepted")
-    except hvd.HorovodInternalError as e:
-        if not str(e).startswith(f"shared arena full: the grouped allreduce needs {3 * arena // 2} "
-                                 f"bytes staged at once; the arena holds {arena} bytes"):
-            failures.append(f"unexpected error for a group larger than the arena: {e}")
+    direct = basics.topology().direct_access
+    if direct:
+        # The daemon reduces allreduce tensors where they are: the arena does not bound them.
+        big = hvd.allreduce(torch.ones(arena // 4 + 1), op=hvd.Sum, name="too.big")
+        if not torch.equal(big, torch.full((arena // 4 + 1,), float(size))):
+            failures.append("a tensor larger than the arena was not reduced exactly")
+        group = hvd.grouped_allreduce([torch.ones(arena // 8) for _ in range(3)], op=hvd.Sum,
+                                      name="too.big.group")
+        if not all(torch.equal(g, torch.full((arena // 8,), float(size))) for g in group):
+            failures.append("a group larger than the arena was not reduced exactly")
+    else:
+        # Staged through the arena (RINGMASTER_DIRECT_ACCESS=0): one tensor larger than the whole
+        # arena is refused at once, saying what to do.
+        try:
+            hvd.allreduce(torch.ones(arena // 4 + 1), name="too.big")
+            failures.append("a tensor larger than the arena was accepted")
+        except hvd.HorovodInternalError as e:
+            want = (f"shared arena full: {arena + 4} bytes requested, ")
+            if (not str(e).startswith(want)
+                    or "start the workers with a larger --arena-mb" not in str(e)):
+                failures.append(f"unexpected error for a tensor larger than the arena: {e}")
+        # A grouped allreduce whose members cannot all be in the arena at once (they complete
+        # together): refused before any member is submitted, the job goes on.
+        try:
+            hvd.grouped_allreduce([torch.ones(arena // 8) for _ in range(3)], name="too.big.group")
+            failures.append("a group larger than the arena was accepted")
+        except hvd.HorovodInternalError as e:
+            if not str(e).startswith(f"shared arena full: the grouped allreduce needs "
+                                     f"{3 * arena // 2} bytes staged at once; the arena holds "
+                                     f"{arena} bytes"):
+                failures.append(f"unexpected error for a group larger than the arena: {e}")
     after = hvd.allreduce(torch.ones(4), op=hvd.Sum, name="after.refusals")
     if not torch.equal(after, torch.full((4,), float(size))):
         failures.append(f"allreduce after the refusals: {after}")
@@ -74,8 +88,8 @@ def main():
         print(f"FAIL rank {rank}: {f}", flush=True)
     if failures:
         return 1
-    print(f"arena_overflow_checks: rank {rank}: ok ({in_arena} of 24 gradients in the arena)",
-          flush=True)
+    print(f"arena_overflow_checks: rank {rank}: ok ({in_arena} of 24 gradients in the arena; "
+          f"direct access {'on' if direct else 'off'})", flush=True)
     return 0
 
 

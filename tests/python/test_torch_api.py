@@ -78,12 +78,18 @@ def test_torch_device_checks_cpu(np):
                          r.stdout, re.M), describe(r)
 
 
-def test_a_model_bigger_than_the_arena_trains_and_a_tensor_bigger_than_it_is_refused():
+@pytest.mark.parametrize("direct", ["on", "off"])
+def test_a_model_bigger_than_the_arena_trains_and_a_tensor_bigger_than_it_is_refused(direct):
+    """With direct access (the default on CPU slots) tensors are reduced where they are, whatever
+    their size; staged through the arena (RINGMASTER_DIRECT_ACCESS=0), one bigger than the arena
+    is refused."""
     r = run_local(2, PYTHON, os.path.join(HERE, "arena_overflow_checks.py"),
-                  extra=("--arena-mb", "16"))
+                  extra=("--arena-mb", "16", "--env",
+                         f"RINGMASTER_DIRECT_ACCESS={'1' if direct == 'on' else '0'}"))
     assert r.returncode == 0, describe(r)
     for rank in range(2):
-        assert re.search(rf"^\[{rank}\] arena_overflow_checks: rank {rank}: ok \(\d+ of 24 ",
+        assert re.search(rf"^\[{rank}\] arena_overflow_checks: rank {rank}: ok \(\d+ of 24 "
+                         rf"gradients in the arena; direct access {direct}\)",
                          r.stdout, re.M), describe(r)
 
 

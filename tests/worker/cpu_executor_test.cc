@@ -6,6 +6,9 @@
 // be set up.
 #include "worker/cpu_executor.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -15,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -175,6 +179,56 @@ TEST_F(CpuExecutorTest, ScatteredTensorsArePackedAndAJoinedRankContributesZeros)
   EXPECT_THAT(Activities(trace_),
               ElementsAre(std::string("MEMCPY_IN_FUSION_BUFFER"), std::string("GLOO_ALLREDUCE"),
                           std::string("MEMCPY_OUT_FUSION_BUFFER")));
+}
+
+// Direct access: a training process's tensors are read and written in its own memory
+// (process_vm_readv/writev), fused with one from the arena. The process here is a forked child
+// whose buffer sits at the address it has in this process too.
+TEST_F(CpuExecutorTest, TensorsOfAProcessWithDirectAccessAreReducedInItsOwnMemory) {
+  auto executor = Make();
+  static float remote[3];
+  int to_child[2], from_child[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(from_child), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    remote[0] = 1;
+    remote[1] = 2;
+    remote[2] = 3;
+    char go = 0;
+    (void)!write(from_child[1], &go, 1);  // its values are in place
+    (void)!read(to_child[0], &go, 1);     // the parent has reduced them
+    (void)!write(from_child[1], remote, sizeof(remote));
+    _exit(0);
+  }
+  char ready = 0;
+  ASSERT_EQ(read(from_child[0], &ready, 1), 1);
+  Floats(256)[0] = 10;
+  Collective c = Allreduce({-1, 256}, {3, 1});
+  c.tensors[0].address = reinterpret_cast<uint64_t>(remote);
+  c.tensors[0].pid = child;
+  absl::StatusOr<Executed> e = executor->Execute(c, trace_);
+  EXPECT_TRUE(e.ok()) << e.status();
+  (void)!write(to_child[1], &ready, 1);
+  float back[3] = {};
+  ASSERT_EQ(read(from_child[0], back, sizeof(back)), static_cast<ssize_t>(sizeof(back)));
+  waitpid(child, nullptr, 0);
+  // Summed over 4 identical ranks, in the child's memory; the arena's tensor alike.
+  EXPECT_EQ(std::vector<float>(back, back + 3), (std::vector<float>{4, 8, 12}));
+  EXPECT_EQ(Floats(256)[0], 40);
+  EXPECT_THAT(Activities(trace_),
+              ElementsAre(std::string("MEMCPY_IN_FUSION_BUFFER"), std::string("GLOO_ALLREDUCE"),
+                          std::string("MEMCPY_OUT_FUSION_BUFFER")));
+  for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) close(fd);
+
+  // A process that is gone: the collective fails, naming it.
+  c.tensors[0].pid = child;  // reaped above
+  absl::StatusOr<Executed> gone = executor->Execute(c, trace_);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StartsWith(
+      gone.status().message(),
+      absl::StrCat("cannot read the training process's tensor (pid ", child, ", 12 bytes at 0x")))
+      << gone.status();
 }
 
 TEST_F(CpuExecutorTest, IntegerAveragesAreDividedExactly) {
