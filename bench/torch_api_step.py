@@ -4,7 +4,9 @@ same run (issue 17, "the Python path as fast as the C++ path").
 
 Each rank holds a model profile's gradient tensors as ordinary CPU tensors (not in the arena) and,
 per step, calls `hvd.allreduce_async_` on each of them, then `hvd.synchronize` on every handle: what
-a script that reduces its gradients itself does. The yardstick is the shared torch_anchor.py
+a script that reduces its gradients itself does. Measured with direct access (the daemon reduces
+the tensors in the process's memory, the default on CPU slots) and with the tensors staged through
+the arena (RINGMASTER_DIRECT_ACCESS=0). The yardstick is the shared torch_anchor.py
 (torch.distributed with Gloo; DDP-style buckets of 25 MB, gradients as bucket views) with the same
 profile and number of ranks, run right after. Repeats both and prints the medians and the ratio.
 
@@ -69,25 +71,33 @@ def main():
     if args.rank_main:
         rank_main(args)
         return
-    ours, ddp = [], []
-    for i in range(args.repeats):
+    ours, staged, ddp = [], [], []
+
+    def job(direct):
         out = subprocess.run(
-            [str(ROOT / "build" / "bin" / "ringmaster"), "local", "--np", str(args.np), "--",
-             "/usr/bin/python3", __file__, "--rank-main", "--profile", args.profile, "--steps",
-             str(args.steps), "--warmup", str(args.warmup)],
+            [str(ROOT / "build" / "bin" / "ringmaster"), "local", "--np", str(args.np), "--env",
+             f"RINGMASTER_DIRECT_ACCESS={direct}", "--", "/usr/bin/python3", __file__,
+             "--rank-main", "--profile", args.profile, "--steps", str(args.steps), "--warmup",
+             str(args.warmup)],
             capture_output=True, text=True, timeout=900, check=True).stdout
-        ours.append(float(re.search(r"RESULT ([\d.]+)", out).group(1)))
+        return float(re.search(r"RESULT ([\d.]+)", out).group(1))
+
+    for i in range(args.repeats):
+        ours.append(job(1))
+        staged.append(job(0))
         anchor = subprocess.run(
             ["/usr/bin/python3", str(ANCHOR), "--profile", args.profile, "--np", str(args.np),
              "--steps", str(args.steps), "--warmup", str(args.warmup), "--modes", "bucketed",
              "--port", str(29700 + i)],
             capture_output=True, text=True, timeout=900, check=True).stdout
         ddp.append(json.loads(anchor.splitlines()[0])["step_time_s_median"])
-        print(f"run {i + 1}: hvd.allreduce_async_ per tensor {ours[-1] * 1e3:.1f} ms, "
+        print(f"run {i + 1}: hvd.allreduce_async_ per tensor {ours[-1] * 1e3:.1f} ms "
+              f"(staged through the arena: {staged[-1] * 1e3:.1f} ms), "
               f"torch DDP bucketed {ddp[-1] * 1e3:.1f} ms", flush=True)
-    o, d = statistics.median(ours), statistics.median(ddp)
-    print(f"median: ringmaster.torch {o * 1e3:.1f} ms, torch DDP bucketed {d * 1e3:.1f} ms, "
-          f"ratio {o / d:.2f} (target <= 1.0), np {args.np}, {Path(args.profile).stem}")
+    o, s, d = statistics.median(ours), statistics.median(staged), statistics.median(ddp)
+    print(f"median: ringmaster.torch {o * 1e3:.1f} ms (staged {s * 1e3:.1f} ms), torch DDP "
+          f"bucketed {d * 1e3:.1f} ms, ratio {o / d:.2f} (staged {s / d:.2f}; target <= 1.0), "
+          f"np {args.np}, {Path(args.profile).stem}")
 
 
 if __name__ == "__main__":
