@@ -190,32 +190,16 @@ absl::StatusOr<Job> JobRegistry::Transition(const std::string& id, JobState to, 
 
 absl::StatusOr<Job> JobRegistry::Start(const std::string& id, std::vector<RankInfo> ranks,
                                        std::string message) {
-  std::vector<std::shared_ptr<Watcher>> watchers;
-  Job job;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<Job> loaded = LoadLocked(id);
-    if (!loaded.ok()) return loaded.status();
-    job = *std::move(loaded);
-    if (!Allowed(job.state, JobState::kStarting)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", id, " is ", JobStateName(job.state), "; it cannot start"));
-    }
-    job.state = JobState::kStarting;
-    job.ranks = std::move(ranks);
-    if (job.spec.elastic()) job.spec.np = static_cast<int32_t>(job.ranks.size());
-    ++job.epoch;
-    job.rendezvous_token = RandomSecret();
-    watchers = CommitLocked(job, std::move(message));
-    notify_mu_.Lock();
-  }
-  Notify(watchers, job);
-  notify_mu_.Unlock();
-  return job;
+  return Place(id, std::move(ranks), std::move(message), /*next_epoch=*/false);
 }
 
 absl::StatusOr<Job> JobRegistry::NextEpoch(const std::string& id, std::vector<RankInfo> ranks,
                                            std::string message) {
+  return Place(id, std::move(ranks), std::move(message), /*next_epoch=*/true);
+}
+
+absl::StatusOr<Job> JobRegistry::Place(const std::string& id, std::vector<RankInfo> ranks,
+                                       std::string message, bool next_epoch) {
   std::vector<std::shared_ptr<Watcher>> watchers;
   Job job;
   {
@@ -223,16 +207,24 @@ absl::StatusOr<Job> JobRegistry::NextEpoch(const std::string& id, std::vector<Ra
     absl::StatusOr<Job> loaded = LoadLocked(id);
     if (!loaded.ok()) return loaded.status();
     job = *std::move(loaded);
-    if (!job.spec.elastic() ||
-        (job.state != JobState::kStarting && job.state != JobState::kRunning)) {
+    if (!next_epoch && !Allowed(job.state, JobState::kStarting)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " is ", JobStateName(job.state), "; it cannot start"));
+    }
+    if (next_epoch && (!job.spec.elastic() ||
+                       (job.state != JobState::kStarting && job.state != JobState::kRunning))) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", id, " is ", JobStateName(job.state), job.spec.elastic() ? "" : " and not elastic",
           "; it cannot start a new epoch"));
     }
+    if (next_epoch) {
+      ++job.resets;  // the state stays STARTING or RUNNING
+    } else {
+      job.state = JobState::kStarting;
+    }
     job.ranks = std::move(ranks);
-    job.spec.np = static_cast<int32_t>(job.ranks.size());
+    if (job.spec.elastic()) job.spec.np = static_cast<int32_t>(job.ranks.size());
     ++job.epoch;
-    ++job.resets;
     job.rendezvous_token = RandomSecret();
     watchers = CommitLocked(job, std::move(message));
     notify_mu_.Lock();

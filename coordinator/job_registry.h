@@ -80,6 +80,9 @@ class JobRegistry {
   std::vector<std::shared_ptr<Watcher>> CommitLocked(Job& job, std::string message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job> LoadLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Start (a PENDING job placed) or NextEpoch (`next_epoch`: an elastic job's new ranks).
+  absl::StatusOr<Job> Place(const std::string& id, std::vector<RankInfo> ranks, std::string message,
+                            bool next_epoch);
   static void Notify(const std::vector<std::shared_ptr<Watcher>>& watchers, const Job& job);
 
   Clock* const clock_;
