@@ -116,6 +116,15 @@ void Engine::Enqueue(LocalOp local, Done done) {
         absl::StrCat("tensor '", r.name, "': only an allreduce of a process with direct access ",
                      "may name its tensor by address")));
   }
+  // A tensor reduced where it lives is still bounded as one staged would be: the daemon's fusion
+  // buffer holds it whole.
+  if (local.address != 0 && (ByteSize(r) < 0 || static_cast<uint64_t>(ByteSize(r)) >
+                                                    static_cast<uint64_t>(options_.arena_bytes))) {
+    return reject(absl::ResourceExhaustedError(absl::StrCat(
+        "tensor '", r.name, "': ", ByteSize(r), " bytes is more than the ", options_.arena_bytes,
+        "-byte arena this worker reduces at once: start the workers with a larger --arena-mb "
+        "(ringmaster local --arena-mb)")));
+  }
   if (has_data && local.address == 0) {
     const int64_t bytes = ByteSize(r);
     if (local.offset < 0 || bytes < 0 ||

@@ -48,7 +48,7 @@ struct Topology {
   // Bytes of the shared arena this process may use (Allocate, and tensors staged in flight).
   size_t arena_bytes = 0;
   // CPU slots: the daemon reduces allreduce tensors where they are, in this process's memory
-  // (LocalWelcome.direct_access): no staging copy, and no arena bound on their size.
+  // (LocalWelcome.direct_access): no staging copy (each still at most the worker's arena).
   bool direct_access = false;
 };
 

@@ -60,6 +60,18 @@ def main():
                                       name="too.big.group")
         if not all(torch.equal(g, torch.full((arena // 8,), float(size))) for g in group):
             failures.append("a group larger than the arena was not reduced exactly")
+        # Still bounded: one tensor larger than the worker's whole arena (client part + 1/3) is
+        # refused, saying what to do.
+        whole = arena * 4 // 3
+        try:
+            hvd.allreduce(torch.ones(whole // 4 + 1), name="beyond.the.arena")
+            failures.append("a tensor larger than the worker's whole arena was accepted")
+        except hvd.HorovodInternalError as e:
+            want = (f"tensor 'beyond.the.arena': {whole + 4} bytes is more than the {whole}-byte "
+                    f"arena this worker reduces at once: start the workers with a larger "
+                    f"--arena-mb")
+            if not str(e).startswith(want):
+                failures.append(f"unexpected error for a tensor beyond the arena: {e}")
     else:
         # Staged through the arena (RINGMASTER_DIRECT_ACCESS=0): one tensor larger than the whole
         # arena is refused at once, saying what to do.
