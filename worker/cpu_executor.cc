@@ -130,7 +130,19 @@ absl::Status CpuExecutor::Setup() {
     backends_.push_back(*std::move(backend));
   }
   if (backends_.size() > 1) pool_ = std::make_unique<PartPool>(backends_.size() - 1);
+  if (options_.make_host_group && options_.size > 1) {
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = options_.make_host_group();
+    if (!group.ok()) {
+      backends_.clear();
+      return group.status();
+    }
+    host_group_ = *std::move(group);
+  }
   return absl::OkStatus();
+}
+
+void CpuExecutor::Abort(const std::string& why) {
+  if (host_group_ != nullptr) host_group_->Abort(why);
 }
 
 uint8_t* CpuExecutor::Scratch(size_t bytes) {
@@ -281,27 +293,18 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
       average ? (global ? options_.size : static_cast<int>(c.process_set_ranks.size())) : 1;
   absl::StatusOr<Backend*> set_backend = BackendFor(c);
   if (!set_backend.ok()) return set_backend.status();
-  // One chunk per communicator (the same split on every rank), run concurrently; each chunk is
-  // scaled by the thread that reduces it.
-  const int parts =
-      global && total * elem >= options_.split_bytes ? static_cast<int>(backends_.size()) : 1;
-  std::vector<absl::Status> statuses(parts);
-  auto run = [&](int part) {
-    const int64_t begin = total * part / parts, end = total * (part + 1) / parts;
-    uint8_t* data = buffer + begin * elem;
-    Scale(data, end - begin, dtype, c.prescale, 1);
-    Backend& backend = global ? *backends_[part] : **set_backend;
-    statuses[part] = backend.Allreduce(data, end - begin, dtype, backend_op);
-    if (statuses[part].ok()) Scale(data, end - begin, dtype, c.postscale, divisor);
-  };
-  if (parts > 1) {
-    pool_->Run(parts, run);
-  } else {
-    run(0);
-  }
-  trace.End("GLOO_ALLREDUCE");  // failed or not: the timeline shows where the time went
-  for (const absl::Status& status : statuses) {
-    if (!status.ok()) return status;
+  if (global && host_group_ != nullptr) {
+    // Through shared memory: scaled in the segment, chunk by chunk, while the data is in cache.
+    absl::Status s = host_group_->Allreduce(
+        buffer, total, dtype, backend_op,
+        [&](void* p, int64_t count) { Scale(p, count, dtype, c.prescale, 1); },
+        [&](void* p, int64_t count) { Scale(p, count, dtype, c.postscale, divisor); });
+    trace.End("SHM_ALLREDUCE");
+    if (!s.ok()) return s;
+  } else if (absl::Status s =
+                 NetworkAllreduce(c, buffer, total, backend_op, divisor, **set_backend, trace);
+             !s.ok()) {
+    return s;
   }
   if (packed) {
     int64_t at = 0;
@@ -317,6 +320,37 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
       at += bytes;
     }
     trace.End("MEMCPY_OUT_FUSION_BUFFER");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuExecutor::NetworkAllreduce(const Collective& c, uint8_t* buffer, int64_t total,
+                                           ReduceOp backend_op, int divisor, Backend& set_backend,
+                                           ExecutionTrace& trace) {
+  const DataType dtype = c.dtype;
+  const int64_t elem = DataTypeSize(dtype);
+  const bool global = c.process_set_ranks.empty();
+  // One chunk per communicator (the same split on every rank), run concurrently; each chunk is
+  // scaled by the thread that reduces it.
+  const int parts =
+      global && total * elem >= options_.split_bytes ? static_cast<int>(backends_.size()) : 1;
+  std::vector<absl::Status> statuses(parts);
+  auto run = [&](int part) {
+    const int64_t begin = total * part / parts, end = total * (part + 1) / parts;
+    uint8_t* data = buffer + begin * elem;
+    Scale(data, end - begin, dtype, c.prescale, 1);
+    Backend& backend = global ? *backends_[part] : set_backend;
+    statuses[part] = backend.Allreduce(data, end - begin, dtype, backend_op);
+    if (statuses[part].ok()) Scale(data, end - begin, dtype, c.postscale, divisor);
+  };
+  if (parts > 1) {
+    pool_->Run(parts, run);
+  } else {
+    run(0);
+  }
+  trace.End("GLOO_ALLREDUCE");  // failed or not: the timeline shows where the time went
+  for (const absl::Status& status : statuses) {
+    if (!status.ok()) return status;
   }
   return absl::OkStatus();
 }

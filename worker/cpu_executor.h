@@ -20,6 +20,7 @@
 #include "common/shared_memory.h"
 #include "worker/backend.h"
 #include "worker/executor.h"
+#include "worker/shm_group.h"
 
 namespace ringmaster {
 
@@ -60,6 +61,9 @@ struct CpuExecutorOptions {
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(const std::string& key, int rank,
                                                          int size)>
       make_set_backend;
+  // Connects the shared-memory host group (shm_group.h) in Setup, for jobs of more than one rank;
+  // null, or a null group, leaves allreduce to the communicators.
+  std::function<absl::StatusOr<std::unique_ptr<ShmGroup>>()> make_host_group;
   int communicators = 2;
   // Allreduces smaller than this use communicator 0 alone.
   int64_t split_bytes = int64_t{4} << 20;
@@ -74,13 +78,20 @@ class CpuExecutor final : public Executor {
   bool Fatal(const absl::Status& status) const override {
     return status.code() != absl::StatusCode::kInvalidArgument;  // a malformed response is not
   }
-  void Abort(const std::string& /*why*/) override {}  // every Gloo operation has its timeout
+  // Every Gloo operation has its timeout; the host group is woken at once.
+  void Abort(const std::string& why) override;
+  // Whether allreduce goes through shared memory (known after Setup).
+  bool shares_memory() const { return host_group_ != nullptr; }
 
  private:
   // Most process-set communicators one rank keeps.
   static constexpr size_t kMaxProcessSets = 256;
 
   absl::Status Allreduce(const Collective& c, ExecutionTrace& trace);
+  // Through the communicators: split across them when large and global.
+  absl::Status NetworkAllreduce(const Collective& c, uint8_t* buffer, int64_t total,
+                                ReduceOp backend_op, int divisor, Backend& set_backend,
+                                ExecutionTrace& trace);
   absl::StatusOr<Executed> Allgather(const Collective& c, Backend& backend, int size);
   // The communicator of the collective's process set (made on first use); the first global one for
   // the global set.
@@ -92,6 +103,7 @@ class CpuExecutor final : public Executor {
   std::vector<std::unique_ptr<Backend>> backends_;
   std::map<std::string, std::unique_ptr<Backend>> set_backends_;  // by set key
   std::unique_ptr<PartPool> pool_;
+  std::unique_ptr<ShmGroup> host_group_;
   std::vector<uint8_t> fusion_buffer_;
 };
 

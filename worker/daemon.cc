@@ -478,6 +478,19 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   cpu.make_set_backend = [gloo](const std::string& key, int set_rank, int set_size) {
     return gloo(set_rank, set_size, absl::StrCat("gloo/", key, "/"));
   };
+  if (!spec.spec().knobs().has_shm_allreduce() || spec.spec().knobs().shm_allreduce()) {
+    cpu.make_host_group = [channel, spec, assignment, journal, rank, host = options_.host_name,
+                           timeout]() {
+      ShmGroupOptions o;
+      o.rank = rank;
+      o.size = spec.spec().np();
+      o.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch(), journal,
+                                                   assignment.rendezvous_token());
+      o.host = host;
+      o.timeout = timeout;
+      return ConnectShmGroup(std::move(o));
+    };
+  }
   CoordinatorSession* session = session_.get();
   job->ledger = std::make_unique<SessionLedger>(rank);
   SessionLedger* ledger = job->ledger.get();

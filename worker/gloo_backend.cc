@@ -19,7 +19,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/half.h"
 #include "gloo/allgatherv.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
@@ -29,6 +28,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/device.h"
+#include "worker/reduce_kernels.h"
 
 namespace ringmaster {
 namespace {
@@ -133,127 +133,6 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   absl::Status first_failure_;
 };
 
-// ---- Reduction functions, one per (dtype, op) ----
-
-// How an element is stored and the type it is reduced in: integers and floats as themselves, the
-// 16-bit floats widened to float32 and rounded back to nearest-even after every step.
-template <typename T>
-struct Native {
-  using Storage = T;
-  static T Load(T v) { return v; }
-  static T Store(T v) { return v; }
-};
-struct Float16 {
-  using Storage = uint16_t;
-  static float Load(uint16_t v) { return HalfToFloat(v); }
-  static uint16_t Store(float v) { return FloatToHalf(v); }
-};
-struct Bfloat16 {
-  using Storage = uint16_t;
-  static float Load(uint16_t v) { return Bfloat16ToFloat(v); }
-  static uint16_t Store(float v) { return FloatToBfloat16(v); }
-};
-
-// Integers wrap around (two's complement), as they would in the framework's own kernels; signed
-// overflow is undefined in C++, so the arithmetic is done unsigned.
-template <typename V>
-V Add(V a, V b) {
-  if constexpr (std::is_integral_v<V>) {
-    using U = std::make_unsigned_t<V>;
-    return static_cast<V>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-  } else {
-    return a + b;
-  }
-}
-template <typename V>
-V Multiply(V a, V b) {
-  if constexpr (std::is_integral_v<V>) {
-    using U = std::make_unsigned_t<V>;
-    return static_cast<V>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
-  } else {
-    return a * b;
-  }
-}
-
-// Gloo's reduction callback: out[i] = a[i] op b[i] for n elements; out may alias a or b.
-template <typename Codec, ReduceOp kOp>
-void Reduce(void* out, const void* a, const void* b, size_t n) {
-  using S = typename Codec::Storage;
-  S* o = static_cast<S*>(out);
-  const S* x = static_cast<const S*>(a);
-  const S* y = static_cast<const S*>(b);
-  if constexpr (kOp == ReduceOp::kSum && std::is_floating_point_v<S>) {
-    // The hot case (gradients): in place, no aliasing between the two inputs, so it vectorises.
-    if (o == x) {
-      S* __restrict acc = o;
-      const S* __restrict in = y;
-      for (size_t i = 0; i < n; ++i) acc[i] += in[i];
-      return;
-    }
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const auto lhs = Codec::Load(x[i]);
-    const auto rhs = Codec::Load(y[i]);
-    if constexpr (kOp == ReduceOp::kSum) {
-      o[i] = Codec::Store(Add(lhs, rhs));
-    } else if constexpr (kOp == ReduceOp::kProduct) {
-      o[i] = Codec::Store(Multiply(lhs, rhs));
-    } else if constexpr (kOp == ReduceOp::kMin) {
-      o[i] = rhs < lhs ? y[i] : x[i];  // Min and max pick an input, bits and all.
-    } else {
-      static_assert(kOp == ReduceOp::kMax);
-      o[i] = lhs < rhs ? y[i] : x[i];
-    }
-  }
-}
-
-template <typename Codec>
-gloo::AllreduceOptions::Func ReduceFor(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return &Reduce<Codec, ReduceOp::kSum>;
-    case ReduceOp::kMin:
-      return &Reduce<Codec, ReduceOp::kMin>;
-    case ReduceOp::kMax:
-      return &Reduce<Codec, ReduceOp::kMax>;
-    case ReduceOp::kProduct:
-      return &Reduce<Codec, ReduceOp::kProduct>;
-    default:
-      return nullptr;
-  }
-}
-
-absl::StatusOr<gloo::AllreduceOptions::Func> ReduceFunction(DataType dtype, ReduceOp op) {
-  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax &&
-      op != ReduceOp::kProduct) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gloo allreduce supports sum, min, max and product, not ", ReduceOpName(op),
-                     " (the engine averages by summing, then scaling)"));
-  }
-  switch (dtype) {
-    case DataType::kUint8:
-      return ReduceFor<Native<uint8_t>>(op);
-    case DataType::kInt8:
-      return ReduceFor<Native<int8_t>>(op);
-    case DataType::kInt32:
-      return ReduceFor<Native<int32_t>>(op);
-    case DataType::kInt64:
-      return ReduceFor<Native<int64_t>>(op);
-    case DataType::kFloat16:
-      return ReduceFor<Float16>(op);
-    case DataType::kBfloat16:
-      return ReduceFor<Bfloat16>(op);
-    case DataType::kFloat32:
-      return ReduceFor<Native<float>>(op);
-    case DataType::kFloat64:
-      return ReduceFor<Native<double>>(op);
-    case DataType::kUnspecified:
-      break;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("gloo allreduce: unsupported data type ", static_cast<int32_t>(dtype)));
-}
-
 // Gloo's options are typed only by element size; pick an unsigned integer of the right width.
 template <typename Options>
 void SetOutputBySize(Options& opts, void* data, size_t count, int element_size) {
@@ -290,7 +169,7 @@ class GlooBackend final : public Backend {
   int size() const override { return size_; }
 
   absl::Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override {
-    absl::StatusOr<gloo::AllreduceOptions::Func> reduce = ReduceFunction(dtype, op);
+    absl::StatusOr<ReduceFn> reduce = ReduceFunction(dtype, op);
     if (!reduce.ok()) return reduce.status();
     if (count < 0) {
       return absl::InvalidArgumentError(absl::StrCat("gloo allreduce: negative count ", count));

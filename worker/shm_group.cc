@@ -1,0 +1,403 @@
+#include "worker/shm_group.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/shared_memory.h"
+#include "spdlog/spdlog.h"
+#include "worker/reduce_kernels.h"
+
+namespace ringmaster {
+
+// The segment's first page. Per-rank barrier counts follow it, a cache line each, then the slots
+// and the result buffer, page-aligned.
+struct ShmHeader {
+  uint64_t magic;
+  uint64_t nonce;
+  int32_t size;
+  int64_t slot_bytes;
+  alignas(64) std::atomic<uint32_t> arrivals;  // barrier arrivals of every rank, ever (wraps)
+  alignas(64) std::atomic<uint32_t> claimed;   // the first rank to fail claims `why`
+  std::atomic<uint32_t> failed;                // 0, or 1 + the rank that failed
+  int32_t failed_code;
+  char why[1024];
+};
+
+namespace {
+
+constexpr uint64_t kMagic = 0x52474d5348475270;  // "pRGHSMGR"
+constexpr size_t kPage = 4096;
+constexpr size_t kLine = 64;
+constexpr int kMaxRanks = 1024;
+static_assert(sizeof(ShmHeader) <= kPage);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// Where the slots begin for `size` ranks.
+size_t SlotsOffset(int size) {
+  return (kPage + kLine * static_cast<size_t>(size) + kPage - 1) / kPage * kPage;
+}
+
+size_t SegmentBytes(int size, int64_t slot_bytes) {
+  return SlotsOffset(size) + static_cast<size_t>(slot_bytes) * (static_cast<size_t>(size) + 1);
+}
+
+std::atomic<uint32_t>* Arrived(uint8_t* segment, int rank) {
+  return reinterpret_cast<std::atomic<uint32_t>*>(segment + kPage + kLine * rank);
+}
+
+uint32_t* Word(std::atomic<uint32_t>& a) { return reinterpret_cast<uint32_t*>(&a); }
+
+void FutexWake(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, Word(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Sleeps while `word` holds `expected`, for at most `wait`.
+void FutexWait(std::atomic<uint32_t>& word, uint32_t expected, absl::Duration wait) {
+  const timespec ts = absl::ToTimespec(wait);
+  syscall(SYS_futex, Word(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+std::string ReadTrimmed(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return std::string(absl::StripAsciiWhitespace(line));
+}
+
+std::string Link(const char* path) {
+  char buf[256];
+  const ssize_t n = readlink(path, buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+// What ranks must share to share memory: one boot of one machine, the same PID namespace (so that
+// /proc/<pid> names the peer) and network namespace (a container or a test's host is its own), and
+// the same host name. Empty when any part cannot be read.
+std::string HostIdentity(const std::string& host) {
+  const std::string boot = ReadTrimmed("/proc/sys/kernel/random/boot_id");
+  const std::string pid_ns = Link("/proc/self/ns/pid");
+  const std::string net_ns = Link("/proc/self/ns/net");
+  if (boot.empty() || pid_ns.empty() || net_ns.empty()) return "";
+  return absl::StrCat(host, "|", boot, "|", pid_ns, "|", net_ns);
+}
+
+int PidfdOpen(int pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+// Opens rank 0's segment, announced as "<pid> <fd> <nonce> <bytes>", and checks it is the one
+// announced.
+absl::StatusOr<std::unique_ptr<SharedMemory>> OpenSegment(const std::string& announced, int size,
+                                                          int64_t slot_bytes) {
+  std::vector<std::string> parts = absl::StrSplit(announced, ' ');
+  int pid = 0, fd = 0;
+  uint64_t nonce = 0, bytes = 0;
+  if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &pid) || !absl::SimpleAtoi(parts[1], &fd) ||
+      !absl::SimpleAtoi(parts[2], &nonce) || !absl::SimpleAtoi(parts[3], &bytes)) {
+    return absl::FailedPreconditionError(absl::StrCat("rank 0 has no segment: ", announced));
+  }
+  const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
+  const int mine = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (mine < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open rank 0's segment ", path, ": ", std::strerror(errno)));
+  }
+  absl::StatusOr<std::unique_ptr<SharedMemory>> segment =
+      SharedMemory::Map(mine, "ringmaster-shm-group");
+  if (!segment.ok()) return segment.status();
+  const auto* header = reinterpret_cast<const ShmHeader*>((*segment)->data());
+  if ((*segment)->size() != bytes || bytes != SegmentBytes(size, slot_bytes) ||
+      header->magic != kMagic || header->nonce != nonce || header->size != size) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is not the segment rank 0 announced"));
+  }
+  return segment;
+}
+
+}  // namespace
+
+ShmGroup::ShmGroup(int rank, int size, int64_t slot_bytes, absl::Duration timeout,
+                   std::unique_ptr<SharedMemory> segment, std::vector<int> pids,
+                   std::vector<int> pidfds)
+    : rank_(rank),
+      size_(size),
+      slot_bytes_(slot_bytes),
+      timeout_(timeout),
+      segment_(std::move(segment)),
+      header_(reinterpret_cast<ShmHeader*>(segment_->data())),
+      pids_(std::move(pids)),
+      pidfds_(std::move(pidfds)) {}
+
+ShmGroup::~ShmGroup() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+uint8_t* ShmGroup::Slot(int rank) const {
+  return segment_->data() + SlotsOffset(size_) + static_cast<size_t>(slot_bytes_) * rank;
+}
+
+uint8_t* ShmGroup::Result() const { return Slot(size_); }
+
+int ShmGroup::DeadPeer() const {
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    if (pidfds_[r] >= 0) {
+      pollfd p{pidfds_[r], POLLIN, 0};
+      if (poll(&p, 1, 0) > 0) return r;  // readable once the process has exited
+    } else if (kill(pids_[r], 0) != 0 && errno == ESRCH) {
+      return r;
+    }
+  }
+  return -1;
+}
+
+absl::Status ShmGroup::Failed() {
+  const uint32_t failed = header_->failed.load(std::memory_order_acquire);
+  const int by = static_cast<int>(failed) - 1;
+  failure_ = absl::Status(static_cast<absl::StatusCode>(header_->failed_code),
+                          by == rank_ ? std::string(header_->why)
+                                      : absl::StrCat("shared-memory allreduce failed on rank ", by,
+                                                     ": ", header_->why));
+  return failure_;
+}
+
+absl::Status ShmGroup::Fail(absl::Status status) {
+  uint32_t unclaimed = 0;
+  if (header_->claimed.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
+    const std::string why(status.message());
+    const size_t n = std::min(why.size(), sizeof(header_->why) - 1);
+    std::memcpy(header_->why, why.data(), n);
+    header_->why[n] = '\0';
+    header_->failed_code = static_cast<int32_t>(status.code());
+    header_->failed.store(static_cast<uint32_t>(rank_ + 1), std::memory_order_release);
+  }
+  FutexWake(header_->arrivals);  // every waiter sleeps on it
+  failure_ = std::move(status);
+  return failure_;
+}
+
+void ShmGroup::Abort(const std::string& why) {
+  uint32_t unclaimed = 0;
+  if (header_->claimed.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
+    const std::string text = absl::StrCat("aborted on rank ", rank_, ": ", why);
+    const size_t n = std::min(text.size(), sizeof(header_->why) - 1);
+    std::memcpy(header_->why, text.data(), n);
+    header_->why[n] = '\0';
+    header_->failed_code = static_cast<int32_t>(absl::StatusCode::kAborted);
+    header_->failed.store(static_cast<uint32_t>(rank_ + 1), std::memory_order_release);
+  }
+  FutexWake(header_->arrivals);
+}
+
+absl::Status ShmGroup::Barrier() {
+  ++barriers_;
+  const uint32_t target = barriers_ * static_cast<uint32_t>(size_);
+  Arrived(segment_->data(), rank_)->store(barriers_, std::memory_order_relaxed);
+  std::atomic<uint32_t>& arrivals = header_->arrivals;
+  const uint32_t now = arrivals.fetch_add(1, std::memory_order_acq_rel) + 1;
+  if (now == target) {
+    FutexWake(arrivals);
+    return absl::OkStatus();
+  }
+  auto reached = [target](uint32_t v) { return static_cast<int32_t>(v - target) >= 0; };
+  // A short spin first: the others are usually microseconds behind.
+  for (int i = 0; i < 4000; ++i) {
+    if (reached(arrivals.load(std::memory_order_acquire))) return absl::OkStatus();
+    if (header_->failed.load(std::memory_order_relaxed) != 0) return Failed();
+    CpuRelax();
+  }
+  const absl::Time deadline = absl::Now() + timeout_;
+  absl::Time next_check = absl::Now() + absl::Milliseconds(100);
+  while (true) {
+    const uint32_t v = arrivals.load(std::memory_order_acquire);
+    if (reached(v)) return absl::OkStatus();
+    if (header_->failed.load(std::memory_order_acquire) != 0) return Failed();
+    const absl::Time t = absl::Now();
+    if (t >= next_check) {
+      next_check = t + absl::Milliseconds(100);
+      if (const int dead = DeadPeer(); dead >= 0) {
+        return Fail(absl::UnavailableError(absl::StrCat("shared-memory allreduce on rank ", rank_,
+                                                        ": rank ", dead, "'s worker (pid ",
+                                                        pids_[dead], ") exited")));
+      }
+      if (t >= deadline) {
+        std::vector<int> missing;
+        for (int r = 0; r < size_; ++r) {
+          const uint32_t seen = Arrived(segment_->data(), r)->load(std::memory_order_relaxed);
+          if (static_cast<int32_t>(seen - barriers_) < 0) missing.push_back(r);
+        }
+        return Fail(absl::DeadlineExceededError(
+            absl::StrCat("shared-memory allreduce on rank ", rank_, " timed out after ",
+                         absl::FormatDuration(timeout_), " waiting for rank(s) ",
+                         absl::StrJoin(missing, ", "))));
+      }
+    }
+    FutexWait(arrivals, v, std::min(absl::Milliseconds(20), next_check - t));
+  }
+}
+
+absl::Status ShmGroup::Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op,
+                                 Finish before, Finish after) {
+  if (!failure_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared-memory allreduce refused on rank ", rank_,
+                     ": the group is unusable after an earlier failure: ", failure_.message()));
+  }
+  if (header_->failed.load(std::memory_order_acquire) != 0) return Failed();
+  absl::StatusOr<ReduceFn> reduce = ReduceFunction(dtype, op);
+  if (!reduce.ok()) return reduce.status();
+  if (count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("allreduce: negative count ", count));
+  }
+  const int64_t elem = DataTypeSize(dtype);
+  // Slices start on cache lines, so that no two ranks write one line of the result.
+  const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(kLine) / elem);
+  const int64_t chunk = slot_bytes_ / elem / align * align;
+  uint8_t* bytes = static_cast<uint8_t*>(data);
+  uint8_t* const mine = Slot(rank_);
+  uint8_t* const result = Result();
+  for (int64_t done = 0; done < count; done += chunk) {
+    const int64_t m = std::min(chunk, count - done);
+    std::memcpy(mine, bytes + done * elem, static_cast<size_t>(m * elem));
+    before(mine, m);
+    if (absl::Status s = Barrier(); !s.ok()) return s;
+    // This rank's slice of the chunk, in ranks' order, so that every run adds alike.
+    const int64_t lo = std::min(m, m * rank_ / size_ / align * align);
+    const int64_t hi =
+        rank_ + 1 == size_ ? m : std::min(m, m * (rank_ + 1) / size_ / align * align);
+    if (hi > lo) {
+      const size_t at = static_cast<size_t>(lo * elem);
+      const size_t n = static_cast<size_t>(hi - lo);
+      if (size_ == 1) {
+        std::memcpy(result + at, Slot(0) + at, n * elem);
+      } else {
+        (*reduce)(result + at, Slot(0) + at, Slot(1) + at, n);
+        for (int r = 2; r < size_; ++r) (*reduce)(result + at, result + at, Slot(r) + at, n);
+      }
+      after(result + at, hi - lo);
+    }
+    if (absl::Status s = Barrier(); !s.ok()) return s;
+    std::memcpy(bytes + done * elem, result, static_cast<size_t>(m * elem));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions options) {
+  const int rank = options.rank, size = options.size;
+  if (size < 1 || size > kMaxRanks || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory group: rank ", rank, " of size ", size));
+  }
+  if (options.store == nullptr) {
+    return absl::InvalidArgumentError("shared-memory group: no rendezvous store");
+  }
+  int64_t slot_bytes = options.slot_bytes;
+  if (slot_bytes <= 0) {
+    slot_bytes =
+        std::clamp<int64_t>((int64_t{8} << 20) / size, int64_t{64} << 10, int64_t{1} << 20);
+  }
+  slot_bytes = (slot_bytes + kLine - 1) / static_cast<int64_t>(kLine) * kLine;
+  KeyValueStore& store = *options.store;
+  const std::string& prefix = options.prefix;
+  auto keys = [&](const std::string& what) {
+    std::vector<std::string> k;
+    for (int r = 0; r < size; ++r) k.push_back(absl::StrCat(prefix, what, "/", r));
+    return k;
+  };
+
+  // 1. Are all ranks on this host?
+  std::string identity = HostIdentity(options.host);
+  if (identity.empty()) identity = absl::StrCat("unknown host of rank ", rank);
+  if (absl::Status s = store.Set(keys("host")[rank], identity); !s.ok()) return s;
+  absl::StatusOr<std::vector<std::string>> hosts = store.Wait(keys("host"), options.timeout);
+  if (!hosts.ok()) return hosts.status();
+  for (const std::string& other : *hosts) {
+    if (other != identity) return nullptr;
+  }
+
+  // 2. Rank 0 makes the segment; the others open it.
+  const size_t bytes = SegmentBytes(size, slot_bytes);
+  std::unique_ptr<SharedMemory> segment;
+  std::string attached = "ok";
+  if (rank == 0) {
+    absl::StatusOr<std::unique_ptr<SharedMemory>> made =
+        SharedMemory::Create("ringmaster-shm-group", bytes);
+    std::string announced;
+    if (made.ok()) {
+      segment = *std::move(made);
+      auto* header = new (segment->data()) ShmHeader();
+      header->magic = kMagic;
+      absl::BitGen random;
+      header->nonce = absl::Uniform<uint64_t>(random);
+      header->size = size;
+      header->slot_bytes = slot_bytes;
+      announced = absl::StrCat(getpid(), " ", segment->fd(), " ", header->nonce, " ", bytes);
+    } else {
+      attached = announced = absl::StrCat("none: ", made.status().message());
+    }
+    if (absl::Status s = store.Set(prefix + "segment", announced); !s.ok()) return s;
+  } else {
+    absl::StatusOr<std::vector<std::string>> announced =
+        store.Wait({prefix + "segment"}, options.timeout);
+    if (!announced.ok()) return announced.status();
+    absl::StatusOr<std::unique_ptr<SharedMemory>> opened =
+        OpenSegment(announced->front(), size, slot_bytes);
+    if (opened.ok()) {
+      segment = *std::move(opened);
+    } else {
+      attached = std::string(opened.status().message());
+    }
+  }
+  if (attached == "ok") attached = absl::StrCat("ok ", getpid());
+  if (absl::Status s = store.Set(keys("attached")[rank], attached); !s.ok()) return s;
+  absl::StatusOr<std::vector<std::string>> all = store.Wait(keys("attached"), options.timeout);
+  if (!all.ok()) return all.status();
+  std::vector<int> pids(size), pidfds(size, -1);
+  for (int r = 0; r < size; ++r) {
+    const std::string& a = (*all)[r];
+    if (!absl::StartsWith(a, "ok ") || !absl::SimpleAtoi(a.substr(3), &pids[r])) {
+      if (rank == 0) {
+        spdlog::warn(
+            "ranks share a host but not memory (rank {}: {}); the network carries "
+            "allreduce",
+            r, a);
+      }
+      return nullptr;
+    }
+  }
+  for (int r = 0; r < size; ++r) {
+    if (r != rank) pidfds[r] = PidfdOpen(pids[r]);
+  }
+  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, slot_bytes, options.timeout,
+                                                std::move(segment), std::move(pids),
+                                                std::move(pidfds)));
+}
+
+}  // namespace ringmaster

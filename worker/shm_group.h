@@ -1,0 +1,108 @@
+// The shared-memory host group: an allreduce among ranks whose daemons share one host, through one
+// segment of shared memory instead of sockets. The data goes through in chunks: every rank copies
+// its chunk into its own slot, then reduces its slice of every rank's slot into the segment's
+// result buffer (a reduce-scatter through memory), then copies the whole reduced chunk out (the
+// allgather). Two barriers per chunk, and every rank ends with the same bits.
+//
+// The segment is anonymous (memfd): rank 0 creates it and the others open it through
+// /proc/<pid>/fd, so nothing is left behind whoever dies. Connecting decides, the same way on
+// every rank, whether the group can exist: all ranks must be on one host (same boot, PID and
+// network namespaces, same host name) and every rank must map the segment; otherwise there is no
+// group and the job's communicators carry the data.
+//
+// Failure: every wait is bounded by the timeout. A rank that fails (timeout, a peer that exited,
+// Abort) marks the segment failed and wakes the others, so every rank of the group returns an error
+// at once naming the cause; the group is unusable afterwards, as a failed Gloo communicator is.
+//
+// Not thread-safe, except Abort: one engine thread owns the group.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/tensor.h"
+#include "worker/key_value_store.h"
+
+namespace ringmaster {
+
+class SharedMemory;
+struct ShmHeader;
+
+struct ShmGroupOptions {
+  int rank = 0;
+  int size = 1;
+  // Where the ranks meet (the job epoch's rendezvous store) and under which key prefix.
+  std::shared_ptr<KeyValueStore> store;
+  std::string prefix = "shm/";
+  // The worker's host name: ranks of different names never share memory.
+  std::string host;
+  // Bytes each rank moves through its slot per chunk. 0: chosen from the group's size (1 MiB up to
+  // 8 ranks, less above, so the segment stays in the last-level cache).
+  int64_t slot_bytes = 0;
+  // Bounds the rendezvous and every wait of a collective.
+  absl::Duration timeout = absl::Seconds(30);
+};
+
+class ShmGroup {
+ public:
+  // Applied to `count` elements at `data` in place (scaling).
+  using Finish = absl::FunctionRef<void(void* data, int64_t count)>;
+
+  ~ShmGroup();
+  ShmGroup(const ShmGroup&) = delete;
+  ShmGroup& operator=(const ShmGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // In place over `count` elements of `dtype` at `data` (sum, min, max or product). `before` runs
+  // on each chunk of this rank's input once it is in the segment, `after` on each reduced slice
+  // before the others read it: the scaling costs no pass over memory of its own.
+  absl::Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op, Finish before,
+                         Finish after);
+
+  // Any thread: a collective in progress here and on every other rank returns, and every later one
+  // fails, with `why`.
+  void Abort(const std::string& why);
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions options);
+  ShmGroup(int rank, int size, int64_t slot_bytes, absl::Duration timeout,
+           std::unique_ptr<SharedMemory> segment, std::vector<int> pids, std::vector<int> pidfds);
+
+  // Waits until every rank has arrived at this rank's next barrier.
+  absl::Status Barrier();
+  // The error every rank returns once the segment is marked failed.
+  absl::Status Failed();
+  // Marks the segment failed by this rank with `status` and wakes every waiter.
+  absl::Status Fail(absl::Status status);
+  // A peer whose daemon has exited, or -1.
+  int DeadPeer() const;
+  uint8_t* Slot(int rank) const;
+  uint8_t* Result() const;
+
+  const int rank_;
+  const int size_;
+  const int64_t slot_bytes_;
+  const absl::Duration timeout_;
+  std::unique_ptr<SharedMemory> segment_;
+  ShmHeader* header_;
+  const std::vector<int> pids_;
+  std::vector<int> pidfds_;  // per rank; -1 for this one, or where pidfd_open is missing
+  uint32_t barriers_ = 0;    // barriers this rank has passed
+  absl::Status failure_;
+};
+
+// Meets the other ranks under `options.prefix` and decides whether they form a group. Null (OK)
+// when they are not all on this host or the memory cannot be shared: every rank gets the same
+// answer. An error when the rendezvous itself fails (a rank that never showed up:
+// DEADLINE_EXCEEDED), as a communicator's would.
+absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions options);
+
+}  // namespace ringmaster
