@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -201,6 +202,23 @@ int Main() {
   absl::StatusOr<double> ours = MaxOverRanks(c, Median(times), "bench.max.ours");
   if (!ours.ok()) return 1;
 
+  // The memory-bandwidth floor: one memcpy of the step's bytes, on every rank at once (as the ranks
+  // share the host's memory bandwidth during a collective).
+  double floor = 0;
+  {
+    std::vector<float> from(total, 1.0f), to(total, 0.0f);
+    std::vector<double> copies;
+    for (int step = 0; step < warmup + steps; ++step) {
+      c.Barrier().IgnoreError();
+      const absl::Time start = absl::Now();
+      std::memcpy(to.data(), from.data(), total * sizeof(float));
+      if (step >= warmup) copies.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    absl::StatusOr<double> slowest = MaxOverRanks(c, Median(copies), "bench.max.memcpy");
+    if (!slowest.ok()) return 1;
+    floor = *slowest;
+  }
+
   double baseline = 0;
   if (absl::GetFlag(FLAGS_baseline)) {
     // Raw Gloo among the same ranks, rendezvous through the coordinator's store.
@@ -246,6 +264,7 @@ int Main() {
   }
   if (c.rank() == 0) {
     if (baseline > 0) Print("raw-gloo-one-buffer", *profile, np, 1, baseline, 0);
+    Print("memcpy-floor", *profile, np, 1, floor, 0);
     Print(op == ReduceOp::kSum ? "ringmaster" : "ringmaster-average", *profile, np,
           static_cast<int>(grads.size()), *ours, baseline);
   }

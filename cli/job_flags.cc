@@ -83,6 +83,8 @@ const char kJobOptionsHelp[] = R"(job options:
   --no-stall-check                the same as --stall-check-seconds 0
   --stall-shutdown-seconds S      fail the job when a stall lasts S seconds (default 0: never)
   --backend auto|gloo|nccl        collective backend (default auto)
+  --no-shm-allreduce              CPU allreduce among one host's ranks over sockets, not shared
+                                  memory (default: shared memory)
 Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...),
 and the elastic options HOROVOD_MIN_NP, HOROVOD_MAX_NP, HOROVOD_RESET_LIMIT and
 HOROVOD_ELASTIC_TIMEOUT (RINGMASTER_* alike); flags win over the environment.
@@ -215,6 +217,10 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
       knobs.timeline_mark_cycles = true;
     } else if (flag == "--stall-check-seconds") {
       knobs.stall_check_seconds = Number<double>(flag, args.Value(flag));
+    } else if (flag == "--no-shm-allreduce") {
+      knobs.shm_allreduce = false;
+    } else if (flag == "--shm-allreduce") {
+      knobs.shm_allreduce = true;
     } else if (flag == "--no-stall-check") {
       knobs.stall_check_seconds = 0;
     } else if (flag == "--stall-shutdown-seconds") {
@@ -269,6 +275,7 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
   k->set_stall_check_seconds(knobs.stall_check_seconds);
   k->set_stall_shutdown_seconds(knobs.stall_shutdown_seconds);
   k->set_backend(static_cast<v1::Backend>(knobs.backend));
+  k->set_shm_allreduce(knobs.shm_allreduce);
   if (!start_from_given) {
     if (given_fusion) k->add_autotune_fixed("fusion_threshold_bytes");
     if (given_cycle) k->add_autotune_fixed("cycle_time_ms");

@@ -179,6 +179,7 @@ absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* k) {
            ReadDouble(env, "STALL_CHECK_TIME_SECONDS", &k->stall_check_seconds),
            ReadDouble(env, "STALL_SHUTDOWN_TIME_SECONDS", &k->stall_shutdown_seconds),
            ReadBool(env, "STALL_CHECK_DISABLE", &stall_check_disable),
+           ReadBool(env, "SHM_ALLREDUCE", &k->shm_allreduce),
        }) {
     if (!s.ok()) return s;
   }

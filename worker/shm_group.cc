@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -14,7 +16,6 @@
 #include <fstream>
 #include <utility>
 
-#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -227,11 +228,17 @@ absl::Status ShmGroup::Barrier() {
     return absl::OkStatus();
   }
   auto reached = [target](uint32_t v) { return static_cast<int32_t>(v - target) >= 0; };
-  // A short spin first: the others are usually microseconds behind.
-  for (int i = 0; i < 4000; ++i) {
+  // Spin first, yielding the core now and then (ranks may outnumber cores): the others are usually
+  // microseconds behind, and a futex sleep and wake costs tens of microseconds, every chunk.
+  const absl::Time spin_until = absl::Now() + absl::Milliseconds(1);
+  for (int i = 1;; ++i) {
     if (reached(arrivals.load(std::memory_order_acquire))) return absl::OkStatus();
     if (header_->failed.load(std::memory_order_relaxed) != 0) return Failed();
     CpuRelax();
+    if (i % 64 == 0) {
+      if (absl::Now() >= spin_until) break;
+      sched_yield();
+    }
   }
   const absl::Time deadline = absl::Now() + timeout_;
   absl::Time next_check = absl::Now() + absl::Milliseconds(100);
@@ -354,8 +361,8 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions option
       segment = *std::move(made);
       auto* header = new (segment->data()) ShmHeader();
       header->magic = kMagic;
-      absl::BitGen random;
-      header->nonce = absl::Uniform<uint64_t>(random);
+      header->nonce = 0;
+      getrandom(&header->nonce, sizeof(header->nonce), 0);  // tells this segment from a stale one
       header->size = size;
       header->slot_bytes = slot_bytes;
       announced = absl::StrCat(getpid(), " ", segment->fd(), " ", header->nonce, " ", bytes);

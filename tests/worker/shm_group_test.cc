@@ -1,0 +1,379 @@
+// The shared-memory host group across real processes: one forked process per rank, meeting through
+// a key-value store in a directory (a file per key), as daemons meet through the coordinator's.
+#include "worker/shm_group.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/half.h"
+#include "common/tensor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/key_value_store.h"
+#include "worker/reduce_kernels.h"
+
+namespace ringmaster {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr absl::Duration kTimeout = absl::Seconds(20);
+
+// A key-value store shared by processes: one file per key, written whole by a rename.
+class DirectoryStore final : public KeyValueStore {
+ public:
+  explicit DirectoryStore(std::string dir) : dir_(std::move(dir)) {}
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    const std::string path = Path(key);
+    {
+      std::ofstream out(path + ".tmp", std::ios::binary);
+      out << value;
+    }
+    std::filesystem::rename(path + ".tmp", path);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> Get(const std::string& key) override {
+    std::ifstream in(Path(key), std::ios::binary);
+    if (!in) return absl::NotFoundError(key);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  absl::StatusOr<std::vector<std::string>> Wait(const std::vector<std::string>& keys,
+                                                absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      std::vector<std::string> values;
+      for (const std::string& key : keys) {
+        absl::StatusOr<std::string> v = Get(key);
+        if (!v.ok()) break;
+        values.push_back(*v);
+      }
+      if (values.size() == keys.size()) return values;
+      if (absl::Now() >= deadline) return absl::DeadlineExceededError("keys missing");
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+
+ private:
+  std::string Path(const std::string& key) const {
+    std::string name = key;
+    for (char& ch : name) {
+      if (ch == '/') ch = '_';
+    }
+    return dir_ + "/" + name;
+  }
+
+  const std::string dir_;
+};
+
+std::string Describe(const absl::Status& status) {
+  return absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+}
+
+class ShmGroupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/shm_group_test.XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  ShmGroupOptions Options(int rank, int np, absl::Duration timeout = kTimeout) {
+    ShmGroupOptions o;
+    o.rank = rank;
+    o.size = np;
+    o.store = std::make_shared<DirectoryStore>(dir_);
+    o.host = "host-a";
+    o.slot_bytes = 1024;  // many chunks even for small tensors
+    o.timeout = timeout;
+    return o;
+  }
+
+  // Runs `body` in one forked process per rank and returns what each returned, in rank order.
+  std::vector<std::string> RunRanks(int np, const std::function<std::string(int rank)>& body) {
+    std::vector<pid_t> children;
+    for (int rank = 0; rank < np; ++rank) {
+      const pid_t child = fork();
+      if (child == 0) {
+        alarm(60);  // a broken test fails, never hangs
+        const std::string out = body(rank);
+        std::ofstream(absl::StrCat(dir_, "/result.", rank), std::ios::binary) << out;
+        _exit(0);
+      }
+      children.push_back(child);
+    }
+    std::vector<std::string> results;
+    for (int rank = 0; rank < np; ++rank) {
+      int status = 0;
+      waitpid(children[rank], &status, 0);
+      std::ifstream in(absl::StrCat(dir_, "/result.", rank), std::ios::binary);
+      results.push_back(in ? std::string(std::istreambuf_iterator<char>(in), {})
+                           : absl::StrCat("rank ", rank, " wrote nothing (status ", status, ")"));
+    }
+    return results;
+  }
+
+  std::string dir_;
+};
+
+// Rank r's element i, as a small integer every dtype holds exactly.
+double Value(int rank, int64_t i, DataType dtype) {
+  const int v = static_cast<int>((rank * 7 + i * 3) % 11);
+  return dtype == DataType::kUint8 ? v : v - 5;
+}
+
+std::vector<uint8_t> Input(int rank, int64_t count, DataType dtype) {
+  std::vector<uint8_t> bytes(count * DataTypeSize(dtype));
+  for (int64_t i = 0; i < count; ++i) {
+    const double v = Value(rank, i, dtype);
+    void* p = bytes.data() + i * DataTypeSize(dtype);
+    switch (dtype) {
+      case DataType::kUint8:
+        *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v);
+        break;
+      case DataType::kInt8:
+        *static_cast<int8_t*>(p) = static_cast<int8_t>(v);
+        break;
+      case DataType::kInt32:
+        *static_cast<int32_t*>(p) = static_cast<int32_t>(v);
+        break;
+      case DataType::kInt64:
+        *static_cast<int64_t*>(p) = static_cast<int64_t>(v);
+        break;
+      case DataType::kFloat16:
+        *static_cast<uint16_t*>(p) = FloatToHalf(static_cast<float>(v));
+        break;
+      case DataType::kBfloat16:
+        *static_cast<uint16_t*>(p) = FloatToBfloat16(static_cast<float>(v));
+        break;
+      case DataType::kFloat32:
+        *static_cast<float*>(p) = static_cast<float>(v);
+        break;
+      case DataType::kFloat64:
+        *static_cast<double*>(p) = v;
+        break;
+      case DataType::kUnspecified:
+        break;
+    }
+  }
+  return bytes;
+}
+
+constexpr DataType kDtypes[] = {DataType::kUint8,   DataType::kInt8,    DataType::kInt32,
+                                DataType::kInt64,   DataType::kFloat16, DataType::kBfloat16,
+                                DataType::kFloat32, DataType::kFloat64};
+constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
+constexpr int64_t kCounts[] = {0, 1, 17, 1000, 5000};
+
+void NoScaling(void*, int64_t) {}
+
+class ShmGroupRanksTest : public ShmGroupTest, public ::testing::WithParamInterface<int> {};
+
+// Every dtype, op and count (0, less than a slice, several chunks with a ragged last one), one
+// group used for all of them in sequence: each rank ends with the ranks' values folded in rank
+// order, bit for bit.
+TEST_P(ShmGroupRanksTest, EveryOpDtypeAndCountMatchesTheReferenceOnEveryRank) {
+  const int np = GetParam();
+  std::vector<std::string> results = RunRanks(np, [&](int rank) -> std::string {
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(Options(rank, np));
+    if (!group.ok()) return Describe(group.status());
+    if (*group == nullptr) return "no group";
+    std::string out;
+    for (DataType dtype : kDtypes) {
+      for (ReduceOp op : kOps) {
+        for (int64_t count : kCounts) {
+          std::vector<uint8_t> data = Input(rank, count, dtype);
+          absl::Status s = (*group)->Allreduce(data.data(), count, dtype, op, NoScaling, NoScaling);
+          if (!s.ok()) return Describe(s);
+          out.append(data.begin(), data.end());
+        }
+      }
+    }
+    return out;
+  });
+  std::string expected;
+  for (DataType dtype : kDtypes) {
+    for (ReduceOp op : kOps) {
+      const ReduceFn reduce = *ReduceFunction(dtype, op);
+      for (int64_t count : kCounts) {
+        std::vector<uint8_t> acc = Input(0, count, dtype);
+        for (int r = 1; r < np; ++r) {
+          std::vector<uint8_t> next = Input(r, count, dtype);
+          reduce(acc.data(), acc.data(), next.data(), count);
+        }
+        expected.append(acc.begin(), acc.end());
+      }
+    }
+  }
+  for (int rank = 0; rank < np; ++rank) {
+    ASSERT_EQ(results[rank].size(), expected.size()) << "rank " << rank << ": " << results[rank];
+    EXPECT_TRUE(results[rank] == expected) << "rank " << rank << " differs from the reference";
+  }
+}
+
+// The scaling hooks run once per element: every rank's input doubled before, the sum divided by
+// the ranks after, so the result is twice the mean.
+TEST_P(ShmGroupRanksTest, ScalingHooksApplyOncePerElement) {
+  const int np = GetParam();
+  constexpr int64_t kCount = 3001;
+  std::vector<std::string> results = RunRanks(np, [&](int rank) -> std::string {
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(Options(rank, np));
+    if (!group.ok() || *group == nullptr) return "no group";
+    std::vector<double> data(kCount);
+    for (int64_t i = 0; i < kCount; ++i) data[i] = static_cast<double>(rank * 1000 + i);
+    absl::Status s = (*group)->Allreduce(
+        data.data(), kCount, DataType::kFloat64, ReduceOp::kSum,
+        [](void* p, int64_t n) {
+          for (int64_t i = 0; i < n; ++i) static_cast<double*>(p)[i] *= 2;
+        },
+        [np](void* p, int64_t n) {
+          for (int64_t i = 0; i < n; ++i) static_cast<double*>(p)[i] /= np;
+        });
+    if (!s.ok()) return Describe(s);
+    return std::string(reinterpret_cast<const char*>(data.data()), kCount * sizeof(double));
+  });
+  std::vector<double> expected(kCount);
+  for (int64_t i = 0; i < kCount; ++i) {
+    double sum = 0;
+    for (int r = 0; r < np; ++r) sum += 2.0 * (r * 1000 + i);
+    expected[i] = sum / np;
+  }
+  const std::string want(reinterpret_cast<const char*>(expected.data()), kCount * sizeof(double));
+  for (int rank = 0; rank < np; ++rank) {
+    EXPECT_TRUE(results[rank] == want) << "rank " << rank << ": " << results[rank].substr(0, 200);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ShmGroupRanksTest, ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("np", info.param);
+                         });
+
+// Ranks on different hosts share nothing: every rank gets no group, and no error.
+TEST_F(ShmGroupTest, RanksOfDifferentHostsFormNoGroup) {
+  std::vector<std::string> results = RunRanks(3, [&](int rank) -> std::string {
+    ShmGroupOptions o = Options(rank, 3);
+    o.host = rank == 2 ? "host-b" : "host-a";
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(std::move(o));
+    if (!group.ok()) return Describe(group.status());
+    return *group == nullptr ? "no group" : "group";
+  });
+  EXPECT_EQ(results, (std::vector<std::string>{"no group", "no group", "no group"}));
+}
+
+// A rank whose process exits fails the others' allreduce within about a second, naming it; later
+// allreduces are refused, naming the first failure.
+TEST_F(ShmGroupTest, ARankThatExitsFailsTheOthersNamingIt) {
+  std::vector<std::string> results = RunRanks(3, [&](int rank) -> std::string {
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(Options(rank, 3));
+    if (!group.ok() || *group == nullptr) return "no group";
+    if (rank == 2) _exit(1);
+    std::vector<float> data(100, 1.0f);
+    const absl::Time start = absl::Now();
+    absl::Status first = (*group)->Allreduce(data.data(), 100, DataType::kFloat32, ReduceOp::kSum,
+                                             NoScaling, NoScaling);
+    const absl::Duration took = absl::Now() - start;
+    absl::Status second = (*group)->Allreduce(data.data(), 100, DataType::kFloat32, ReduceOp::kSum,
+                                              NoScaling, NoScaling);
+    return absl::StrCat(took < absl::Seconds(3) ? "fast" : "slow", "\n", Describe(first), "\n",
+                        Describe(second));
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(results[rank], AllOf(StartsWith("fast\nUNAVAILABLE: "),
+                                     HasSubstr("rank 2's worker (pid "), HasSubstr(") exited\n"),
+                                     HasSubstr("FAILED_PRECONDITION: shared-memory allreduce "
+                                               "refused on rank ")))
+        << "rank " << rank;
+  }
+}
+
+// A rank that never arrives: the wait ends at the timeout, naming it.
+TEST_F(ShmGroupTest, ARankThatNeverArrivesTimesOutNamingIt) {
+  std::vector<std::string> results = RunRanks(2, [&](int rank) -> std::string {
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group =
+        ConnectShmGroup(Options(rank, 2, absl::Milliseconds(500)));
+    if (!group.ok() || *group == nullptr) return "no group";
+    if (rank == 1) {
+      absl::SleepFor(absl::Seconds(2));
+      return "slept";
+    }
+    std::vector<float> data(10, 1.0f);
+    const absl::Time start = absl::Now();
+    absl::Status s = (*group)->Allreduce(data.data(), 10, DataType::kFloat32, ReduceOp::kSum,
+                                         NoScaling, NoScaling);
+    const absl::Duration took = absl::Now() - start;
+    return absl::StrCat(
+        took >= absl::Milliseconds(500) && took < absl::Seconds(2) ? "on time" : "late", "\n",
+        Describe(s));
+  });
+  EXPECT_EQ(results[0],
+            "on time\nDEADLINE_EXCEEDED: shared-memory allreduce on rank 0 timed out after 500ms "
+            "waiting for rank(s) 1");
+  EXPECT_EQ(results[1], "slept");
+}
+
+// Abort, from another thread, ends this rank's wait at once and fails the next allreduce of every
+// other rank with the reason.
+TEST_F(ShmGroupTest, AbortEndsTheWaitOnEveryRank) {
+  std::vector<std::string> results = RunRanks(2, [&](int rank) -> std::string {
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(Options(rank, 2));
+    if (!group.ok() || *group == nullptr) return "no group";
+    ShmGroup* g = group->get();
+    std::vector<float> data(10, 1.0f);
+    if (rank == 1) absl::SleepFor(absl::Seconds(1));  // rank 0 is waiting and aborted meanwhile
+    std::thread aborter;
+    if (rank == 0) {
+      aborter = std::thread([g] {
+        absl::SleepFor(absl::Milliseconds(200));
+        g->Abort("job stopped");
+      });
+    }
+    const absl::Time start = absl::Now();
+    absl::Status s =
+        g->Allreduce(data.data(), 10, DataType::kFloat32, ReduceOp::kSum, NoScaling, NoScaling);
+    const absl::Duration took = absl::Now() - start;
+    if (aborter.joinable()) aborter.join();
+    return absl::StrCat(took < absl::Seconds(2) ? "fast" : "slow", "\n", Describe(s));
+  });
+  EXPECT_EQ(results[0], "fast\nABORTED: aborted on rank 0: job stopped");
+  EXPECT_EQ(results[1],
+            "fast\nABORTED: shared-memory allreduce failed on rank 0: aborted on rank 0: job "
+            "stopped");
+}
+
+// A rank that never shows up fails the rendezvous at the timeout.
+TEST_F(ShmGroupTest, RendezvousTimesOutWhenARankNeverShowsUp) {
+  absl::StatusOr<std::unique_ptr<ShmGroup>> group =
+      ConnectShmGroup(Options(0, 2, absl::Milliseconds(300)));
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded) << group.status();
+}
+
+TEST_F(ShmGroupTest, RejectsBadOptions) {
+  EXPECT_EQ(ConnectShmGroup(Options(2, 2)).status().code(), absl::StatusCode::kInvalidArgument);
+  ShmGroupOptions o = Options(0, 2);
+  o.store = nullptr;
+  EXPECT_EQ(ConnectShmGroup(std::move(o)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ringmaster
