@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Data-plane benchmark, as recorded in docs/benchmarks.md. For each profile, in one run and on the same
 # ranks of this machine: Ringmaster through the whole path (`ringmaster local` -> worker daemons ->
-# coordinator negotiation -> fused Gloo allreduce) with the raw-Gloo single-buffer baseline timed in
-# the same job, then PyTorch torch.distributed (Gloo) with DDP-style 25 MB buckets (bench/torch_anchor.py).
+# coordinator negotiation -> fused allreduce through shared memory) with the raw-Gloo single-buffer
+# baseline and the memory-bandwidth floor (a memcpy of the step's bytes on every rank at once) timed
+# in the same job; Ringmaster again with --no-shm-allreduce (fused Gloo allreduce over loopback); then
+# PyTorch torch.distributed (Gloo) with DDP-style 25 MB buckets (bench/torch_anchor.py).
 # Repeats each `--repeats` times and prints the medians and the ratios; plus the 4-byte latency.
 #   bench/data_plane.sh [--np 2] [--repeats 3] [--steps 10] [--profiles "resnet50 vgg16 maskrcnn_resnet50_fpn"]
 set -euo pipefail
@@ -31,6 +33,9 @@ for profile in $profiles; do
   for ((i = 0; i < repeats; i++)); do
     "$bin/ringmaster" local --np "$np" -- "$bin/ringmaster-bench" --profile "$json" --steps "$steps" \
       --warmup 2 --json | sed 's/^\[0\] //' >>"$out"
+    "$bin/ringmaster" local --np "$np" --no-shm-allreduce -- "$bin/ringmaster-bench" --profile "$json" \
+      --steps "$steps" --warmup 2 --baseline=false --json | sed 's/^\[0\] //' \
+      | grep -v memcpy-floor | sed 's/"system":"ringmaster"/"system":"ringmaster-gloo"/' >>"$out"
     /usr/bin/python3 "$root/bench/torch_anchor.py" --profile "$json" --np "$np" --steps "$steps" \
       --modes bucketed --port $((29500 + RANDOM % 400)) >>"$out"
   done
@@ -47,14 +52,18 @@ profiles = []
 for r in rows:
     if "profile" in r and r["profile"] not in profiles:
         profiles.append(r["profile"])
-print(f"{'profile':24} {'np':>3} {'ringmaster ms':>14} {'raw gloo ms':>12} {'torch bucketed ms':>18} "
-      f"{'vs raw gloo':>12} {'vs torch':>9}  (medians of {len([r for r in rows if r.get('system') == 'ringmaster' and 'profile' in r]) // max(1, len(profiles))} runs)")
+print(f"{'profile':24} {'np':>3} {'ringmaster ms':>14} {'over gloo ms':>13} {'raw gloo ms':>12} "
+      f"{'memcpy ms':>10} {'torch bucketed ms':>18} {'vs raw gloo':>12} {'vs torch':>9} {'vs memcpy':>10}"
+      f"  (medians of {len([r for r in rows if r.get('system') == 'ringmaster' and 'profile' in r]) // max(1, len(profiles))} runs)")
 for p in profiles:
     ours = med([r["step_time_s_median"] for r in rows if r.get("system") == "ringmaster" and r.get("profile") == p])
     raw = med([r["step_time_s_median"] for r in rows if r.get("system") == "raw-gloo-one-buffer" and r.get("profile") == p])
     torch = med([r["step_time_s_median"] for r in rows if r.get("system") == "torch.distributed-gloo" and r.get("profile") == p])
+    gloo = med([r["step_time_s_median"] for r in rows if r.get("system") == "ringmaster-gloo" and r.get("profile") == p])
+    floor = med([r["step_time_s_median"] for r in rows if r.get("system") == "memcpy-floor" and r.get("profile") == p])
     np_ = next(r["np"] for r in rows if r.get("profile") == p)
-    print(f"{p:24} {np_:>3} {ours*1e3:>14.1f} {raw*1e3:>12.1f} {torch*1e3:>18.1f} {ours/raw:>12.3f} {ours/torch:>9.3f}")
+    print(f"{p:24} {np_:>3} {ours*1e3:>14.1f} {gloo*1e3:>13.1f} {raw*1e3:>12.1f} {floor*1e3:>10.1f} "
+          f"{torch*1e3:>18.1f} {ours/raw:>12.3f} {ours/torch:>9.3f} {ours/floor:>10.3f}")
 lat = [r for r in rows if r.get("bench") == "latency"]
 if lat:
     print(f"4-byte allreduce, np={lat[0]['np']}: p50 {med([r['p50_ms'] for r in lat]):.3f} ms, "

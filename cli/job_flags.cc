@@ -85,6 +85,9 @@ const char kJobOptionsHelp[] = R"(job options:
   --backend auto|gloo|nccl        collective backend (default auto)
   --no-shm-allreduce              CPU allreduce among one host's ranks over sockets, not shared
                                   memory (default: shared memory)
+  --no-hierarchical-allreduce     CPU allreduce of a job spread over hosts flat over Gloo, not within
+                                  each host through shared memory, then across hosts (default:
+                                  hierarchical when every host runs as many ranks, two or more)
 Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...),
 and the elastic options HOROVOD_MIN_NP, HOROVOD_MAX_NP, HOROVOD_RESET_LIMIT and
 HOROVOD_ELASTIC_TIMEOUT (RINGMASTER_* alike); flags win over the environment.
@@ -221,6 +224,10 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
       knobs.shm_allreduce = false;
     } else if (flag == "--shm-allreduce") {
       knobs.shm_allreduce = true;
+    } else if (flag == "--no-hierarchical-allreduce") {
+      knobs.hierarchical_allreduce = false;
+    } else if (flag == "--hierarchical-allreduce") {
+      knobs.hierarchical_allreduce = true;
     } else if (flag == "--no-stall-check") {
       knobs.stall_check_seconds = 0;
     } else if (flag == "--stall-shutdown-seconds") {
@@ -276,6 +283,7 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
   k->set_stall_shutdown_seconds(knobs.stall_shutdown_seconds);
   k->set_backend(static_cast<v1::Backend>(knobs.backend));
   k->set_shm_allreduce(knobs.shm_allreduce);
+  k->set_hierarchical_allreduce(knobs.hierarchical_allreduce);
   if (!start_from_given) {
     if (given_fusion) k->add_autotune_fixed("fusion_threshold_bytes");
     if (given_cycle) k->add_autotune_fixed("cycle_time_ms");

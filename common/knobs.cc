@@ -180,6 +180,7 @@ absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* k) {
            ReadDouble(env, "STALL_SHUTDOWN_TIME_SECONDS", &k->stall_shutdown_seconds),
            ReadBool(env, "STALL_CHECK_DISABLE", &stall_check_disable),
            ReadBool(env, "SHM_ALLREDUCE", &k->shm_allreduce),
+           ReadBool(env, "HIERARCHICAL_ALLREDUCE", &k->hierarchical_allreduce),
        }) {
     if (!s.ok()) return s;
   }

@@ -34,6 +34,8 @@ struct Knobs {
   Backend backend = Backend::kAuto;
   // CPU allreduce among a host's ranks through shared memory (worker/shm_group.h).
   bool shm_allreduce = true;
+  // ... and across hosts among the ranks of one local index (hierarchical allreduce).
+  bool hierarchical_allreduce = true;
   // Knobs autotune leaves alone (kTunableKnobs names).
   std::vector<std::string> autotune_fixed;
 };
@@ -65,10 +67,10 @@ EnvLookup ProcessEnv();
 // HOROVOD_AUTOTUNE_WARMUP_SAMPLES, HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE,
 // HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE,
 // HOROVOD_TIMELINE, HOROVOD_TIMELINE_MARK_CYCLES, HOROVOD_STALL_CHECK_TIME_SECONDS,
-// HOROVOD_STALL_CHECK_DISABLE, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, and Ringmaster's own
-// RINGMASTER_SHM_ALLREDUCE). Each also reads as
-// RINGMASTER_*, which wins over HOROVOD_*. INVALID_ARGUMENT names the variable whose value does not
-// parse.
+// HOROVOD_STALL_CHECK_DISABLE, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS,
+// HOROVOD_HIERARCHICAL_ALLREDUCE, and Ringmaster's own RINGMASTER_SHM_ALLREDUCE). Each also reads
+// as RINGMASTER_*, which wins over HOROVOD_*. INVALID_ARGUMENT names the variable whose value does
+// not parse.
 absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* knobs);
 
 absl::string_view BackendName(Backend backend);

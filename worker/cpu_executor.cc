@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/half.h"
+#include "spdlog/spdlog.h"
 
 namespace ringmaster {
 namespace {
@@ -137,6 +138,34 @@ absl::Status CpuExecutor::Setup() {
       return group.status();
     }
     host_group_ = *std::move(group);
+    if (host_group_ != nullptr && host_group_->hosts() > 1) {
+      // Hierarchical: local rank i of every host reduces the same slices; they allreduce them
+      // among themselves.
+      if (!options_.make_set_backend) {
+        return absl::FailedPreconditionError(
+            "hierarchical allreduce needs process-set communicators");
+      }
+      absl::StatusOr<std::unique_ptr<Backend>> cross =
+          options_.make_set_backend(absl::StrCat("cross", host_group_->rank()),
+                                    host_group_->host_index(), host_group_->hosts());
+      if (!cross.ok()) {
+        backends_.clear();
+        host_group_.reset();
+        return cross.status();
+      }
+      cross_ = *std::move(cross);
+    }
+    if (host_group_ != nullptr && options_.rank == 0) {
+      if (cross_ != nullptr) {
+        spdlog::info(
+            "allreduce is hierarchical: through shared memory among each host's {} ranks, "
+            "then across {} hosts",
+            host_group_->size(), host_group_->hosts());
+      } else {
+        spdlog::info("allreduce goes through shared memory among this host's {} ranks",
+                     host_group_->size());
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -294,12 +323,19 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
   absl::StatusOr<Backend*> set_backend = BackendFor(c);
   if (!set_backend.ok()) return set_backend.status();
   if (global && host_group_ != nullptr) {
-    // Through shared memory: scaled in the segment, chunk by chunk, while the data is in cache.
+    // Through shared memory: scaled in the segment, chunk by chunk, while the data is in cache;
+    // hierarchical, each reduced slice is allreduced across hosts before it is scaled.
     absl::Status s = host_group_->Allreduce(
         buffer, total, dtype, backend_op,
         [&](void* p, int64_t count) { Scale(p, count, dtype, c.prescale, 1); },
-        [&](void* p, int64_t count) { Scale(p, count, dtype, c.postscale, divisor); });
-    trace.End("SHM_ALLREDUCE");
+        [&](void* p, int64_t count) {
+          if (cross_ != nullptr && count > 0) {
+            if (absl::Status s = cross_->Allreduce(p, count, dtype, backend_op); !s.ok()) return s;
+          }
+          Scale(p, count, dtype, c.postscale, divisor);
+          return absl::OkStatus();
+        });
+    trace.End(cross_ != nullptr ? "HIERARCHICAL_ALLREDUCE" : "SHM_ALLREDUCE");
     if (!s.ok()) return s;
   } else if (absl::Status s =
                  NetworkAllreduce(c, buffer, total, backend_op, divisor, **set_backend, trace);

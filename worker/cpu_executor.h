@@ -62,7 +62,8 @@ struct CpuExecutorOptions {
                                                          int size)>
       make_set_backend;
   // Connects the shared-memory host group (shm_group.h) in Setup, for jobs of more than one rank;
-  // null, or a null group, leaves allreduce to the communicators.
+  // null, or a null group, leaves allreduce to the communicators. A group of several hosts makes
+  // allreduce hierarchical, with a cross-host communicator made by make_set_backend.
   std::function<absl::StatusOr<std::unique_ptr<ShmGroup>>()> make_host_group;
   int communicators = 2;
   // Allreduces smaller than this use communicator 0 alone.
@@ -104,6 +105,8 @@ class CpuExecutor final : public Executor {
   std::map<std::string, std::unique_ptr<Backend>> set_backends_;  // by set key
   std::unique_ptr<PartPool> pool_;
   std::unique_ptr<ShmGroup> host_group_;
+  // Hierarchical: the communicator among the ranks of this local rank on every host.
+  std::unique_ptr<Backend> cross_;
   std::vector<uint8_t> fusion_buffer_;
 };
 

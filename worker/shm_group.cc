@@ -142,15 +142,18 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> OpenSegment(const std::string& ann
 
 }  // namespace
 
-ShmGroup::ShmGroup(int rank, int size, int64_t slot_bytes, absl::Duration timeout,
-                   std::unique_ptr<SharedMemory> segment, std::vector<int> pids,
-                   std::vector<int> pidfds)
+ShmGroup::ShmGroup(int rank, int size, int hosts, int host_index, int64_t slot_bytes,
+                   absl::Duration timeout, std::unique_ptr<SharedMemory> segment,
+                   std::vector<int> job_ranks, std::vector<int> pids, std::vector<int> pidfds)
     : rank_(rank),
       size_(size),
+      hosts_(hosts),
+      host_index_(host_index),
       slot_bytes_(slot_bytes),
       timeout_(timeout),
       segment_(std::move(segment)),
       header_(reinterpret_cast<ShmHeader*>(segment_->data())),
+      job_ranks_(std::move(job_ranks)),
       pids_(std::move(pids)),
       pidfds_(std::move(pidfds)) {}
 
@@ -184,8 +187,8 @@ absl::Status ShmGroup::Failed() {
   const int by = static_cast<int>(failed) - 1;
   failure_ = absl::Status(static_cast<absl::StatusCode>(header_->failed_code),
                           by == rank_ ? std::string(header_->why)
-                                      : absl::StrCat("shared-memory allreduce failed on rank ", by,
-                                                     ": ", header_->why));
+                                      : absl::StrCat("shared-memory allreduce failed on rank ",
+                                                     job_ranks_[by], ": ", header_->why));
   return failure_;
 }
 
@@ -207,7 +210,7 @@ absl::Status ShmGroup::Fail(absl::Status status) {
 void ShmGroup::Abort(const std::string& why) {
   uint32_t unclaimed = 0;
   if (header_->claimed.compare_exchange_strong(unclaimed, 1, std::memory_order_acq_rel)) {
-    const std::string text = absl::StrCat("aborted on rank ", rank_, ": ", why);
+    const std::string text = absl::StrCat("aborted on rank ", job_ranks_[rank_], ": ", why);
     const size_t n = std::min(text.size(), sizeof(header_->why) - 1);
     std::memcpy(header_->why, text.data(), n);
     header_->why[n] = '\0';
@@ -250,18 +253,18 @@ absl::Status ShmGroup::Barrier() {
     if (t >= next_check) {
       next_check = t + absl::Milliseconds(100);
       if (const int dead = DeadPeer(); dead >= 0) {
-        return Fail(absl::UnavailableError(absl::StrCat("shared-memory allreduce on rank ", rank_,
-                                                        ": rank ", dead, "'s worker (pid ",
-                                                        pids_[dead], ") exited")));
+        return Fail(absl::UnavailableError(
+            absl::StrCat("shared-memory allreduce on rank ", job_ranks_[rank_], ": rank ",
+                         job_ranks_[dead], "'s worker (pid ", pids_[dead], ") exited")));
       }
       if (t >= deadline) {
         std::vector<int> missing;
         for (int r = 0; r < size_; ++r) {
           const uint32_t seen = Arrived(segment_->data(), r)->load(std::memory_order_relaxed);
-          if (static_cast<int32_t>(seen - barriers_) < 0) missing.push_back(r);
+          if (static_cast<int32_t>(seen - barriers_) < 0) missing.push_back(job_ranks_[r]);
         }
         return Fail(absl::DeadlineExceededError(
-            absl::StrCat("shared-memory allreduce on rank ", rank_, " timed out after ",
+            absl::StrCat("shared-memory allreduce on rank ", job_ranks_[rank_], " timed out after ",
                          absl::FormatDuration(timeout_), " waiting for rank(s) ",
                          absl::StrJoin(missing, ", "))));
       }
@@ -271,10 +274,10 @@ absl::Status ShmGroup::Barrier() {
 }
 
 absl::Status ShmGroup::Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op,
-                                 Finish before, Finish after) {
+                                 Finish before, Reduced after) {
   if (!failure_.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("shared-memory allreduce refused on rank ", rank_,
+        absl::StrCat("shared-memory allreduce refused on rank ", job_ranks_[rank_],
                      ": the group is unusable after an earlier failure: ", failure_.message()));
   }
   if (header_->failed.load(std::memory_order_acquire) != 0) return Failed();
@@ -308,7 +311,11 @@ absl::Status ShmGroup::Allreduce(void* data, int64_t count, DataType dtype, Redu
         (*reduce)(result + at, Slot(0) + at, Slot(1) + at, n);
         for (int r = 2; r < size_; ++r) (*reduce)(result + at, result + at, Slot(r) + at, n);
       }
-      after(result + at, hi - lo);
+    }
+    // Every rank calls it, an empty slice too, so that the ranks of one local index across hosts
+    // stay in step.
+    if (absl::Status s = after(result + lo * elem, hi - lo); !s.ok()) {
+      return Fail(std::move(s));
     }
     if (absl::Status s = Barrier(); !s.ok()) return s;
     std::memcpy(bytes + done * elem, result, static_cast<size_t>(m * elem));
@@ -325,12 +332,6 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions option
   if (options.store == nullptr) {
     return absl::InvalidArgumentError("shared-memory group: no rendezvous store");
   }
-  int64_t slot_bytes = options.slot_bytes;
-  if (slot_bytes <= 0) {
-    slot_bytes =
-        std::clamp<int64_t>((int64_t{8} << 20) / size, int64_t{64} << 10, int64_t{1} << 20);
-  }
-  slot_bytes = (slot_bytes + kLine - 1) / static_cast<int64_t>(kLine) * kLine;
   KeyValueStore& store = *options.store;
   const std::string& prefix = options.prefix;
   auto keys = [&](const std::string& what) {
@@ -339,21 +340,58 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions option
     return k;
   };
 
-  // 1. Are all ranks on this host?
+  // 1. Where is every rank? Hosts are numbered by their lowest rank; a host's ranks in rank order.
   std::string identity = HostIdentity(options.host);
   if (identity.empty()) identity = absl::StrCat("unknown host of rank ", rank);
   if (absl::Status s = store.Set(keys("host")[rank], identity); !s.ok()) return s;
-  absl::StatusOr<std::vector<std::string>> hosts = store.Wait(keys("host"), options.timeout);
-  if (!hosts.ok()) return hosts.status();
-  for (const std::string& other : *hosts) {
-    if (other != identity) return nullptr;
+  absl::StatusOr<std::vector<std::string>> where = store.Wait(keys("host"), options.timeout);
+  if (!where.ok()) return where.status();
+  std::vector<std::string> host_ids;    // by host index
+  std::vector<std::vector<int>> ranks;  // by host index
+  for (int r = 0; r < size; ++r) {
+    const auto it = std::find(host_ids.begin(), host_ids.end(), (*where)[r]);
+    if (it == host_ids.end()) {
+      host_ids.push_back((*where)[r]);
+      ranks.push_back({r});
+    } else {
+      ranks[it - host_ids.begin()].push_back(r);
+    }
+  }
+  const int hosts = static_cast<int>(host_ids.size());
+  const int host_index =
+      static_cast<int>(std::find(host_ids.begin(), host_ids.end(), identity) - host_ids.begin());
+  const std::vector<int>& members = ranks[host_index];
+  const int local_size = static_cast<int>(members.size());
+  const int local_rank =
+      static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+  if (hosts > 1) {
+    if (!options.across_hosts || local_size < 2) return nullptr;
+    for (const std::vector<int>& on_host : ranks) {
+      if (on_host.size() != members.size()) {
+        if (rank == 0) {
+          spdlog::warn("hosts run different numbers of ranks; allreduce is not hierarchical");
+        }
+        return nullptr;
+      }
+    }
   }
 
-  // 2. Rank 0 makes the segment; the others open it.
-  const size_t bytes = SegmentBytes(size, slot_bytes);
+  // Larger chunks across hosts: each carries one allreduce per local rank over the network.
+  int64_t slot_bytes = options.slot_bytes;
+  if (slot_bytes <= 0) {
+    slot_bytes = hosts > 1 ? std::clamp<int64_t>((int64_t{16} << 20) / local_size,
+                                                 int64_t{256} << 10, int64_t{4} << 20)
+                           : std::clamp<int64_t>((int64_t{8} << 20) / local_size, int64_t{64} << 10,
+                                                 int64_t{1} << 20);
+  }
+  slot_bytes = (slot_bytes + kLine - 1) / static_cast<int64_t>(kLine) * kLine;
+
+  // 2. The host's first rank makes the segment; the others open it.
+  const size_t bytes = SegmentBytes(local_size, slot_bytes);
+  const std::string segment_key = absl::StrCat(prefix, "segment/", host_index);
   std::unique_ptr<SharedMemory> segment;
   std::string attached = "ok";
-  if (rank == 0) {
+  if (local_rank == 0) {
     absl::StatusOr<std::unique_ptr<SharedMemory>> made =
         SharedMemory::Create("ringmaster-shm-group", bytes);
     std::string announced;
@@ -363,30 +401,31 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions option
       header->magic = kMagic;
       header->nonce = 0;
       getrandom(&header->nonce, sizeof(header->nonce), 0);  // tells this segment from a stale one
-      header->size = size;
+      header->size = local_size;
       header->slot_bytes = slot_bytes;
       announced = absl::StrCat(getpid(), " ", segment->fd(), " ", header->nonce, " ", bytes);
     } else {
       attached = announced = absl::StrCat("none: ", made.status().message());
     }
-    if (absl::Status s = store.Set(prefix + "segment", announced); !s.ok()) return s;
+    if (absl::Status s = store.Set(segment_key, announced); !s.ok()) return s;
   } else {
-    absl::StatusOr<std::vector<std::string>> announced =
-        store.Wait({prefix + "segment"}, options.timeout);
+    absl::StatusOr<std::vector<std::string>> announced = store.Wait({segment_key}, options.timeout);
     if (!announced.ok()) return announced.status();
     absl::StatusOr<std::unique_ptr<SharedMemory>> opened =
-        OpenSegment(announced->front(), size, slot_bytes);
+        OpenSegment(announced->front(), local_size, slot_bytes);
     if (opened.ok()) {
       segment = *std::move(opened);
     } else {
       attached = std::string(opened.status().message());
     }
   }
+
+  // 3. Every rank of the job hears whether every host's group formed: all or none.
   if (attached == "ok") attached = absl::StrCat("ok ", getpid());
   if (absl::Status s = store.Set(keys("attached")[rank], attached); !s.ok()) return s;
   absl::StatusOr<std::vector<std::string>> all = store.Wait(keys("attached"), options.timeout);
   if (!all.ok()) return all.status();
-  std::vector<int> pids(size), pidfds(size, -1);
+  std::vector<int> pids(size);
   for (int r = 0; r < size; ++r) {
     const std::string& a = (*all)[r];
     if (!absl::StartsWith(a, "ok ") || !absl::SimpleAtoi(a.substr(3), &pids[r])) {
@@ -399,12 +438,14 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions option
       return nullptr;
     }
   }
-  for (int r = 0; r < size; ++r) {
-    if (r != rank) pidfds[r] = PidfdOpen(pids[r]);
+  std::vector<int> local_pids(local_size), pidfds(local_size, -1);
+  for (int i = 0; i < local_size; ++i) {
+    local_pids[i] = pids[members[i]];
+    if (i != local_rank) pidfds[i] = PidfdOpen(local_pids[i]);
   }
-  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, slot_bytes, options.timeout,
-                                                std::move(segment), std::move(pids),
-                                                std::move(pidfds)));
+  return std::unique_ptr<ShmGroup>(new ShmGroup(local_rank, local_size, hosts, host_index,
+                                                slot_bytes, options.timeout, std::move(segment),
+                                                members, std::move(local_pids), std::move(pidfds)));
 }
 
 }  // namespace ringmaster

@@ -1,8 +1,11 @@
 // The shared-memory host group: an allreduce among ranks whose daemons share one host, through one
-// segment of shared memory instead of sockets. The data goes through in chunks: every rank copies
-// its chunk into its own slot, then reduces its slice of every rank's slot into the segment's
-// result buffer (a reduce-scatter through memory), then copies the whole reduced chunk out (the
-// allgather). Two barriers per chunk, and every rank ends with the same bits.
+// segment of shared memory instead of sockets. With `across_hosts`, a job spread over several hosts
+// with as many ranks on each gets one group per host, and the caller allreduces each reduced slice
+// across hosts among the ranks of the same local index (hierarchical allreduce). The data goes
+// through in chunks: every rank copies its chunk into its own slot, then reduces its slice of every
+// rank's slot into the segment's result buffer (a reduce-scatter through memory), then copies the
+// whole reduced chunk out (the allgather). Two barriers per chunk, and every rank ends with the
+// same bits.
 //
 // The segment is anonymous (memfd): rank 0 creates it and the others open it through
 // /proc/<pid>/fd, so nothing is left behind whoever dies. Connecting decides, the same way on
@@ -42,8 +45,12 @@ struct ShmGroupOptions {
   std::string prefix = "shm/";
   // The worker's host name: ranks of different names never share memory.
   std::string host;
-  // Bytes each rank moves through its slot per chunk. 0: chosen from the group's size (1 MiB up to
-  // 8 ranks, less above, so the segment stays in the last-level cache).
+  // A group of this host's ranks even when the job spans hosts, provided every host has the same
+  // number of ranks, two or more (hierarchical allreduce). Otherwise only when all ranks share it.
+  bool across_hosts = false;
+  // Bytes each rank moves through its slot per chunk. 0: chosen from the host's ranks (1 MiB up to
+  // 8 ranks, less above, so the segment stays in the last-level cache; 4 MiB across hosts, down to
+  // 256 KiB, as each chunk costs network round trips).
   int64_t slot_bytes = 0;
   // Bounds the rendezvous and every wait of a collective.
   absl::Duration timeout = absl::Seconds(30);
@@ -53,19 +60,27 @@ class ShmGroup {
  public:
   // Applied to `count` elements at `data` in place (scaling).
   using Finish = absl::FunctionRef<void(void* data, int64_t count)>;
+  // The same, and may fail (a slice's allreduce across hosts, then scaling).
+  using Reduced = absl::FunctionRef<absl::Status(void* data, int64_t count)>;
 
   ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
 
+  // This rank's place among its host's ranks (in job rank order), and their number.
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // The hosts of the job (1 unless across_hosts), and this one's place among them (by lowest rank).
+  int hosts() const { return hosts_; }
+  int host_index() const { return host_index_; }
 
   // In place over `count` elements of `dtype` at `data` (sum, min, max or product). `before` runs
   // on each chunk of this rank's input once it is in the segment, `after` on each reduced slice
-  // before the others read it: the scaling costs no pass over memory of its own.
+  // before the others read it: the scaling costs no pass over memory of its own. Every host splits
+  // chunks and slices alike, so `after` of local rank i sees the same elements on every host. A
+  // failing `after` fails the group on every rank with its status.
   absl::Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op, Finish before,
-                         Finish after);
+                         Reduced after);
 
   // Any thread: a collective in progress here and on every other rank returns, and every later one
   // fails, with `why`.
@@ -73,8 +88,9 @@ class ShmGroup {
 
  private:
   friend absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions options);
-  ShmGroup(int rank, int size, int64_t slot_bytes, absl::Duration timeout,
-           std::unique_ptr<SharedMemory> segment, std::vector<int> pids, std::vector<int> pidfds);
+  ShmGroup(int rank, int size, int hosts, int host_index, int64_t slot_bytes,
+           absl::Duration timeout, std::unique_ptr<SharedMemory> segment,
+           std::vector<int> job_ranks, std::vector<int> pids, std::vector<int> pidfds);
 
   // Waits until every rank has arrived at this rank's next barrier.
   absl::Status Barrier();
@@ -89,20 +105,24 @@ class ShmGroup {
 
   const int rank_;
   const int size_;
+  const int hosts_;
+  const int host_index_;
   const int64_t slot_bytes_;
   const absl::Duration timeout_;
   std::unique_ptr<SharedMemory> segment_;
   ShmHeader* header_;
-  const std::vector<int> pids_;
-  std::vector<int> pidfds_;  // per rank; -1 for this one, or where pidfd_open is missing
+  const std::vector<int> job_ranks_;  // per local rank
+  const std::vector<int> pids_;       // per local rank
+  std::vector<int> pidfds_;  // per local rank; -1 for this one, or where pidfd_open is missing
   uint32_t barriers_ = 0;    // barriers this rank has passed
   absl::Status failure_;
 };
 
-// Meets the other ranks under `options.prefix` and decides whether they form a group. Null (OK)
-// when they are not all on this host or the memory cannot be shared: every rank gets the same
-// answer. An error when the rendezvous itself fails (a rank that never showed up:
-// DEADLINE_EXCEEDED), as a communicator's would.
+// Meets the other ranks under `options.prefix` and decides whether they form a group (one per host
+// with `across_hosts`). Null (OK) when they are not all on this host (nor spread evenly, with
+// `across_hosts`) or the memory cannot be shared somewhere: every rank gets the same answer. An
+// error when the rendezvous itself fails (a rank that never showed up: DEADLINE_EXCEEDED), as a
+// communicator's would.
 absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions options);
 
 }  // namespace ringmaster

@@ -135,6 +135,10 @@ def test_two_hosts_of_two_slots_pass_every_collectives_check_and_run_the_resnet5
     assert done["state"] == "JOB_STATE_SUCCEEDED", f"{done.get('reason')}\n{logs}"
     assert_collectives_passed(logs, 4)
     check_placement(done, hosts)
+    # Two ranks on each host: allreduce went through each host's shared memory, then across hosts.
+    assert any("allreduce is hierarchical: through shared memory among each host's 2 ranks, then "
+               "across 2 hosts" in log.read_text() for log in c.workers["host-a"]), \
+        [log.read_text()[-2000:] for log in c.workers["host-a"]]
     # The table a user reads: each rank's host and the address its data plane listens on.
     status = c.cli("status", job)
     for rank in range(4):

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -186,6 +187,7 @@ constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, Red
 constexpr int64_t kCounts[] = {0, 1, 17, 1000, 5000};
 
 void NoScaling(void*, int64_t) {}
+absl::Status Reduced(void*, int64_t) { return absl::OkStatus(); }
 
 class ShmGroupRanksTest : public ShmGroupTest, public ::testing::WithParamInterface<int> {};
 
@@ -203,7 +205,7 @@ TEST_P(ShmGroupRanksTest, EveryOpDtypeAndCountMatchesTheReferenceOnEveryRank) {
       for (ReduceOp op : kOps) {
         for (int64_t count : kCounts) {
           std::vector<uint8_t> data = Input(rank, count, dtype);
-          absl::Status s = (*group)->Allreduce(data.data(), count, dtype, op, NoScaling, NoScaling);
+          absl::Status s = (*group)->Allreduce(data.data(), count, dtype, op, NoScaling, Reduced);
           if (!s.ok()) return Describe(s);
           out.append(data.begin(), data.end());
         }
@@ -248,6 +250,7 @@ TEST_P(ShmGroupRanksTest, ScalingHooksApplyOncePerElement) {
         },
         [np](void* p, int64_t n) {
           for (int64_t i = 0; i < n; ++i) static_cast<double*>(p)[i] /= np;
+          return absl::OkStatus();
         });
     if (!s.ok()) return Describe(s);
     return std::string(reinterpret_cast<const char*>(data.data()), kCount * sizeof(double));
@@ -281,6 +284,76 @@ TEST_F(ShmGroupTest, RanksOfDifferentHostsFormNoGroup) {
   EXPECT_EQ(results, (std::vector<std::string>{"no group", "no group", "no group"}));
 }
 
+// Across hosts, each host's ranks form their own group, numbered in rank order, and reduce only
+// their own values; `after` sees slices that line up across hosts (local rank i: the same offsets
+// and sizes on every host), so a cross-host allreduce of each can complete the sum.
+TEST_F(ShmGroupTest, AcrossHostsEachHostFormsItsOwnGroupWithSlicesThatLineUp) {
+  constexpr int64_t kCount = 3000;
+  std::vector<std::string> results = RunRanks(4, [&](int rank) -> std::string {
+    ShmGroupOptions o = Options(rank, 4);
+    o.host = rank == 0 || rank == 2 ? "host-a" : "host-b";  // hosts interleaved by rank
+    o.across_hosts = true;
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(std::move(o));
+    if (!group.ok()) return Describe(group.status());
+    if (*group == nullptr) return "no group";
+    std::vector<int32_t> data(kCount, rank + 1);
+    std::string slices;
+    absl::Status s = (*group)->Allreduce(data.data(), kCount, DataType::kInt32, ReduceOp::kSum,
+                                         NoScaling, [&](void* p, int64_t n) {
+                                           absl::StrAppend(&slices, " ", n);
+                                           return absl::OkStatus();
+                                         });
+    if (!s.ok()) return Describe(s);
+    const bool uniform =
+        std::all_of(data.begin(), data.end(), [&](int32_t v) { return v == data[0]; });
+    return absl::StrCat("local ", (*group)->rank(), "/", (*group)->size(), " host ",
+                        (*group)->host_index(), "/", (*group)->hosts(), " sum ", data[0],
+                        uniform ? "" : " (not uniform)", " slices", slices);
+  });
+  // 3000 int32 in 1 KiB slots: 11 chunks of 256 and one of 184, each split on 16-element lines.
+  const std::string first = " 128 128 128 128 128 128 128 128 128 128 128 80";
+  const std::string second = " 128 128 128 128 128 128 128 128 128 128 128 104";
+  EXPECT_EQ(results, (std::vector<std::string>{
+                         "local 0/2 host 0/2 sum 4 slices" + first,
+                         "local 0/2 host 1/2 sum 6 slices" + first,
+                         "local 1/2 host 0/2 sum 4 slices" + second,
+                         "local 1/2 host 1/2 sum 6 slices" + second,
+                     }));
+}
+
+// Across hosts only when every host runs as many ranks, two or more: otherwise no group anywhere.
+TEST_F(ShmGroupTest, AcrossHostsUnevenHostsFormNoGroup) {
+  std::vector<std::string> results = RunRanks(3, [&](int rank) -> std::string {
+    ShmGroupOptions o = Options(rank, 3);
+    o.host = rank == 2 ? "host-b" : "host-a";
+    o.across_hosts = true;
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(std::move(o));
+    if (!group.ok()) return Describe(group.status());
+    return *group == nullptr ? "no group" : "group";
+  });
+  EXPECT_EQ(results, (std::vector<std::string>{"no group", "no group", "no group"}));
+}
+
+// A failing `after` (a cross-host allreduce that failed) fails the collective on every rank of the
+// host with its status.
+TEST_F(ShmGroupTest, AFailingAfterFailsEveryRankOfTheHost) {
+  std::vector<std::string> results = RunRanks(2, [&](int rank) -> std::string {
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(Options(rank, 2));
+    if (!group.ok() || *group == nullptr) return "no group";
+    std::vector<float> data(1000, 1.0f);
+    absl::Status s = (*group)->Allreduce(
+        data.data(), 1000, DataType::kFloat32, ReduceOp::kSum, NoScaling, [rank](void*, int64_t) {
+          return rank == 1 ? absl::UnavailableError("gloo allreduce failed on rank 3: peer gone")
+                           : absl::OkStatus();
+        });
+    return Describe(s);
+  });
+  EXPECT_EQ(results[1], "UNAVAILABLE: gloo allreduce failed on rank 3: peer gone");
+  EXPECT_EQ(results[0],
+            "UNAVAILABLE: shared-memory allreduce failed on rank 1: gloo allreduce failed on rank "
+            "3: peer gone");
+}
+
 // A rank whose process exits fails the others' allreduce within about a second, naming it; later
 // allreduces are refused, naming the first failure.
 TEST_F(ShmGroupTest, ARankThatExitsFailsTheOthersNamingIt) {
@@ -291,10 +364,10 @@ TEST_F(ShmGroupTest, ARankThatExitsFailsTheOthersNamingIt) {
     std::vector<float> data(100, 1.0f);
     const absl::Time start = absl::Now();
     absl::Status first = (*group)->Allreduce(data.data(), 100, DataType::kFloat32, ReduceOp::kSum,
-                                             NoScaling, NoScaling);
+                                             NoScaling, Reduced);
     const absl::Duration took = absl::Now() - start;
     absl::Status second = (*group)->Allreduce(data.data(), 100, DataType::kFloat32, ReduceOp::kSum,
-                                              NoScaling, NoScaling);
+                                              NoScaling, Reduced);
     return absl::StrCat(took < absl::Seconds(3) ? "fast" : "slow", "\n", Describe(first), "\n",
                         Describe(second));
   });
@@ -320,7 +393,7 @@ TEST_F(ShmGroupTest, ARankThatNeverArrivesTimesOutNamingIt) {
     std::vector<float> data(10, 1.0f);
     const absl::Time start = absl::Now();
     absl::Status s = (*group)->Allreduce(data.data(), 10, DataType::kFloat32, ReduceOp::kSum,
-                                         NoScaling, NoScaling);
+                                         NoScaling, Reduced);
     const absl::Duration took = absl::Now() - start;
     return absl::StrCat(
         took >= absl::Milliseconds(500) && took < absl::Seconds(2) ? "on time" : "late", "\n",
@@ -350,7 +423,7 @@ TEST_F(ShmGroupTest, AbortEndsTheWaitOnEveryRank) {
     }
     const absl::Time start = absl::Now();
     absl::Status s =
-        g->Allreduce(data.data(), 10, DataType::kFloat32, ReduceOp::kSum, NoScaling, NoScaling);
+        g->Allreduce(data.data(), 10, DataType::kFloat32, ReduceOp::kSum, NoScaling, Reduced);
     const absl::Duration took = absl::Now() - start;
     if (aborter.joinable()) aborter.join();
     return absl::StrCat(took < absl::Seconds(2) ? "fast" : "slow", "\n", Describe(s));
