@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-# Copied unchanged from the shared yardsticks (shared/bench/torch_anchor.py) so the project runs it on its own.
+# Copied from the shared yardsticks (shared/bench/torch_anchor.py) so the project runs it on its own;
+# --nnodes/--node-rank/--master-addr added to run the same yardstick across hosts.
 """PyTorch torch.distributed (Gloo) yardstick: allreduce a model's gradient tensor list, the way a
 PyTorch user would, and print one JSON line per mode.
 
@@ -40,10 +41,11 @@ def buckets(sizes, first_cap, cap):
     return out
 
 
-def run(rank, args, port, result_q):
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+def run(local_rank, args, port, result_q):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = args.master_addr, str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=args.np)
+    rank = args.node_rank * args.np + local_rank
+    dist.init_process_group("gloo", rank=rank, world_size=args.np * args.nnodes)
     prof = json.load(open(args.profile))
     sizes = [numel(t["shape"]) for t in prof["tensors"]]
     total_bytes = sum(sizes) * 4
@@ -84,7 +86,7 @@ def run(rank, args, port, result_q):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         results[name] = t.item()
     if rank == 0:
-        n = args.np
+        n = args.np * args.nnodes
         for name, sec in results.items():
             result_q.put({"system": "torch.distributed-gloo", "torch": torch.__version__, "mode": name,
                           "profile": prof["model"], "np": n, "tensors": len(sizes), "bytes_per_step": total_bytes,
@@ -96,7 +98,10 @@ def run(rank, args, port, result_q):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", required=True)
-    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--np", type=int, default=2, help="ranks on this host")
+    ap.add_argument("--nnodes", type=int, default=1, help="hosts, each running this with its --node-rank")
+    ap.add_argument("--node-rank", type=int, default=0)
+    ap.add_argument("--master-addr", default="127.0.0.1", help="the address of --node-rank 0's host")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--bucket-mb", type=float, default=25.0)

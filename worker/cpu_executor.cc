@@ -292,6 +292,71 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
       contiguous = false;
     }
   }
+  const bool average = c.average();
+  const ReduceOp backend_op = average ? ReduceOp::kSum : c.op;
+  // A process set has one communicator, and averages over its members.
+  const bool global = c.process_set_ranks.empty();
+  const int divisor =
+      average ? (global ? options_.size : static_cast<int>(c.process_set_ranks.size())) : 1;
+  if (global && host_group_ != nullptr) {
+    // Through shared memory, each tensor read straight into the segment and the result written
+    // straight back, wherever the tensor is (arena, a training process's memory): no fusion
+    // buffer. Scaled in the segment, chunk by chunk, while the data is in cache; hierarchical,
+    // each reduced slice is allreduced across hosts before it is scaled.
+    auto pieces = [&](int64_t first, int64_t count, auto&& move) -> absl::Status {
+      int64_t at = 0;  // where tensor i begins, in elements
+      for (size_t i = 0; i < n && at < first + count; at += counts[i], ++i) {
+        const int64_t from = std::max(first, at), to = std::min(first + count, at + counts[i]);
+        if (from >= to) continue;
+        if (absl::Status s = move(c.tensors[i], (from - at) * elem, (from - first) * elem,
+                                  static_cast<size_t>((to - from) * elem));
+            !s.ok()) {
+          return s;
+        }
+      }
+      return absl::OkStatus();
+    };
+    absl::Status s = host_group_->Allreduce(
+        total, dtype, backend_op,
+        [&](int64_t first, int64_t count, void* slot) {
+          return pieces(
+              first, count,
+              [&](const Collective::Tensor& t, int64_t in_tensor, int64_t in_slot, size_t bytes) {
+                uint8_t* to = static_cast<uint8_t*>(slot) + in_slot;
+                if (t.address != 0)
+                  return RemoteCopy(t.pid, t.address + in_tensor, to, bytes, true);
+                if (t.offset >= 0) {
+                  std::memcpy(to, options_.arena + t.offset + in_tensor, bytes);
+                } else {
+                  std::memset(to, 0, bytes);  // a joined rank contributes zeros
+                }
+                return absl::OkStatus();
+              });
+        },
+        [&](void* p, int64_t count) { Scale(p, count, dtype, c.prescale, 1); },
+        [&](void* p, int64_t count) {
+          if (cross_ != nullptr && count > 0) {
+            if (absl::Status s = cross_->Allreduce(p, count, dtype, backend_op); !s.ok()) return s;
+          }
+          Scale(p, count, dtype, c.postscale, divisor);
+          return absl::OkStatus();
+        },
+        [&](int64_t first, int64_t count, const void* reduced) {
+          return pieces(
+              first, count,
+              [&](const Collective::Tensor& t, int64_t in_tensor, int64_t in_slot, size_t bytes) {
+                const uint8_t* from = static_cast<const uint8_t*>(reduced) + in_slot;
+                if (t.address != 0) {
+                  return RemoteCopy(t.pid, t.address + in_tensor, const_cast<uint8_t*>(from), bytes,
+                                    false);
+                }
+                if (t.offset >= 0) std::memcpy(options_.arena + t.offset + in_tensor, from, bytes);
+                return absl::OkStatus();
+              });
+        });
+    trace.End(cross_ != nullptr ? "HIERARCHICAL_ALLREDUCE" : "SHM_ALLREDUCE");
+    return s;
+  }
   uint8_t* buffer;
   const bool packed = !(contiguous && n > 0);
   if (!packed) {
@@ -314,32 +379,11 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
     }
     trace.End("MEMCPY_IN_FUSION_BUFFER");
   }
-  const bool average = c.average();
-  const ReduceOp backend_op = average ? ReduceOp::kSum : c.op;
-  // A process set has one communicator, and averages over its members.
-  const bool global = c.process_set_ranks.empty();
-  const int divisor =
-      average ? (global ? options_.size : static_cast<int>(c.process_set_ranks.size())) : 1;
   absl::StatusOr<Backend*> set_backend = BackendFor(c);
   if (!set_backend.ok()) return set_backend.status();
-  if (global && host_group_ != nullptr) {
-    // Through shared memory: scaled in the segment, chunk by chunk, while the data is in cache;
-    // hierarchical, each reduced slice is allreduced across hosts before it is scaled.
-    absl::Status s = host_group_->Allreduce(
-        buffer, total, dtype, backend_op,
-        [&](void* p, int64_t count) { Scale(p, count, dtype, c.prescale, 1); },
-        [&](void* p, int64_t count) {
-          if (cross_ != nullptr && count > 0) {
-            if (absl::Status s = cross_->Allreduce(p, count, dtype, backend_op); !s.ok()) return s;
-          }
-          Scale(p, count, dtype, c.postscale, divisor);
-          return absl::OkStatus();
-        });
-    trace.End(cross_ != nullptr ? "HIERARCHICAL_ALLREDUCE" : "SHM_ALLREDUCE");
-    if (!s.ok()) return s;
-  } else if (absl::Status s =
-                 NetworkAllreduce(c, buffer, total, backend_op, divisor, **set_backend, trace);
-             !s.ok()) {
+  if (absl::Status s =
+          NetworkAllreduce(c, buffer, total, backend_op, divisor, **set_backend, trace);
+      !s.ok()) {
     return s;
   }
   if (packed) {

@@ -275,6 +275,23 @@ absl::Status ShmGroup::Barrier() {
 
 absl::Status ShmGroup::Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op,
                                  Finish before, Reduced after) {
+  uint8_t* bytes = static_cast<uint8_t*>(data);
+  const int64_t elem = DataTypeSize(dtype);
+  return Allreduce(
+      count, dtype, op,
+      [&](int64_t first, int64_t n, void* slot) {
+        std::memcpy(slot, bytes + first * elem, static_cast<size_t>(n * elem));
+        return absl::OkStatus();
+      },
+      before, after,
+      [&](int64_t first, int64_t n, const void* reduced) {
+        std::memcpy(bytes + first * elem, reduced, static_cast<size_t>(n * elem));
+        return absl::OkStatus();
+      });
+}
+
+absl::Status ShmGroup::Allreduce(int64_t count, DataType dtype, ReduceOp op, Load load,
+                                 Finish before, Reduced after, Store store) {
   if (!failure_.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("shared-memory allreduce refused on rank ", job_ranks_[rank_],
@@ -290,12 +307,11 @@ absl::Status ShmGroup::Allreduce(void* data, int64_t count, DataType dtype, Redu
   // Slices start on cache lines, so that no two ranks write one line of the result.
   const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(kLine) / elem);
   const int64_t chunk = slot_bytes_ / elem / align * align;
-  uint8_t* bytes = static_cast<uint8_t*>(data);
   uint8_t* const mine = Slot(rank_);
   uint8_t* const result = Result();
   for (int64_t done = 0; done < count; done += chunk) {
     const int64_t m = std::min(chunk, count - done);
-    std::memcpy(mine, bytes + done * elem, static_cast<size_t>(m * elem));
+    if (absl::Status s = load(done, m, mine); !s.ok()) return Fail(std::move(s));
     before(mine, m);
     if (absl::Status s = Barrier(); !s.ok()) return s;
     // This rank's slice of the chunk, in ranks' order, so that every run adds alike.
@@ -318,7 +334,10 @@ absl::Status ShmGroup::Allreduce(void* data, int64_t count, DataType dtype, Redu
       return Fail(std::move(s));
     }
     if (absl::Status s = Barrier(); !s.ok()) return s;
-    std::memcpy(bytes + done * elem, result, static_cast<size_t>(m * elem));
+    if (absl::Status s = store(done, m, result); !s.ok()) {
+      failure_ = s;
+      return s;
+    }
   }
   return absl::OkStatus();
 }
@@ -379,8 +398,8 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions option
   // Larger chunks across hosts: each carries one allreduce per local rank over the network.
   int64_t slot_bytes = options.slot_bytes;
   if (slot_bytes <= 0) {
-    slot_bytes = hosts > 1 ? std::clamp<int64_t>((int64_t{16} << 20) / local_size,
-                                                 int64_t{256} << 10, int64_t{4} << 20)
+    slot_bytes = hosts > 1 ? std::clamp<int64_t>((int64_t{64} << 20) / local_size,
+                                                 int64_t{256} << 10, int64_t{32} << 20)
                            : std::clamp<int64_t>((int64_t{8} << 20) / local_size, int64_t{64} << 10,
                                                  int64_t{1} << 20);
   }

@@ -49,8 +49,8 @@ struct ShmGroupOptions {
   // number of ranks, two or more (hierarchical allreduce). Otherwise only when all ranks share it.
   bool across_hosts = false;
   // Bytes each rank moves through its slot per chunk. 0: chosen from the host's ranks (1 MiB up to
-  // 8 ranks, less above, so the segment stays in the last-level cache; 4 MiB across hosts, down to
-  // 256 KiB, as each chunk costs network round trips).
+  // 8 ranks, less above, so the segment stays in the last-level cache; across hosts 64 MiB over
+  // the host's ranks, at most 32 MiB, since each chunk costs an allreduce over the network).
   int64_t slot_bytes = 0;
   // Bounds the rendezvous and every wait of a collective.
   absl::Duration timeout = absl::Seconds(30);
@@ -81,6 +81,16 @@ class ShmGroup {
   // failing `after` fails the group on every rank with its status.
   absl::Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op, Finish before,
                          Reduced after);
+
+  // Fills `slot` with elements [first, first + count) of this rank's input.
+  using Load = absl::FunctionRef<absl::Status(int64_t first, int64_t count, void* slot)>;
+  // Writes the reduced elements [first, first + count), at `reduced`, to this rank's output.
+  using Store = absl::FunctionRef<absl::Status(int64_t first, int64_t count, const void* reduced)>;
+  // The same over `count` elements that need not lie in one buffer here (fused tensors where they
+  // are: no fusion buffer). A failing `load` fails the group on every rank; a failing `store`
+  // fails this rank.
+  absl::Status Allreduce(int64_t count, DataType dtype, ReduceOp op, Load load, Finish before,
+                         Reduced after, Store store);
 
   // Any thread: a collective in progress here and on every other rank returns, and every later one
   // fails, with `why`.

@@ -111,8 +111,8 @@ def test_timeline_parses_while_the_job_runs_and_nests_properly(tmp_path):
         assert not stack, (rows.get(key[0]), "left open", [out[i] for i in stack])
         spans[key] = out
 
-    for tensor, op, collective, packed in [("grad.a", "ALLREDUCE", "SHM_ALLREDUCE", True),
-                                           ("grad.b", "ALLREDUCE", "SHM_ALLREDUCE", True),
+    for tensor, op, collective, packed in [("grad.a", "ALLREDUCE", "SHM_ALLREDUCE", False),
+                                           ("grad.b", "ALLREDUCE", "SHM_ALLREDUCE", False),
                                            ("weights", "BROADCAST", "GLOO_BCAST", False)]:
         p = pid[tensor]
         negotiations = [s for s in spans[(p, 0)] if s[3] == 0]

@@ -1,0 +1,97 @@
+#!/usr/bin/python3
+"""Hierarchical allreduce across hosts, as recorded in docs/benchmarks.md: 2 hosts x 2 ranks on the
+multi-host namespace harness (tests/multihost/netns.py: each host a network namespace on one bridge),
+ResNet-50's gradient step in one run, each system --repeats times, interleaved:
+
+  ringmaster hierarchical   within each host through shared memory, across hosts per slice (default)
+  ringmaster flat           --no-hierarchical-allreduce: fused Gloo allreduce among all 4 ranks
+  raw gloo, one buffer      timed inside the hierarchical job (ringmaster-bench's baseline)
+  torch bucketed            PyTorch DDP-style 25 MB buckets (bench/torch_anchor.py) on the same hosts
+
+Prints the medians and the ratios. Needs root (network namespaces) and a build (scripts/build.sh).
+
+    sudo /usr/bin/python3 bench/hierarchical.py [--repeats 3] [--steps 10]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "multihost"))
+
+from netns import Hosts, unavailable_reason  # noqa: E402
+from test_multihost import BIN, TERMINAL, Cluster  # noqa: E402
+
+
+def bench_job(cluster, profile, steps, *flags):
+    job = cluster.submit("--np", "4", "--processes-per-host", "2", *flags, "--",
+                         str(BIN / "ringmaster-bench"), "--profile", str(profile), "--steps",
+                         str(steps), "--warmup", "2", "--json")
+    done = cluster.wait_state(job, TERMINAL, 600)
+    logs = cluster.cli("logs", job)
+    if done["state"] != "JOB_STATE_SUCCEEDED":
+        sys.exit(f"{' '.join(flags) or 'hierarchical'} job failed: {done.get('reason')}\n{logs}")
+    return {r["system"]: r["step_time_s_median"]
+            for r in (json.loads(line.split("] ", 1)[1]) for line in logs.splitlines()
+                      if line.startswith("[0] {"))
+            if "system" in r}
+
+
+def torch_ddp(hosts, tmp, profile, steps, port):
+    """torch_anchor.py on both worker hosts at once: 2 ranks each, world of 4."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["GLOO_SOCKET_IFNAME"] = "eth0"
+    procs = []
+    for node in (0, 1):
+        h = hosts[1 + node]
+        procs.append((h.popen(["/usr/bin/python3", str(REPO / "bench" / "torch_anchor.py"),
+                               "--profile", str(profile), "--np", "2", "--nnodes", "2",
+                               "--node-rank", str(node), "--master-addr", hosts[1].address,
+                               "--port", str(port), "--steps", str(steps), "--modes", "bucketed"],
+                              tmp / f"torch{node}.log", env=env), tmp / f"torch{node}.log"))
+    for p, _ in procs:
+        p.wait(600)
+    out = procs[0][1].read_text()
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if not rows:
+        sys.exit(f"torch on the hosts failed:\n{out}\n{procs[1][1].read_text()}")
+    return rows[0]["step_time_s_median"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    if reason := unavailable_reason():
+        sys.exit(f"hierarchical.py: {reason}")
+    profile = REPO / "bench" / "profiles" / "resnet50.json"
+    samples = {"hierarchical": [], "flat": [], "raw gloo": [], "memcpy": [], "torch": []}
+    with tempfile.TemporaryDirectory() as tmp, Hosts(3) as hosts:
+        cluster = Cluster(hosts, Path(tmp))
+        for i in range(args.repeats):
+            ours = bench_job(cluster, profile, args.steps)
+            samples["hierarchical"].append(ours["ringmaster"])
+            samples["raw gloo"].append(ours["raw-gloo-one-buffer"])
+            samples["memcpy"].append(ours["memcpy-floor"])
+            samples["flat"].append(bench_job(cluster, profile, args.steps,
+                                             "--no-hierarchical-allreduce")["ringmaster"])
+            samples["torch"].append(torch_ddp(hosts, Path(tmp), profile, args.steps, 29600 + i))
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    print(f"ResNet-50, 2 hosts x 2 ranks, medians of {args.repeats} runs of {args.steps} steps:")
+    for k in ("hierarchical", "flat", "raw gloo", "torch", "memcpy"):
+        print(f"  {k:14} {med[k] * 1e3:8.1f} ms   runs: "
+              + " ".join(f"{v * 1e3:.1f}" for v in samples[k]))
+    print(f"  hierarchical / flat  {med['hierarchical'] / med['flat']:.3f}")
+    print(f"  hierarchical / raw gloo  {med['hierarchical'] / med['raw gloo']:.3f}")
+    print(f"  hierarchical / torch bucketed  {med['hierarchical'] / med['torch']:.3f}")
+    print(f"  flat / torch bucketed  {med['flat'] / med['torch']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
