@@ -3,8 +3,9 @@
 multi-host namespace harness (tests/multihost/netns.py: each host a network namespace on one bridge),
 ResNet-50's gradient step in one run, each system --repeats times, interleaved:
 
-  ringmaster hierarchical   within each host through shared memory, across hosts per slice (default)
-  ringmaster flat           --no-hierarchical-allreduce: fused Gloo allreduce among all 4 ranks
+  ringmaster hierarchical   --hierarchical-allreduce: within each host through shared memory, then
+                            across hosts per slice
+  ringmaster flat           fused Gloo allreduce among all 4 ranks (the default)
   raw gloo, one buffer      timed inside the hierarchical job (ringmaster-bench's baseline)
   torch bucketed            PyTorch DDP-style 25 MB buckets (bench/torch_anchor.py) on the same hosts
 
@@ -34,7 +35,7 @@ def bench_job(cluster, profile, steps, *flags):
     done = cluster.wait_state(job, TERMINAL, 600)
     logs = cluster.cli("logs", job)
     if done["state"] != "JOB_STATE_SUCCEEDED":
-        sys.exit(f"{' '.join(flags) or 'hierarchical'} job failed: {done.get('reason')}\n{logs}")
+        sys.exit(f"{' '.join(flags) or 'flat'} job failed: {done.get('reason')}\n{logs}")
     return {r["system"]: r["step_time_s_median"]
             for r in (json.loads(line.split("] ", 1)[1]) for line in logs.splitlines()
                       if line.startswith("[0] {"))
@@ -75,12 +76,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp, Hosts(3) as hosts:
         cluster = Cluster(hosts, Path(tmp))
         for i in range(args.repeats):
-            ours = bench_job(cluster, profile, args.steps)
+            ours = bench_job(cluster, profile, args.steps, "--hierarchical-allreduce")
             samples["hierarchical"].append(ours["ringmaster"])
             samples["raw gloo"].append(ours["raw-gloo-one-buffer"])
             samples["memcpy"].append(ours["memcpy-floor"])
-            samples["flat"].append(bench_job(cluster, profile, args.steps,
-                                             "--no-hierarchical-allreduce")["ringmaster"])
+            samples["flat"].append(bench_job(cluster, profile, args.steps)["ringmaster"])
             samples["torch"].append(torch_ddp(hosts, Path(tmp), profile, args.steps, 29600 + i))
     med = {k: statistics.median(v) for k, v in samples.items()}
     print(f"ResNet-50, 2 hosts x 2 ranks, medians of {args.repeats} runs of {args.steps} steps:")

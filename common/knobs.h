@@ -35,7 +35,7 @@ struct Knobs {
   // CPU allreduce among a host's ranks through shared memory (worker/shm_group.h).
   bool shm_allreduce = true;
   // ... and across hosts among the ranks of one local index (hierarchical allreduce).
-  bool hierarchical_allreduce = true;
+  bool hierarchical_allreduce = false;
   // Knobs autotune leaves alone (kTunableKnobs names).
   std::vector<std::string> autotune_fixed;
 };

@@ -273,6 +273,31 @@ absl::Status RemoteCopy(int pid, uint64_t address, uint8_t* local, size_t bytes,
   return absl::OkStatus();
 }
 
+// Copies `bytes` of tensor `t`, from byte `in_tensor` on, to `to`: from the arena, from the
+// training process's memory (direct access), or zeros for a joined rank's missing tensor.
+absl::Status ReadTensor(const Collective::Tensor& t, const uint8_t* arena, int64_t in_tensor,
+                        uint8_t* to, size_t bytes) {
+  if (t.address != 0) return RemoteCopy(t.pid, t.address + in_tensor, to, bytes, /*read=*/true);
+  if (t.offset >= 0) {
+    std::memcpy(to, arena + t.offset + in_tensor, bytes);
+  } else {
+    std::memset(to, 0, bytes);  // a joined rank contributes zeros
+  }
+  return absl::OkStatus();
+}
+
+// The reverse: `bytes` at `from` into tensor `t` from byte `in_tensor` on (nowhere for a joined
+// rank).
+absl::Status WriteTensor(const Collective::Tensor& t, uint8_t* arena, int64_t in_tensor,
+                         const uint8_t* from, size_t bytes) {
+  if (t.address != 0) {
+    return RemoteCopy(t.pid, t.address + in_tensor, const_cast<uint8_t*>(from), bytes,
+                      /*read=*/false);
+  }
+  if (t.offset >= 0) std::memcpy(arena + t.offset + in_tensor, from, bytes);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) {
@@ -322,15 +347,8 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
           return pieces(
               first, count,
               [&](const Collective::Tensor& t, int64_t in_tensor, int64_t in_slot, size_t bytes) {
-                uint8_t* to = static_cast<uint8_t*>(slot) + in_slot;
-                if (t.address != 0)
-                  return RemoteCopy(t.pid, t.address + in_tensor, to, bytes, true);
-                if (t.offset >= 0) {
-                  std::memcpy(to, options_.arena + t.offset + in_tensor, bytes);
-                } else {
-                  std::memset(to, 0, bytes);  // a joined rank contributes zeros
-                }
-                return absl::OkStatus();
+                return ReadTensor(t, options_.arena, in_tensor,
+                                  static_cast<uint8_t*>(slot) + in_slot, bytes);
               });
         },
         [&](void* p, int64_t count) { Scale(p, count, dtype, c.prescale, 1); },
@@ -345,13 +363,8 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
           return pieces(
               first, count,
               [&](const Collective::Tensor& t, int64_t in_tensor, int64_t in_slot, size_t bytes) {
-                const uint8_t* from = static_cast<const uint8_t*>(reduced) + in_slot;
-                if (t.address != 0) {
-                  return RemoteCopy(t.pid, t.address + in_tensor, const_cast<uint8_t*>(from), bytes,
-                                    false);
-                }
-                if (t.offset >= 0) std::memcpy(options_.arena + t.offset + in_tensor, from, bytes);
-                return absl::OkStatus();
+                return WriteTensor(t, options_.arena, in_tensor,
+                                   static_cast<const uint8_t*>(reduced) + in_slot, bytes);
               });
         });
     trace.End(cross_ != nullptr ? "HIERARCHICAL_ALLREDUCE" : "SHM_ALLREDUCE");
@@ -366,14 +379,9 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
     int64_t at = 0;
     for (size_t i = 0; i < n; ++i) {
       const size_t bytes = counts[i] * elem;
-      if (c.tensors[i].address != 0) {
-        absl::Status s = RemoteCopy(c.tensors[i].pid, c.tensors[i].address, buffer + at, bytes,
-                                    /*read=*/true);
-        if (!s.ok()) return s;
-      } else if (c.tensors[i].offset >= 0) {
-        std::memcpy(buffer + at, options_.arena + c.tensors[i].offset, bytes);
-      } else {
-        std::memset(buffer + at, 0, bytes);  // a joined rank contributes zeros
+      if (absl::Status s = ReadTensor(c.tensors[i], options_.arena, 0, buffer + at, bytes);
+          !s.ok()) {
+        return s;
       }
       at += bytes;
     }
@@ -390,12 +398,9 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
     int64_t at = 0;
     for (size_t i = 0; i < n; ++i) {
       const size_t bytes = counts[i] * elem;
-      if (c.tensors[i].address != 0) {
-        absl::Status s = RemoteCopy(c.tensors[i].pid, c.tensors[i].address, buffer + at, bytes,
-                                    /*read=*/false);
-        if (!s.ok()) return s;
-      } else if (c.tensors[i].offset >= 0) {
-        std::memcpy(options_.arena + c.tensors[i].offset, buffer + at, bytes);
+      if (absl::Status s = WriteTensor(c.tensors[i], options_.arena, 0, buffer + at, bytes);
+          !s.ok()) {
+        return s;
       }
       at += bytes;
     }

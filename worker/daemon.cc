@@ -487,8 +487,7 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
       o.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch(), journal,
                                                    assignment.rendezvous_token());
       o.host = host;
-      o.across_hosts = !spec.spec().knobs().has_hierarchical_allreduce() ||
-                       spec.spec().knobs().hierarchical_allreduce();
+      o.across_hosts = spec.spec().knobs().hierarchical_allreduce();
       o.timeout = timeout;
       return ConnectShmGroup(std::move(o));
     };
