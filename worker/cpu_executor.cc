@@ -138,19 +138,26 @@ absl::Status CpuExecutor::Setup() {
       return group.status();
     }
     host_group_ = *std::move(group);
+    if (host_group_ != nullptr) {
+      // From now on Abort reaches the group; an Abort that came during the connection applies.
+      absl::MutexLock lock(&abort_mu_);
+      abortable_ = host_group_.get();
+      if (aborted_.has_value()) host_group_->Abort(*aborted_);
+    }
     if (host_group_ != nullptr && host_group_->hosts() > 1) {
       // Hierarchical: local rank i of every host reduces the same slices; they allreduce them
       // among themselves.
-      if (!options_.make_set_backend) {
-        return absl::FailedPreconditionError(
-            "hierarchical allreduce needs process-set communicators");
-      }
       absl::StatusOr<std::unique_ptr<Backend>> cross =
-          options_.make_set_backend(absl::StrCat("cross", host_group_->rank()),
-                                    host_group_->host_index(), host_group_->hosts());
+          options_.make_set_backend
+              ? options_.make_set_backend(absl::StrCat("cross", host_group_->rank()),
+                                          host_group_->host_index(), host_group_->hosts())
+              : absl::FailedPreconditionError(
+                    "hierarchical allreduce needs process-set communicators");
       if (!cross.ok()) {
+        // The host's other ranks may have theirs: fail the group they share, so that none of them
+        // waits for this rank. The group lives on until the executor goes (Abort may hold it).
+        host_group_->Abort(std::string(cross.status().message()));
         backends_.clear();
-        host_group_.reset();
         return cross.status();
       }
       cross_ = *std::move(cross);
@@ -170,8 +177,15 @@ absl::Status CpuExecutor::Setup() {
   return absl::OkStatus();
 }
 
+CpuExecutor::~CpuExecutor() {
+  absl::MutexLock lock(&abort_mu_);
+  abortable_ = nullptr;
+}
+
 void CpuExecutor::Abort(const std::string& why) {
-  if (host_group_ != nullptr) host_group_->Abort(why);
+  absl::MutexLock lock(&abort_mu_);
+  if (!aborted_.has_value()) aborted_ = why;
+  if (abortable_ != nullptr) abortable_->Abort(why);
 }
 
 uint8_t* CpuExecutor::Scratch(size_t bytes) {

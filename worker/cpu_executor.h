@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,13 +74,15 @@ struct CpuExecutorOptions {
 class CpuExecutor final : public Executor {
  public:
   explicit CpuExecutor(CpuExecutorOptions options);
+  ~CpuExecutor() override;
 
   absl::Status Setup() override;
   absl::StatusOr<Executed> Execute(const Collective& c, ExecutionTrace& trace) override;
   bool Fatal(const absl::Status& status) const override {
     return status.code() != absl::StatusCode::kInvalidArgument;  // a malformed response is not
   }
-  // Every Gloo operation has its timeout; the host group is woken at once.
+  // Every Gloo operation has its timeout; the host group is woken at once (a rank in its cross-host
+  // step of a hierarchical allreduce returns at that step's timeout).
   void Abort(const std::string& why) override;
   // Whether allreduce goes through shared memory (known after Setup).
   bool shares_memory() const { return host_group_ != nullptr; }
@@ -104,7 +107,12 @@ class CpuExecutor final : public Executor {
   std::vector<std::unique_ptr<Backend>> backends_;
   std::map<std::string, std::unique_ptr<Backend>> set_backends_;  // by set key
   std::unique_ptr<PartPool> pool_;
-  std::unique_ptr<ShmGroup> host_group_;
+  std::unique_ptr<ShmGroup> host_group_;  // the engine thread's
+  // What Abort (any thread) reaches: the group once connected, and the first reason, applied to a
+  // group connected after it.
+  absl::Mutex abort_mu_;
+  ShmGroup* abortable_ ABSL_GUARDED_BY(abort_mu_) = nullptr;
+  std::optional<std::string> aborted_ ABSL_GUARDED_BY(abort_mu_);
   // Hierarchical: the communicator among the ranks of this local rank on every host.
   std::unique_ptr<Backend> cross_;
   std::vector<uint8_t> fusion_buffer_;

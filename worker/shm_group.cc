@@ -111,22 +111,24 @@ std::string HostIdentity(const std::string& host) {
 
 int PidfdOpen(int pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
 
-// Opens rank 0's segment, announced as "<pid> <fd> <nonce> <bytes>", and checks it is the one
+// Opens the segment of rank `leader` (the host's first), announced as "<pid> <fd> <nonce> <bytes>",
+// and checks it is the one
 // announced.
-absl::StatusOr<std::unique_ptr<SharedMemory>> OpenSegment(const std::string& announced, int size,
-                                                          int64_t slot_bytes) {
+absl::StatusOr<std::unique_ptr<SharedMemory>> OpenSegment(const std::string& announced, int leader,
+                                                          int size, int64_t slot_bytes) {
   std::vector<std::string> parts = absl::StrSplit(announced, ' ');
   int pid = 0, fd = 0;
   uint64_t nonce = 0, bytes = 0;
   if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &pid) || !absl::SimpleAtoi(parts[1], &fd) ||
       !absl::SimpleAtoi(parts[2], &nonce) || !absl::SimpleAtoi(parts[3], &bytes)) {
-    return absl::FailedPreconditionError(absl::StrCat("rank 0 has no segment: ", announced));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", leader, " has no segment: ", announced));
   }
   const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
   const int mine = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (mine < 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot open rank 0's segment ", path, ": ", std::strerror(errno)));
+        absl::StrCat("cannot open rank ", leader, "'s segment ", path, ": ", std::strerror(errno)));
   }
   absl::StatusOr<std::unique_ptr<SharedMemory>> segment =
       SharedMemory::Map(mine, "ringmaster-shm-group");
@@ -135,7 +137,7 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> OpenSegment(const std::string& ann
   if ((*segment)->size() != bytes || bytes != SegmentBytes(size, slot_bytes) ||
       header->magic != kMagic || header->nonce != nonce || header->size != size) {
     return absl::FailedPreconditionError(
-        absl::StrCat(path, " is not the segment rank 0 announced"));
+        absl::StrCat(path, " is not the segment rank ", leader, " announced"));
   }
   return segment;
 }
@@ -263,6 +265,8 @@ absl::Status ShmGroup::Barrier() {
           const uint32_t seen = Arrived(segment_->data(), r)->load(std::memory_order_relaxed);
           if (static_cast<int32_t>(seen - barriers_) < 0) missing.push_back(job_ranks_[r]);
         }
+        // The last rank came in just now: the barrier is complete, not late.
+        if (missing.empty() || reached(arrivals.load(std::memory_order_acquire))) continue;
         return Fail(absl::DeadlineExceededError(
             absl::StrCat("shared-memory allreduce on rank ", job_ranks_[rank_], " timed out after ",
                          absl::FormatDuration(timeout_), " waiting for rank(s) ",
@@ -431,7 +435,7 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions option
     absl::StatusOr<std::vector<std::string>> announced = store.Wait({segment_key}, options.timeout);
     if (!announced.ok()) return announced.status();
     absl::StatusOr<std::unique_ptr<SharedMemory>> opened =
-        OpenSegment(announced->front(), local_size, slot_bytes);
+        OpenSegment(announced->front(), members[0], local_size, slot_bytes);
     if (opened.ok()) {
       segment = *std::move(opened);
     } else {
