@@ -935,20 +935,29 @@ absl::Status Daemon::StartDevice(Job& job, EngineOptions& e) {
   };
   std::shared_ptr<RendezvousJournal> journal = job.rendezvous;
   const GpuPlugin* plugin = gpu_plugin_;
-  g.make_backend = [plugin, channel, assignment, where, timeout, device, on_fail,
-                    journal](std::shared_ptr<std::atomic<bool>> cancelled) {
+  auto nccl = [plugin, channel, assignment, where, timeout, device, on_fail, journal](
+                  std::shared_ptr<std::atomic<bool>> cancelled, const std::string& prefix, int rank,
+                  int size, void* stream, const std::string& set) {
     NcclBackendOptions n;
-    n.rank = assignment.rank();
-    n.size = assignment.job().spec().np();
+    n.rank = rank;
+    n.size = size;
     n.device = device;
     n.store = std::make_shared<RendezvousClient>(channel, assignment.job().id(), assignment.epoch(),
                                                  journal, assignment.rendezvous_token());
-    n.prefix = "nccl/0/";
-    n.where = where;
+    n.prefix = prefix;
+    n.where = set.empty() ? where : absl::StrCat(where, " in process set ", set);
     n.timeout = timeout;
     n.cancelled = std::move(cancelled);
     n.on_fail = on_fail;
+    n.stream = stream;
     return plugin->create_backend(std::move(n));
+  };
+  g.make_backend = [nccl, rank = g.rank, size = g.size](std::shared_ptr<std::atomic<bool>> c) {
+    return nccl(std::move(c), "nccl/0/", rank, size, nullptr, "");
+  };
+  g.make_set_backend = [nccl](std::shared_ptr<std::atomic<bool>> c, const std::string& key,
+                              int set_rank, int set_size, void* stream) {
+    return nccl(std::move(c), absl::StrCat("nccl/", key, "/"), set_rank, set_size, stream, key);
   };
   absl::StatusOr<GpuJobParts> gpu = plugin->create_job(std::move(g));
   if (!gpu.ok()) return gpu.status();

@@ -34,6 +34,13 @@ class DeviceExecutor {
   // Opens the training process's ready events (LocalReadyEvents), once per connection.
   virtual absl::Status OpenReadyEvents(const std::vector<std::string>& handles) = 0;
 
+  // Selects the communicator the calls after it run on: the job's (`ranks` empty), or process set
+  // `id`'s (`ranks`: its job ranks in increasing order, this rank among them), created on first use
+  // with the set's members (who execute the same responses in the same order, so they create it
+  // together). INVALID_ARGUMENT when this rank is not a member; RESOURCE_EXHAUSTED past a bound on
+  // the sets kept.
+  virtual absl::Status UseProcessSet(int32_t id, const std::vector<int32_t>& ranks) = 0;
+
   // Each returns the done event (1-based) once the collective has completed on the device.
   virtual absl::StatusOr<int32_t> Allreduce(const std::vector<Tensor>& tensors, DataType dtype,
                                             ReduceOp op, double prescale, double postscale) = 0;

@@ -1,16 +1,25 @@
 #include "worker/gpu_executor.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace ringmaster {
 
 absl::StatusOr<Executed> GpuExecutor::Execute(const Collective& c, ExecutionTrace& trace) {
-  if (!c.process_set_ranks.empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "process set ", c.process_set_id,
-        ": process sets run on CPU workers (Gloo) so far; this rank's worker serves a GPU, whose "
-        "NCCL communicators are the job's global set"));
+  // A process set runs on its own communicator, among its members: a broadcast's root and an
+  // allgather's parts are by place in the set.
+  if (absl::Status s = device_.UseProcessSet(c.process_set_id, c.process_set_ranks); !s.ok()) {
+    return s;
   }
+  const bool in_set = !c.process_set_ranks.empty();
+  auto place = [&](int job_rank) {
+    return in_set ? static_cast<int>(std::lower_bound(c.process_set_ranks.begin(),
+                                                      c.process_set_ranks.end(), job_rank) -
+                                     c.process_set_ranks.begin())
+                  : job_rank;
+  };
+  const int size = in_set ? static_cast<int>(c.process_set_ranks.size()) : size_;
   const int64_t elem = DataTypeSize(c.dtype);
   auto tensor = [&](size_t i, int64_t count) {
     DeviceExecutor::Tensor t;
@@ -35,12 +44,12 @@ absl::StatusOr<Executed> GpuExecutor::Execute(const Collective& c, ExecutionTrac
     }
     case Collective::Type::kBroadcast: {
       const int64_t count = c.sizes.empty() ? 0 : c.sizes[0];
-      done = device_.Broadcast(tensor(0, count), count * elem, c.root);
+      done = device_.Broadcast(tensor(0, count), count * elem, place(c.root));
       trace.End("NCCL_BCAST");
       break;
     }
     case Collective::Type::kAllgather: {
-      absl::StatusOr<std::vector<AllgatherPart>> parts = PlanAllgather(c, size_);
+      absl::StatusOr<std::vector<AllgatherPart>> parts = PlanAllgather(c, size);
       if (!parts.ok()) return parts.status();
       executed.outputs.resize(c.tensors.size());
       for (size_t t = 0; t < c.tensors.size() && done.ok(); ++t) {
@@ -50,8 +59,8 @@ absl::StatusOr<Executed> GpuExecutor::Execute(const Collective& c, ExecutionTrac
           done = out.status();
           break;
         }
-        done = device_.Allgather(tensor(t, part.bytes[rank_] / elem), static_cast<int64_t>(*out),
-                                 part.bytes);
+        done = device_.Allgather(tensor(t, part.bytes[place(rank_)] / elem),
+                                 static_cast<int64_t>(*out), part.bytes);
         if (!done.ok() || c.tensors[t].offset < 0) {
           outputs_.Free(*out).IgnoreError();
           continue;

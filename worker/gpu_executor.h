@@ -21,9 +21,11 @@ class GpuExecutor final : public Executor {
 
   absl::Status Setup() override { return device_.Setup(); }
   absl::StatusOr<Executed> Execute(const Collective& c, ExecutionTrace& trace) override;
-  // Any failure but a refused process set (no NCCL call was made: every member refuses it alike).
+  // Any failure but a refused process set (no NCCL call was made: a set past the bound on those
+  // kept, a worker that cannot make them). NCCL's own errors are never RESOURCE_EXHAUSTED.
   bool Fatal(const absl::Status& status) const override {
-    return status.code() != absl::StatusCode::kUnimplemented;
+    return status.code() != absl::StatusCode::kUnimplemented &&
+           status.code() != absl::StatusCode::kResourceExhausted;
   }
   void Abort(const std::string& why) override { device_.Abort(why); }
 

@@ -111,6 +111,23 @@ def test_torch_device_checks_on_fake_gpu_slots():
                          r.stdout, re.M), describe(r)
 
 
+@pytest.mark.skipif(not os.path.exists(os.path.join(FAKE_CUDA, "libcudart.so.13")),
+                    reason="no fake CUDA runtime (built with CUDA only)")
+def test_torch_collectives_checks_on_fake_gpu_slots():
+    """Process sets (each on an NCCL communicator of its members, sharing the job's stream),
+    reducescatter, alltoall, sparse allreduce, Adasum and the 300 ops with deliberate errors, on
+    three GPU slots over the fake CUDA runtime and NCCL."""
+    env = {**os.environ, "LD_LIBRARY_PATH": FAKE_CUDA, "FAKE_CUDA_DEVICES": "3"}
+    r = subprocess.run(
+        [os.path.join(BIN, "ringmaster"), "local", "--np", "3", "--gpus", "--", PYTHON,
+         COLLECTIVES_CHECKS], capture_output=True, text=True, timeout=400, cwd=HERE, env=env)
+    assert r.returncode == 0, describe(r)
+    assert "FAIL" not in r.stdout, describe(r)
+    for rank in range(3):
+        assert re.search(rf"^\[{rank}\] torch_collectives_checks: rank {rank}: \d+ checks passed$",
+                         r.stdout, re.M), describe(r)
+
+
 def _visible_gpus():
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)

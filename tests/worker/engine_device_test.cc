@@ -31,6 +31,12 @@ class FakeDevice : public DeviceExecutor {
   absl::Status OpenReadyEvents(const std::vector<std::string>&) override {
     return absl::OkStatus();
   }
+  absl::Status UseProcessSet(int32_t id, const std::vector<int32_t>& ranks) override {
+    absl::MutexLock lock(&mu);
+    if (!ranks.empty())
+      calls.push_back(absl::StrCat("set ", id, " [", absl::StrJoin(ranks, ","), "]"));
+    return absl::OkStatus();
+  }
   absl::StatusOr<int32_t> Allreduce(const std::vector<Tensor>& tensors, DataType dtype, ReduceOp op,
                                     double prescale, double postscale) override {
     absl::MutexLock lock(&mu);
@@ -211,6 +217,43 @@ TEST_F(EngineDeviceTest, BroadcastAndAllgatherGoToTheDeviceWithTheirOutputs) {
   EXPECT_THAT(device_.calls,
               ElementsAre("broadcast [256,e1] bytes=64 root=0",
                           absl::StrCat("allgather [512] out=", g.output_offset(), " bytes=32/48")));
+}
+
+TEST_F(EngineDeviceTest, AProcessSetsCollectivesRunOnItsCommunicatorWithRootsAndPartsByPlace) {
+  Start(/*rank=*/2, /*size=*/4);
+  Enqueue(1, "w", v1::REQUEST_TYPE_BROADCAST, {16}, 256, 1);
+  Enqueue(2, "g", v1::REQUEST_TYPE_ALLGATHER, {3, 4}, 512, 2);
+  Enqueue(3, "a", v1::REQUEST_TYPE_ALLREDUCE, {10}, 1024, 3);
+  v1::ResponseList list;
+  v1::Response* bc = list.add_responses();
+  bc->set_type(v1::Response::TYPE_BROADCAST);
+  bc->set_dtype(v1::DATA_TYPE_FLOAT32);
+  bc->add_names("w");
+  bc->add_tensor_sizes(16);
+  bc->set_root_rank(3);  // job rank 3: the set's third member
+  bc->set_process_set_id(5);
+  for (int r : {0, 2, 3}) bc->add_process_set_ranks(r);
+  v1::Response* ag = list.add_responses();
+  ag->set_type(v1::Response::TYPE_ALLGATHER);
+  ag->set_dtype(v1::DATA_TYPE_FLOAT32);
+  ag->add_names("g");
+  for (int rows : {1, 3, 2}) ag->add_tensor_sizes(rows);  // per member: ranks 0, 2 (this), 3
+  ag->add_row_elements(4);
+  ag->set_process_set_id(5);
+  for (int r : {0, 2, 3}) ag->add_process_set_ranks(r);
+  *list.add_responses() = Allreduce({"a"}, {10});  // the job's set again
+  Deliver(list);
+  EXPECT_EQ(WaitFor(1).code(), 0);
+  const v1::LocalCompletion g = WaitFor(2);
+  EXPECT_EQ(g.code(), 0) << g.message();
+  EXPECT_THAT(g.output_shape(), ElementsAre(6, 4));
+  EXPECT_EQ(WaitFor(3).code(), 0);
+  absl::MutexLock lock(&device_.mu);
+  EXPECT_THAT(
+      device_.calls,
+      ElementsAre("set 5 [0,2,3]", "broadcast [256,e1] bytes=64 root=2", "set 5 [0,2,3]",
+                  absl::StrCat("allgather [512] out=", g.output_offset(), " bytes=16/48/32"),
+                  "allreduce op=2 pre=2 post=0.5 [1024,10,e3]"));
 }
 
 TEST_F(EngineDeviceTest, ADeviceFailureFailsTheOpsAndAbortsTheRank) {

@@ -3,9 +3,11 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 #include "worker/gpu/fusion_kernels.h"
@@ -85,16 +87,27 @@ GpuJob::~GpuJob() {
   };
   if (stream_ != nullptr && !drained(absl::Seconds(10))) {
     if (backend_ != nullptr) backend_->Abort("the job ended with work stuck on the device");
+    for (auto& [key, set] : sets_) set->Abort("the job ended with work stuck on the device");
     if (!drained(absl::Seconds(5))) {
       spdlog::error(
           "cuda:{}: work is still queued after the job ended; the communicator was "
           "aborted and the job's device memory stays allocated until the worker exits",
           options_.device);
       live_backend_.store(nullptr);
+      {
+        absl::MutexLock lock(&mu_);
+        live_sets_.clear();
+      }
+      for (auto& [key, set] : sets_) set.release();  // NOLINT: leaked as backend_ is
       backend_.release();  // NOLINT: deliberately leaked (its release would block)
       return;
     }
   }
+  {
+    absl::MutexLock lock(&mu_);
+    live_sets_.clear();
+  }
+  sets_.clear();  // before backend_: they enqueue on its stream
   if (backend_ != nullptr) {
     live_backend_.store(nullptr);
     backend_.reset();  // finalizes its communicator, or aborts it (never a blocking destroy)
@@ -111,12 +124,13 @@ GpuJob::~GpuJob() {
 
 absl::Status GpuJob::Setup() {
   if (absl::Status s = Cuda(cudaSetDevice(options_.device), "cudaSetDevice"); !s.ok()) return s;
-  ncclGetVersion(&nccl_version_);
   absl::StatusOr<std::unique_ptr<NcclBackend>> backend = options_.make_backend(cancelled_);
   if (!backend.ok()) return backend.status();
   backend_ = *std::move(backend);
   stream_ = backend_->stream();
   live_backend_.store(backend_.get());
+  current_ = backend_.get();
+  current_size_ = options_.size;
   std::string aborted;
   {
     absl::MutexLock lock(&mu_);
@@ -133,6 +147,52 @@ void GpuJob::Abort(const std::string& why) {
     if (aborted_.empty()) aborted_ = why;
   }
   if (NcclBackend* b = live_backend_.load()) b->Abort(why);
+  absl::MutexLock lock(&mu_);
+  for (NcclBackend* set : live_sets_) set->Abort(why);
+}
+
+absl::Status GpuJob::UseProcessSet(int32_t id, const std::vector<int32_t>& ranks) {
+  if (backend_ == nullptr) return absl::FailedPreconditionError("no communicator");
+  if (ranks.empty()) {
+    current_ = backend_.get();
+    current_size_ = options_.size;
+    return absl::OkStatus();
+  }
+  const auto me = std::lower_bound(ranks.begin(), ranks.end(), options_.rank);
+  if (me == ranks.end() || *me != options_.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options_.rank, " is not in process set ", id));
+  }
+  const std::string key = absl::StrCat("ps", id, "-", absl::StrJoin(ranks, "_"));
+  auto it = sets_.find(key);
+  if (it == sets_.end()) {
+    if (!options_.make_set_backend) {
+      return absl::UnimplementedError("process sets are not available on this worker");
+    }
+    if (sets_.size() >= kMaxProcessSets) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("a rank keeps the communicators of at most ", kMaxProcessSets,
+                       " process sets: remove the ones no longer used (hvd.remove_process_set)"));
+    }
+    absl::StatusOr<std::unique_ptr<NcclBackend>> made =
+        options_.make_set_backend(cancelled_, key, static_cast<int>(me - ranks.begin()),
+                                  static_cast<int>(ranks.size()), stream_);
+    if (!made.ok()) {
+      return absl::Status(made.status().code(),
+                          absl::StrCat("process set ", id, ": ", made.status().message()));
+    }
+    std::string aborted;
+    {
+      absl::MutexLock lock(&mu_);
+      live_sets_.push_back(made->get());
+      aborted = aborted_;
+    }
+    if (!aborted.empty()) (*made)->Abort(aborted);
+    it = sets_.emplace(key, *std::move(made)).first;
+  }
+  current_ = it->second.get();
+  current_size_ = static_cast<int>(ranks.size());
+  return absl::OkStatus();
 }
 
 absl::Status GpuJob::OpenReadyEvents(const std::vector<std::string>& handles) {
@@ -224,8 +284,7 @@ absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, Da
                                           ReduceOp op, double prescale, double postscale) {
   // The stream waits for the tensors' ready events only once the fusion buffer is there: growing
   // it synchronizes the stream, which must not wait for the training process then.
-  absl::StatusOr<NcclReduction> reduction =
-      ToNcclReduction(op, dtype, options_.size, nccl_version_);
+  absl::StatusOr<NcclReduction> reduction = ToNcclReduction(op, current_size_);
   if (!reduction.ok()) return reduction.status();
   const int64_t elem = DataTypeSize(dtype);
   auto stream = static_cast<cudaStream_t>(stream_);
@@ -255,7 +314,7 @@ absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, Da
         return s;
       }
     }
-    if (absl::Status s = backend_->Allreduce(data, total, dtype, op); !s.ok()) return s;
+    if (absl::Status s = current_->Allreduce(data, total, dtype, op); !s.ok()) return s;
     if (post) {
       if (absl::Status s =
               ScaledCopy({{data, data, total}}, dtype, postscale, reduction->divide_by, stream);
@@ -279,7 +338,7 @@ absl::StatusOr<int32_t> GpuJob::Allreduce(const std::vector<Tensor>& tensors, Da
     }
   }
   if (absl::Status s = ScaledCopy(pack, dtype, prescale, 1, stream); !s.ok()) return s;
-  if (absl::Status s = backend_->Allreduce(*fusion, layout->Elements(elem), dtype, op); !s.ok()) {
+  if (absl::Status s = current_->Allreduce(*fusion, layout->Elements(elem), dtype, op); !s.ok()) {
     return s;
   }
   if (absl::Status s = ScaledCopy(unpack, dtype, postscale, reduction->divide_by, stream);
@@ -299,7 +358,7 @@ absl::StatusOr<int32_t> GpuJob::Broadcast(const Tensor& tensor, int64_t bytes, i
     data = *scratch;
   }
   if (absl::Status s = WaitReady({tensor}); !s.ok()) return s;
-  if (absl::Status s = backend_->Broadcast(data, bytes, root); !s.ok()) return s;
+  if (absl::Status s = current_->Broadcast(data, bytes, root); !s.ok()) return s;
   return RecordDone();
 }
 
@@ -307,10 +366,10 @@ absl::StatusOr<int32_t> GpuJob::Allgather(const Tensor& in, int64_t out_offset,
                                           const std::vector<int64_t>& bytes) {
   if (absl::Status s = WaitReady({in}); !s.ok()) return s;
   const uint8_t* src = in.offset >= 0 ? arena_ + in.offset : arena_ + out_offset;
-  if (absl::Status s = backend_->Allgatherv(src, arena_ + out_offset, bytes); !s.ok()) return s;
+  if (absl::Status s = current_->Allgatherv(src, arena_ + out_offset, bytes); !s.ok()) return s;
   return RecordDone();
 }
 
-absl::Status GpuJob::Barrier() { return backend_->Barrier(); }
+absl::Status GpuJob::Barrier() { return current_->Barrier(); }
 
 }  // namespace ringmaster

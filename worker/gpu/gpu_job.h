@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,15 @@ struct GpuJobOptions {
   std::function<absl::StatusOr<std::unique_ptr<NcclBackend>>(
       std::shared_ptr<std::atomic<bool>> cancelled)>
       make_backend;
+  // Creates a process set's communicator: `key` names the set (distinct per set and membership;
+  // the rendezvous keys are under it), `set_rank` is this rank's place among `set_size` members,
+  // `stream` the job's stream, which every communicator of the job shares (so one order holds on
+  // the device: the packs, the collectives and the unpacks of consecutive responses never
+  // overlap, whichever communicator each runs on).
+  std::function<absl::StatusOr<std::unique_ptr<NcclBackend>>(
+      std::shared_ptr<std::atomic<bool>> cancelled, const std::string& key, int set_rank,
+      int set_size, void* stream)>
+      make_set_backend;
 };
 
 class GpuJob final : public DeviceExecutor {
@@ -50,6 +60,7 @@ class GpuJob final : public DeviceExecutor {
 
   absl::Status Setup() override;
   absl::Status OpenReadyEvents(const std::vector<std::string>& handles) override;
+  absl::Status UseProcessSet(int32_t id, const std::vector<int32_t>& ranks) override;
   absl::StatusOr<int32_t> Allreduce(const std::vector<Tensor>& tensors, DataType dtype, ReduceOp op,
                                     double prescale, double postscale) override;
   absl::StatusOr<int32_t> Broadcast(const Tensor& tensor, int64_t bytes, int root) override;
@@ -77,17 +88,25 @@ class GpuJob final : public DeviceExecutor {
   std::vector<std::string> done_handles_;
   int next_done_ = 0;  // engine thread only
 
+  // The most process sets whose communicators a rank keeps (as CpuExecutor::kMaxProcessSets).
+  static constexpr size_t kMaxProcessSets = 256;
+
   std::unique_ptr<NcclBackend> backend_;             // engine thread only, after Setup()
   std::atomic<NcclBackend*> live_backend_{nullptr};  // for Abort() from other threads
-  void* stream_ = nullptr;                           // cudaStream_t, the backend's
-  int nccl_version_ = 0;
+  // Process sets' communicators by key (engine thread only; destroyed before backend_, whose
+  // stream they share), and the one the next calls use (backend_'s, or a set's) with its size.
+  std::map<std::string, std::unique_ptr<NcclBackend>> sets_;
+  NcclBackend* current_ = nullptr;
+  int current_size_ = 0;
+  void* stream_ = nullptr;  // cudaStream_t, the backend's
   uint8_t* scratch_ = nullptr;
   int64_t scratch_bytes_ = 0;
 
   absl::Mutex mu_;
-  std::vector<void*> ready_events_ ABSL_GUARDED_BY(mu_);    // opened from the training process
-  std::vector<void*> retired_events_ ABSL_GUARDED_BY(mu_);  // of an earlier connection
-  std::string aborted_ ABSL_GUARDED_BY(mu_);                // why, if Abort() came before Setup()
+  std::vector<void*> ready_events_ ABSL_GUARDED_BY(mu_);      // opened from the training process
+  std::vector<void*> retired_events_ ABSL_GUARDED_BY(mu_);    // of an earlier connection
+  std::vector<NcclBackend*> live_sets_ ABSL_GUARDED_BY(mu_);  // for Abort()
+  std::string aborted_ ABSL_GUARDED_BY(mu_);                  // why, if Abort() came before Setup()
 };
 
 }  // namespace ringmaster

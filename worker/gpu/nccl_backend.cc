@@ -52,7 +52,7 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
     }
     if (event_ != nullptr) cudaEventDestroy(event_);
     if (scratch_ != nullptr) cudaFree(scratch_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (stream_ != nullptr && options_.stream == nullptr) cudaStreamDestroy(stream_);
   }
 
   absl::Status Init() {
@@ -62,9 +62,12 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                                    "stream creation", where);
-        !s.ok()) {
+    if (options_.stream != nullptr) {
+      stream_ = static_cast<cudaStream_t>(options_.stream);
+    } else if (absl::Status s =
+                   CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                              "stream creation", where);
+               !s.ok()) {
       return s;
     }
     if (absl::Status s = CudaStatus(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming),
@@ -76,7 +79,6 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
         !s.ok()) {
       return s;
     }
-    ncclGetVersion(&version_);
     // The unique id: rank 0 makes it, everyone reads it from the epoch's store.
     ncclUniqueId id;
     const std::string key = absl::StrCat(options_.prefix, "unique_id");
@@ -166,7 +168,7 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
   absl::Status Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) override {
     absl::StatusOr<ncclDataType_t> type = ToNcclDataType(dtype);
     if (!type.ok()) return type.status();
-    absl::StatusOr<NcclReduction> reduction = ToNcclReduction(op, dtype, options_.size, version_);
+    absl::StatusOr<NcclReduction> reduction = ToNcclReduction(op, options_.size);
     if (!reduction.ok()) return reduction.status();
     return Run("allreduce", [&] {
       return ncclAllReduce(data, data, static_cast<size_t>(count), *type, reduction->op, comm_,
@@ -283,7 +285,6 @@ class NcclCommunicator final : public NcclBackend, public WatchedCommunicator {
   }
 
   const NcclBackendOptions options_;
-  int version_ = 0;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t event_ = nullptr;

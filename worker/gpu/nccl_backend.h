@@ -42,6 +42,9 @@ struct NcclBackendOptions {
   // asynchronous NCCL error or a collective past its deadline (not an Abort()). The daemon reports
   // it to the coordinator, which fails the job.
   std::function<void(const absl::Status&)> on_fail;
+  // The CUDA stream (a cudaStream_t) to enqueue on, borrowed: a process set's communicator shares
+  // its job's. nullptr: the backend creates its own.
+  void* stream = nullptr;
   // What the setup's and each collective's deadline are measured on (borrowed; tests pass a
   // FakeClock and move it, instead of waiting for a timeout).
   Clock* clock = Clock::Real();

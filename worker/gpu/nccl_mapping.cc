@@ -3,17 +3,7 @@
 #include "absl/strings/str_cat.h"
 
 namespace ringmaster {
-namespace {
-
-bool IsFloating(DataType d) {
-  return d == DataType::kFloat16 || d == DataType::kBfloat16 || d == DataType::kFloat32 ||
-         d == DataType::kFloat64;
-}
-
-// ncclAvg arrived in NCCL 2.10.
-constexpr int kNcclAvgVersion = 21000;
-
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<ncclDataType_t> ToNcclDataType(DataType dtype) {
   switch (dtype) {
@@ -40,13 +30,10 @@ absl::StatusOr<ncclDataType_t> ToNcclDataType(DataType dtype) {
       absl::StrCat("data type ", static_cast<int>(dtype), " has no NCCL equivalent"));
 }
 
-absl::StatusOr<NcclReduction> ToNcclReduction(ReduceOp op, DataType dtype, int size,
-                                              int nccl_version) {
+absl::StatusOr<NcclReduction> ToNcclReduction(ReduceOp op, int size) {
   switch (op) {
     case ReduceOp::kUnspecified:
     case ReduceOp::kAverage:
-      // Integers keep Horovod's truncating division of the sum (ncclAvg would round differently).
-      if (IsFloating(dtype) && nccl_version >= kNcclAvgVersion) return NcclReduction{ncclAvg, 1};
       return NcclReduction{ncclSum, size};
     case ReduceOp::kSum:
       return NcclReduction{ncclSum, 1};

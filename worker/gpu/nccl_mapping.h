@@ -1,6 +1,6 @@
-// Ringmaster's types and results in NCCL's terms: data types, reductions (ncclAvg where NCCL has it
-// and the type is floating point), and ncclResult_t as absl::Status with NCCL's own message and the
-// rank named. Needs nccl.h only; tested on machines without a GPU.
+// Ringmaster's types and results in NCCL's terms: data types, reductions, and ncclResult_t as
+// absl::Status with NCCL's own message and the rank named. Needs nccl.h only; tested on machines
+// without a GPU.
 #pragma once
 
 #include <string>
@@ -16,16 +16,16 @@ namespace ringmaster {
 // INVALID_ARGUMENT for kUnspecified.
 absl::StatusOr<ncclDataType_t> ToNcclDataType(DataType dtype);
 
-// How an allreduce of `op` runs on NCCL: NCCL's op, and what the unpack must still divide by
-// (averaging without ncclAvg: integers, or an NCCL older than 2.10).
+// How an allreduce of `op` runs on NCCL: NCCL's op, and what the unpack must still divide by.
+// Averaging is Horovod's: a sum, then the unpack multiplies by postscale / size (computed in
+// double, applied in the tensor's type; integers divided and truncated), as on CPU workers. ncclAvg
+// is not used: it scales before summing, which rounds differently (e.g. by 1/3 for 3 ranks).
 struct NcclReduction {
   ncclRedOp_t op = ncclSum;
   int divide_by = 1;
 };
-// `nccl_version` as ncclGetVersion() gives it (e.g. 22809 for 2.28.9). kUnspecified means kAverage,
-// as in Horovod. INVALID_ARGUMENT for an op NCCL cannot run.
-absl::StatusOr<NcclReduction> ToNcclReduction(ReduceOp op, DataType dtype, int size,
-                                              int nccl_version);
+// kUnspecified means kAverage, as in Horovod. INVALID_ARGUMENT for an op NCCL cannot run.
+absl::StatusOr<NcclReduction> ToNcclReduction(ReduceOp op, int size);
 
 // OK for ncclSuccess; otherwise a status whose code says what kind of failure it is
 // (UNAVAILABLE: a peer or the network, INVALID_ARGUMENT / FAILED_PRECONDITION: misuse, INTERNAL:
