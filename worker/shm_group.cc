@@ -308,6 +308,31 @@ absl::Status ShmGroup::Allreduce(int64_t count, DataType dtype, ReduceOp op, Loa
     return absl::InvalidArgumentError(absl::StrCat("allreduce: negative count ", count));
   }
   const int64_t elem = DataTypeSize(dtype);
+  if (hosts_ == 1 && count * elem <= std::min(kSmallBytes, slot_bytes_ / 2)) {
+    const size_t half = static_cast<size_t>(slot_bytes_ / 2) * (small_ops_++ & 1);
+    if (absl::Status s = load(0, count, Slot(rank_) + half); !s.ok()) return Fail(std::move(s));
+    before(Slot(rank_) + half, count);
+    if (absl::Status s = Barrier(); !s.ok()) return s;
+    after_small_ = true;
+    uint8_t* const reduced = reinterpret_cast<uint8_t*>(small_result_.data());
+    if (size_ == 1) {
+      std::memcpy(reduced, Slot(0) + half, static_cast<size_t>(count * elem));
+    } else {
+      (*reduce)(reduced, Slot(0) + half, Slot(1) + half, count);
+      for (int r = 2; r < size_; ++r) (*reduce)(reduced, reduced, Slot(r) + half, count);
+    }
+    if (absl::Status s = after(reduced, count); !s.ok()) return Fail(std::move(s));
+    if (absl::Status s = store(0, count, reduced); !s.ok()) {
+      failure_ = s;
+      return s;
+    }
+    return absl::OkStatus();
+  }
+  // A slower rank may still be reading the slots of the small allreduce before.
+  if (after_small_) {
+    after_small_ = false;
+    if (absl::Status s = Barrier(); !s.ok()) return s;
+  }
   // Slices start on cache lines, so that no two ranks write one line of the result.
   const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(kLine) / elem);
   const int64_t chunk = slot_bytes_ / elem / align * align;

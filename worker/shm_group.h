@@ -96,6 +96,13 @@ class ShmGroup {
   // fails, with `why`.
   void Abort(const std::string& why);
 
+  // An allreduce of at most this many bytes (and half a slot) on one host takes one barrier, not
+  // two: every rank reduces all of it (in rank order, as a slice is reduced, so every rank gets the
+  // same bits) from the ranks' slots into memory of its own. Its inputs alternate between the two
+  // halves of each slot, so a rank may write the next one's while a slower rank still reads this
+  // one's.
+  static constexpr int64_t kSmallBytes = 4096;
+
  private:
   friend absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions options);
   ShmGroup(int rank, int size, int hosts, int host_index, int64_t slot_bytes,
@@ -126,6 +133,12 @@ class ShmGroup {
   std::vector<int> pidfds_;  // per local rank; -1 for this one, or where pidfd_open is missing
   uint32_t barriers_ = 0;    // barriers this rank has passed
   absl::Status failure_;
+  // Small allreduces so far (their parity picks the half of the slots), whether the last
+  // allreduce was one (a larger one then waits until every rank has read the slots), and where
+  // this rank reduces them.
+  uint32_t small_ops_ = 0;
+  bool after_small_ = false;
+  std::vector<uint64_t> small_result_ = std::vector<uint64_t>(kSmallBytes / sizeof(uint64_t));
 };
 
 // Meets the other ranks under `options.prefix` and decides whether they form a group (one per host

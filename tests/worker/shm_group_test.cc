@@ -267,6 +267,40 @@ TEST_P(ShmGroupRanksTest, ScalingHooksApplyOncePerElement) {
   }
 }
 
+// Small allreduces (one barrier, inputs alternating between the halves of the slots) back to back
+// and between larger ones (two barriers per chunk), with ranks running late by turns: a rank that
+// runs ahead must never overwrite inputs a slower rank is still reading. Every result exact.
+TEST_P(ShmGroupRanksTest, SmallAllreducesBackToBackAndBetweenLargeOnesStayExactWithRanksLate) {
+  const int np = GetParam();
+  constexpr int kIterations = 1500;
+  auto value = [](int rank, int64_t i, int iter) {
+    return static_cast<int64_t>((rank * 31 + i * 7 + iter * 13) % 101);
+  };
+  auto count_of = [](int iter) -> int64_t { return iter % 9 == 8 ? 300 : 1 + iter % 40; };
+  std::vector<std::string> results = RunRanks(np, [&](int rank) -> std::string {
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(Options(rank, np));
+    if (!group.ok() || *group == nullptr) return "no group";
+    for (int iter = 0; iter < kIterations; ++iter) {
+      if ((iter / 7) % np == rank && iter % 3 == 0) absl::SleepFor(absl::Microseconds(200));
+      const int64_t count = count_of(iter);  // 8..320 bytes: small; 2400 bytes: two chunks
+      std::vector<int64_t> data(count);
+      for (int64_t i = 0; i < count; ++i) data[i] = value(rank, i, iter);
+      absl::Status s = (*group)->Allreduce(data.data(), count, DataType::kInt64, ReduceOp::kSum,
+                                           NoScaling, Reduced);
+      if (!s.ok()) return Describe(s);
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t want = 0;
+        for (int r = 0; r < np; ++r) want += value(r, i, iter);
+        if (data[i] != want) {
+          return absl::StrCat("iteration ", iter, " element ", i, ": ", data[i], ", not ", want);
+        }
+      }
+    }
+    return std::string("ok");
+  });
+  for (int rank = 0; rank < np; ++rank) EXPECT_EQ(results[rank], "ok") << "rank " << rank;
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ShmGroupRanksTest, ::testing::Values(2, 3),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat("np", info.param);
