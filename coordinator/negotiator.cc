@@ -226,6 +226,10 @@ void Negotiator::Submit(int rank, std::vector<TensorRequest> requests,
   absl::MutexLock lock(&mu_);
   stats_.requests += static_cast<int64_t>(requests.size() + cached_ids.size());
   for (uint32_t id : cached_ids) {
+    if (auto it = pending_by_id_.find(id); it != pending_by_id_.end()) {
+      SubmitCached(rank, *it->second, now);
+      continue;
+    }
     const TensorRequest* cached = cache_.Lookup(id);
     if (cached == nullptr) {
       notices_[rank].resend_ids.push_back(id);
@@ -271,6 +275,27 @@ void Negotiator::RankError(int rank, const std::string& name, std::string messag
   has_notices_ = true;
 }
 
+void Negotiator::SubmitCached(int rank, Pending& p, absl::Time now) {
+  if (joined_[rank] || p.submitted[rank] || p.ready) {  // errors: as SubmitOne words them
+    SubmitOne(rank, p.request, p.cache_id, now);
+    return;
+  }
+  // Cached requests are never allgathers (no first dimensions) nor a process set's.
+  p.submitted[rank] = 1;
+  ++p.count;
+  RecordTimeline(NegotiationEvent::Kind::kRankReady, p.request, rank, now);
+  if (AllSubmitted(p)) MarkReady(&p, now);
+}
+
+void Negotiator::ForgetIds(absl::Span<const uint32_t> ids) {
+  for (uint32_t id : ids) {
+    auto it = pending_by_id_.find(id);
+    if (it == pending_by_id_.end()) continue;
+    it->second->indexed_id = 0;
+    pending_by_id_.erase(it);
+  }
+}
+
 void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cache_id,
                            absl::Time now) {
   if (joined_[rank]) {
@@ -296,6 +321,10 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
     p.request = request;
     p.first_rank = rank;
     p.cache_id = cache_id;
+    if (cache_id != 0) {
+      p.indexed_id = cache_id;
+      pending_by_id_[cache_id] = &p;
+    }
     p.submitted.assign(size_, 0);
     p.first_submit = now;
     if (request.type == RequestType::kAllgather) p.first_dims.assign(size_, 0);
@@ -558,9 +587,13 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
   std::sort(out.cache_assignments.begin(), out.cache_assignments.end(),
             [](const CacheAssignment& a, const CacheAssignment& b) { return a.id < b.id; });
 
+  ForgetIds(out.evicted_ids);
   for (const auto& batch : batches) {
     std::string key_storage;
-    for (const Pending* p : batch) pending_.erase(PendingKey(p->request, key_storage));
+    for (const Pending* p : batch) {
+      if (p->indexed_id != 0) pending_by_id_.erase(p->indexed_id);
+      pending_.erase(PendingKey(p->request, key_storage));
+    }
   }
   ready_bytes_ = 0;
   first_ready_time_ = absl::InfiniteFuture();
@@ -629,7 +662,10 @@ void Negotiator::SetCacheEnabled(bool enabled) {
   absl::MutexLock lock(&mu_);
   if (enabled == cache_enabled_) return;
   cache_enabled_ = enabled;
-  if (!enabled) cache_.Clear(&evicted_);
+  if (!enabled) {
+    cache_.Clear(&evicted_);
+    ForgetIds(evicted_);
+  }
   has_notices_ = has_notices_ || !evicted_.empty();  // the eviction is news: send a cycle
 }
 

@@ -109,6 +109,7 @@ class Negotiator {
     TensorRequest request;  // as the first rank submitted it
     int first_rank = 0;
     uint32_t cache_id = 0;           // nonzero: `request` equals this cache entry
+    uint32_t indexed_id = 0;         // nonzero: its key in pending_by_id_
     std::vector<uint8_t> submitted;  // per rank
     int count = 0;
     std::vector<int64_t> first_dims;  // allgather: each rank's first dimension
@@ -140,6 +141,10 @@ class Negotiator {
                       absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RankError(int rank, const std::string& name, std::string message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A request by cache id for a tensor in pending_by_id_ (`p`): what SubmitOne does for it.
+  void SubmitCached(int rank, Pending& p, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes ids that left the cache from pending_by_id_.
+  void ForgetIds(absl::Span<const uint32_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool DueLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Response MakeResponse(const std::vector<Pending*>& tensors) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -161,6 +166,10 @@ class Negotiator {
   std::vector<NegotiationEvent> timeline_ ABSL_GUARDED_BY(mu_);
   absl::Time last_timeline_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::node_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  // The steady state's shortcut: pending tensors first submitted by a cache id that is still
+  // valid, by that id. A later rank's request by the same id goes straight to its entry (no
+  // cache lookup, no name hashed). Ids leave it when their tensor leaves pending_ or the cache.
+  absl::flat_hash_map<uint32_t, Pending*> pending_by_id_ ABSL_GUARDED_BY(mu_);
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // pending tensors not yet ready
   std::vector<Unit> ready_ ABSL_GUARDED_BY(mu_);
   int64_t ready_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -644,6 +644,79 @@ TEST_F(NegotiatorTest, UnknownCacheIdAsksOnlyThatRankToResend) {
   EXPECT_EQ(Poll(n), std::nullopt);  // a notice is delivered once
 }
 
+// The steady state's shortcut (a tensor first requested by id is found by id) answers exactly as
+// the full path: a second request by id on one rank, a joined rank's request by id, an id evicted
+// or a cache turned off while its tensor waits.
+TEST_F(NegotiatorTest, RequestsByIdOfAWaitingTensorMeetTheSameChecksAsByName) {
+  NegotiatorOptions o = Options(3);
+  o.cache_capacity = 2;
+  o.fusion_threshold_bytes = 0;
+  Negotiator n(o);
+  for (int rank : {0, 1, 2}) Submit(n, rank, {Allreduce("a"), Allreduce("b")});
+  ASSERT_TRUE(Poll(n).has_value());  // a: 1, b: 2
+
+  // Twice by id on rank 0: an error for rank 0 alone; the tensor still completes.
+  Submit(n, 0, {}, {1});
+  Submit(n, 0, {}, {1});
+  Submit(n, 1, {}, {1});
+  std::optional<CycleOutput> out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->notices[0].errors, SizeIs(1));
+  EXPECT_EQ(out->notices[0].errors[0].error_message,
+            "Tensor 'a' is already in flight on rank 0 (node-a): wait for it to complete before "
+            "submitting it again, or use a different name.");
+  EXPECT_THAT(out->responses, IsEmpty());
+  Submit(n, 2, {}, {1});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_THAT(CacheIds(*out), ElementsAre(ElementsAre(1u)));
+  EXPECT_TRUE(NoNotices(*out));
+
+  // A joined rank's request by id is refused; the others' complete it without it.
+  Submit(n, 0, {}, {2});
+  Submit(n, 2, {JoinRequest()});
+  Submit(n, 2, {}, {2});
+  Submit(n, 1, {}, {2});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->notices[2].errors, SizeIs(1));
+  EXPECT_EQ(out->notices[2].errors[0].error_message,
+            "Tensor 'b' was submitted by rank 2 (node-c) after it joined; a joined rank submits no "
+            "collectives.");
+  EXPECT_THAT(CacheIds(*out), ElementsAre(ElementsAre(2u)));
+  for (int rank : {0, 1}) Submit(n, rank, {JoinRequest()});
+  ASSERT_TRUE(Poll(n).has_value());
+
+  // Id 1 evicted while 'a' waits for rank 1 (c and d fill the cache): rank 1's request by id 1 is
+  // a resend, as for any unknown id, and 'a' completes once it comes in full.
+  Submit(n, 0, {}, {1});
+  for (int rank : {0, 1, 2}) Submit(n, rank, {Allreduce("c"), Allreduce("d")});
+  clock_.Advance(absl::Milliseconds(10));  // c and d go without waiting for a
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_THAT(out->evicted_ids, ElementsAre(1u, 2u));
+  Submit(n, 1, {}, {1});
+  Submit(n, 2, {}, {1});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_THAT(out->notices[1].resend_ids, ElementsAre(1u));
+  EXPECT_THAT(out->notices[2].resend_ids, ElementsAre(1u));
+  EXPECT_THAT(out->responses, IsEmpty());
+  for (int rank : {1, 2}) Submit(n, rank, {Allreduce("a")});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_THAT(Names(*out), ElementsAre(ElementsAre("")));
+  EXPECT_THAT(Assignments(*out), ElementsAre(std::pair<std::string, uint32_t>("a", 5)));
+
+  // The cache turned off while 'a' waits by id: the others' requests by that id are resends.
+  Submit(n, 0, {}, {5});
+  n.SetCacheEnabled(false);
+  Submit(n, 1, {}, {5});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_THAT(out->notices[1].resend_ids, ElementsAre(5u));
+}
+
 TEST_F(NegotiatorTest, CapacityZeroKeepsNamesAndAssignsNothing) {
   Negotiator n(Options(2));
   for (int rank : {0, 1}) Submit(n, rank, {Allreduce("a")});
