@@ -6,6 +6,7 @@
 // the bandwidth ratio to raw Gloo (higher is better; 1 = as fast) beside the step-time ratio;
 // --json prints one JSON object per line.
 #include <algorithm>
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +44,9 @@ ABSL_FLAG(
     int, latency_iterations, 0,
     "instead of the profile: allreduce one float32 this many times, one at a time, and report "
     "p50/p99 latency");
+ABSL_FLAG(int64_t, allgather_bytes, 0,
+          "instead of the profile: allgather this many bytes from every rank, --steps times after "
+          "--warmup, and report the median next to raw Gloo's allgather of the same bytes");
 
 namespace ringmaster {
 namespace {
@@ -129,6 +133,82 @@ int Latency(Client& c, int iterations) {
   return 0;
 }
 
+// Raw Gloo among the job's ranks, rendezvous through the coordinator's store under `prefix`.
+absl::StatusOr<std::unique_ptr<Backend>> RawGloo(Client& c, const std::string& prefix) {
+  const std::string coordinator = Env("RINGMASTER_COORDINATOR");
+  int64_t epoch = 0;
+  absl::SimpleAtoi(Env("RINGMASTER_EPOCH"), &epoch);
+  GlooBackendOptions g;
+  g.rank = c.rank();
+  g.size = c.size();
+  // TLS when the daemon (whose environment the ranks inherit) reaches it with TLS.
+  absl::StatusOr<std::unique_ptr<CoordinatorChannels>> channels =
+      CoordinatorChannels::Create(coordinator, MakeChannelCredentials(TlsFilesFrom("", "", "")));
+  if (!channels.ok()) return channels.status();
+  g.store = std::make_shared<RendezvousClient>(*std::move(channels), c.topology().job_id, epoch,
+                                               nullptr, Env("RINGMASTER_RENDEZVOUS_TOKEN"));
+  g.prefix = prefix;
+  g.hostname = Env("RINGMASTER_ADDRESS");  // the daemon's data-plane address (other hosts reach it)
+  return CreateGlooBackend(std::move(g));
+}
+
+// Every rank allgathers `bytes` (float32 rows of 1 KiB) per iteration, one at a time, through
+// Ringmaster and through raw Gloo; rank 0 prints each one's median (the slowest rank's).
+int Allgather(Client& c, int64_t bytes) {
+  const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
+  const int64_t rows = std::max<int64_t>(1, bytes / 1024);
+  std::vector<float> mine(rows * 256, static_cast<float>(c.rank()));
+  std::vector<double> ours;
+  for (int step = 0; step < warmup + steps; ++step) {
+    c.Barrier().IgnoreError();
+    const absl::Time start = absl::Now();
+    auto h = c.AllgatherAsync("bench.allgather", mine.data(), DataType::kFloat32, {rows, 256});
+    absl::Status s = h.ok() ? c.Wait(*h) : h.status();
+    absl::StatusOr<AllgatherOutput> out = s.ok() ? c.TakeAllgather(*h) : s;
+    if (!out.ok() || out->shape[0] != rows * c.size()) {
+      std::fprintf(stderr, "allgather: %s\n", out.status().ToString().c_str());
+      return 1;
+    }
+    if (step >= warmup) ours.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  absl::StatusOr<double> ours_max = MaxOverRanks(c, Median(ours), "bench.max.allgather");
+  absl::StatusOr<std::unique_ptr<Backend>> gloo = RawGloo(c, "bench-gloo-allgather/");
+  if (!ours_max.ok() || !gloo.ok()) {
+    std::fprintf(stderr, "raw gloo: %s\n", gloo.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<float> all(mine.size() * c.size());
+  const std::vector<int64_t> parts(c.size(), static_cast<int64_t>(mine.size() * sizeof(float)));
+  std::vector<double> raw;
+  for (int step = 0; step < warmup + steps; ++step) {
+    (*gloo)->Barrier().IgnoreError();
+    const absl::Time start = absl::Now();
+    if (absl::Status s = (*gloo)->Allgatherv(mine.data(), all.data(), parts); !s.ok()) {
+      std::fprintf(stderr, "raw gloo allgather: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    if (step >= warmup) raw.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  absl::StatusOr<double> raw_max = MaxOverRanks(c, Median(raw), "bench.max.allgather.raw");
+  if (!raw_max.ok()) return 1;
+  if (c.rank() == 0) {
+    for (const auto& [system, t] : {std::pair<const char*, double>{"raw-gloo-allgather", *raw_max},
+                                    {"ringmaster-allgather", *ours_max}}) {
+      if (absl::GetFlag(FLAGS_json)) {
+        std::printf(
+            "{\"system\":\"%s\",\"bench\":\"allgather\",\"np\":%d,\"bytes_per_rank\":%" PRId64
+            ",\"time_s_median\":%.6f}\n",
+            system, c.size(), static_cast<int64_t>(rows * 1024), t);
+      } else {
+        std::printf("%-20s allgather np=%d bytes/rank=%" PRId64 "  median=%.3f ms\n", system,
+                    c.size(), static_cast<int64_t>(rows * 1024), t * 1000);
+      }
+    }
+  }
+  c.Shutdown();
+  return 0;
+}
+
 int Main() {
   if (const int n = absl::GetFlag(FLAGS_latency_iterations); n > 0) {
     auto connected = Client::Connect();
@@ -137,6 +217,14 @@ int Main() {
       return 1;
     }
     return Latency(**connected, n);
+  }
+  if (const int64_t bytes = absl::GetFlag(FLAGS_allgather_bytes); bytes > 0) {
+    auto connected = Client::Connect();
+    if (!connected.ok()) {
+      std::fprintf(stderr, "ringmaster-bench: %s\n", connected.status().ToString().c_str());
+      return 1;
+    }
+    return Allgather(**connected, bytes);
   }
   absl::StatusOr<ModelProfile> profile = LoadProfile(absl::GetFlag(FLAGS_profile));
   if (!profile.ok()) {
@@ -221,26 +309,7 @@ int Main() {
 
   double baseline = 0;
   if (absl::GetFlag(FLAGS_baseline)) {
-    // Raw Gloo among the same ranks, rendezvous through the coordinator's store.
-    const std::string coordinator = Env("RINGMASTER_COORDINATOR");
-    int64_t epoch = 0;
-    absl::SimpleAtoi(Env("RINGMASTER_EPOCH"), &epoch);
-    GlooBackendOptions g;
-    g.rank = c.rank();
-    g.size = np;
-    // TLS when the daemon (whose environment the ranks inherit) reaches it with TLS.
-    absl::StatusOr<std::unique_ptr<CoordinatorChannels>> channels =
-        CoordinatorChannels::Create(coordinator, MakeChannelCredentials(TlsFilesFrom("", "", "")));
-    if (!channels.ok()) {
-      std::fprintf(stderr, "raw gloo: %s\n", channels.status().ToString().c_str());
-      return 1;
-    }
-    g.store = std::make_shared<RendezvousClient>(*std::move(channels), c.topology().job_id, epoch,
-                                                 nullptr, Env("RINGMASTER_RENDEZVOUS_TOKEN"));
-    g.prefix = "bench-gloo/";
-    g.hostname =
-        Env("RINGMASTER_ADDRESS");  // the daemon's data-plane address (other hosts reach it)
-    absl::StatusOr<std::unique_ptr<Backend>> gloo = CreateGlooBackend(std::move(g));
+    absl::StatusOr<std::unique_ptr<Backend>> gloo = RawGloo(c, "bench-gloo/");
     if (!gloo.ok()) {
       std::fprintf(stderr, "raw gloo: %s\n", gloo.status().ToString().c_str());
       return 1;

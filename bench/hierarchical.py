@@ -9,9 +9,14 @@ ResNet-50's gradient step in one run, each system --repeats times, interleaved:
   raw gloo, one buffer      timed inside the hierarchical job (ringmaster-bench's baseline)
   torch bucketed            PyTorch DDP-style 25 MB buckets (bench/torch_anchor.py) on the same hosts
 
+With --allgather-bytes N, the same for an allgather of N bytes from every rank instead:
+--hierarchical-allgather (across hosts among each local index's ranks, then through each host's
+shared memory) against the flat Gloo allgather, raw Gloo's allgather timed in the hierarchical job,
+and torch.distributed's all_gather on the same hosts.
+
 Prints the medians and the ratios. Needs root (network namespaces) and a build (scripts/build.sh).
 
-    sudo /usr/bin/python3 bench/hierarchical.py [--repeats 3] [--steps 10]
+    sudo /usr/bin/python3 bench/hierarchical.py [--repeats 3] [--steps 10] [--allgather-bytes N]
 """
 import argparse
 import json
@@ -28,22 +33,26 @@ from netns import Hosts, unavailable_reason  # noqa: E402
 from test_multihost import BIN, TERMINAL, Cluster  # noqa: E402
 
 
-def bench_job(cluster, profile, steps, *flags):
+def bench_job(cluster, profile, steps, *flags, allgather_bytes=0):
+    what = (["--allgather-bytes", str(allgather_bytes)] if allgather_bytes
+            else ["--profile", str(profile)])
     job = cluster.submit("--np", "4", "--processes-per-host", "2", *flags, "--",
-                         str(BIN / "ringmaster-bench"), "--profile", str(profile), "--steps",
-                         str(steps), "--warmup", "2", "--json")
+                         str(BIN / "ringmaster-bench"), *what, "--steps", str(steps), "--warmup",
+                         "2", "--json")
     done = cluster.wait_state(job, TERMINAL, 600)
     logs = cluster.cli("logs", job)
     if done["state"] != "JOB_STATE_SUCCEEDED":
         sys.exit(f"{' '.join(flags) or 'flat'} job failed: {done.get('reason')}\n{logs}")
-    return {r["system"]: r["step_time_s_median"]
+    return {r["system"]: r.get("step_time_s_median", r.get("time_s_median"))
             for r in (json.loads(line.split("] ", 1)[1]) for line in logs.splitlines()
                       if line.startswith("[0] {"))
             if "system" in r}
 
 
-def torch_ddp(hosts, tmp, profile, steps, port):
+def torch_ddp(hosts, tmp, profile, steps, port, allgather_bytes=0):
     """torch_anchor.py on both worker hosts at once: 2 ranks each, world of 4."""
+    mode = (["--modes", "allgather", "--allgather-bytes", str(allgather_bytes)] if allgather_bytes
+            else ["--modes", "bucketed"])
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["GLOO_SOCKET_IFNAME"] = "eth0"
     procs = []
@@ -52,7 +61,7 @@ def torch_ddp(hosts, tmp, profile, steps, port):
         procs.append((h.popen(["/usr/bin/python3", str(REPO / "bench" / "torch_anchor.py"),
                                "--profile", str(profile), "--np", "2", "--nnodes", "2",
                                "--node-rank", str(node), "--master-addr", hosts[1].address,
-                               "--port", str(port), "--steps", str(steps), "--modes", "bucketed"],
+                               "--port", str(port), "--steps", str(steps), *mode],
                               tmp / f"torch{node}.log", env=env), tmp / f"torch{node}.log"))
     for p, _ in procs:
         p.wait(600)
@@ -60,7 +69,7 @@ def torch_ddp(hosts, tmp, profile, steps, port):
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if not rows:
         sys.exit(f"torch on the hosts failed:\n{out}\n{procs[1][1].read_text()}")
-    return rows[0]["step_time_s_median"]
+    return rows[0].get("step_time_s_median", rows[0].get("time_s_median"))
 
 
 def main():
@@ -68,11 +77,15 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--allgather-bytes", type=int, default=0,
+                    help="measure an allgather of this many bytes per rank instead")
     args = ap.parse_args()
     if reason := unavailable_reason():
         sys.exit(f"hierarchical.py: {reason}")
     profile = REPO / "bench" / "profiles" / "resnet50.json"
     samples = {"hierarchical": [], "flat": [], "raw gloo": [], "memcpy": [], "torch": []}
+    if args.allgather_bytes:
+        return allgather(args)
     with tempfile.TemporaryDirectory() as tmp, Hosts(3) as hosts:
         cluster = Cluster(hosts, Path(tmp))
         for i in range(args.repeats):
@@ -91,6 +104,32 @@ def main():
     print(f"  hierarchical / raw gloo  {med['hierarchical'] / med['raw gloo']:.3f}")
     print(f"  hierarchical / torch bucketed  {med['hierarchical'] / med['torch']:.3f}")
     print(f"  flat / torch bucketed  {med['flat'] / med['torch']:.3f}")
+
+
+def allgather(args):
+    n = args.allgather_bytes
+    profile = REPO / "bench" / "profiles" / "resnet50.json"  # torch_anchor.py loads one anyway
+    samples = {"hierarchical": [], "flat": [], "raw gloo": [], "torch": []}
+    with tempfile.TemporaryDirectory() as tmp, Hosts(3) as hosts:
+        cluster = Cluster(hosts, Path(tmp))
+        for i in range(args.repeats):
+            ours = bench_job(cluster, None, args.steps, "--hierarchical-allgather",
+                             allgather_bytes=n)
+            samples["hierarchical"].append(ours["ringmaster-allgather"])
+            samples["raw gloo"].append(ours["raw-gloo-allgather"])
+            samples["flat"].append(
+                bench_job(cluster, None, args.steps, allgather_bytes=n)["ringmaster-allgather"])
+            samples["torch"].append(torch_ddp(hosts, Path(tmp), profile, args.steps, 29700 + i,
+                                              allgather_bytes=n))
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    print(f"allgather of {n} bytes per rank, 2 hosts x 2 ranks, medians of {args.repeats} runs of "
+          f"{args.steps}:")
+    for k in ("hierarchical", "flat", "raw gloo", "torch"):
+        print(f"  {k:14} {med[k] * 1e3:8.2f} ms   runs: "
+              + " ".join(f"{v * 1e3:.2f}" for v in samples[k]))
+    print(f"  hierarchical / flat  {med['hierarchical'] / med['flat']:.3f}")
+    print(f"  hierarchical / raw gloo  {med['hierarchical'] / med['raw gloo']:.3f}")
+    print(f"  hierarchical / torch  {med['hierarchical'] / med['torch']:.3f}")
 
 
 if __name__ == "__main__":

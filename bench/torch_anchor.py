@@ -69,9 +69,17 @@ def run(local_rank, args, port, result_q):
     def flat():
         dist.all_reduce(flat_buf)
 
+    # allgather (only when named in --modes): every rank's --allgather-bytes, in rows of 1 KiB.
+    mine = torch.full((max(1, args.allgather_bytes // 1024), 256), float(rank))
+    gathered = [torch.empty_like(mine) for _ in range(args.np * args.nnodes)]
+
+    def allgather():
+        dist.all_gather(gathered, mine)
+
     results = {}
-    for name, fn in (("per_tensor", per_tensor), ("bucketed", bucketed), ("flat", flat)):
-        if args.modes and name not in args.modes:
+    for name, fn in (("per_tensor", per_tensor), ("bucketed", bucketed), ("flat", flat),
+                     ("allgather", allgather)):
+        if (args.modes and name not in args.modes) or (not args.modes and name == "allgather"):
             continue
         times = []
         for step in range(args.warmup + args.steps):
@@ -88,6 +96,11 @@ def run(local_rank, args, port, result_q):
     if rank == 0:
         n = args.np * args.nnodes
         for name, sec in results.items():
+            if name == "allgather":
+                result_q.put({"system": "torch.distributed-gloo", "torch": torch.__version__,
+                              "mode": name, "np": n, "bytes_per_rank": mine.numel() * 4,
+                              "time_s_median": round(sec, 6)})
+                continue
             result_q.put({"system": "torch.distributed-gloo", "torch": torch.__version__, "mode": name,
                           "profile": prof["model"], "np": n, "tensors": len(sizes), "bytes_per_step": total_bytes,
                           "step_time_s_median": round(sec, 6),
@@ -105,7 +118,10 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--bucket-mb", type=float, default=25.0)
-    ap.add_argument("--modes", nargs="*", help="subset of per_tensor bucketed flat")
+    ap.add_argument("--modes", nargs="*", help="subset of per_tensor bucketed flat allgather "
+                    "(default: the first three)")
+    ap.add_argument("--allgather-bytes", type=int, default=4 << 20,
+                    help="allgather mode: bytes from every rank")
     ap.add_argument("--port", type=int, default=29533)
     args = ap.parse_args()
     ctx = mp.get_context("spawn")

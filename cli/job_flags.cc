@@ -88,6 +88,9 @@ const char kJobOptionsHelp[] = R"(job options:
   --hierarchical-allreduce        CPU allreduce of a job spread over hosts within each host through
                                   shared memory, then across hosts, when every host runs as many
                                   ranks, two or more (default: flat over Gloo)
+  --hierarchical-allgather        CPU allgather of such a job across hosts among the ranks of each
+                                  local index, then within each host through shared memory
+                                  (default: flat over Gloo)
 Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...),
 and the elastic options HOROVOD_MIN_NP, HOROVOD_MAX_NP, HOROVOD_RESET_LIMIT and
 HOROVOD_ELASTIC_TIMEOUT (RINGMASTER_* alike); flags win over the environment.
@@ -228,6 +231,10 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
       knobs.hierarchical_allreduce = false;
     } else if (flag == "--hierarchical-allreduce") {
       knobs.hierarchical_allreduce = true;
+    } else if (flag == "--no-hierarchical-allgather") {
+      knobs.hierarchical_allgather = false;
+    } else if (flag == "--hierarchical-allgather") {
+      knobs.hierarchical_allgather = true;
     } else if (flag == "--no-stall-check") {
       knobs.stall_check_seconds = 0;
     } else if (flag == "--stall-shutdown-seconds") {
@@ -284,6 +291,7 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
   k->set_backend(static_cast<v1::Backend>(knobs.backend));
   k->set_shm_allreduce(knobs.shm_allreduce);
   k->set_hierarchical_allreduce(knobs.hierarchical_allreduce);
+  k->set_hierarchical_allgather(knobs.hierarchical_allgather);
   if (!start_from_given) {
     if (given_fusion) k->add_autotune_fixed("fusion_threshold_bytes");
     if (given_cycle) k->add_autotune_fixed("cycle_time_ms");

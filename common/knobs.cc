@@ -181,6 +181,7 @@ absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* k) {
            ReadBool(env, "STALL_CHECK_DISABLE", &stall_check_disable),
            ReadBool(env, "SHM_ALLREDUCE", &k->shm_allreduce),
            ReadBool(env, "HIERARCHICAL_ALLREDUCE", &k->hierarchical_allreduce),
+           ReadBool(env, "HIERARCHICAL_ALLGATHER", &k->hierarchical_allgather),
        }) {
     if (!s.ok()) return s;
   }

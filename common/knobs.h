@@ -36,6 +36,8 @@ struct Knobs {
   bool shm_allreduce = true;
   // ... and across hosts among the ranks of one local index (hierarchical allreduce).
   bool hierarchical_allreduce = false;
+  // ... and allgather across hosts likewise (hierarchical allgather).
+  bool hierarchical_allgather = false;
   // Knobs autotune leaves alone (kTunableKnobs names).
   std::vector<std::string> autotune_fixed;
 };

@@ -164,12 +164,20 @@ absl::Status CpuExecutor::Setup() {
     }
     if (host_group_ != nullptr && options_.rank == 0) {
       if (cross_ != nullptr) {
-        spdlog::info(
-            "allreduce is hierarchical: through shared memory among each host's {} ranks, "
-            "then across {} hosts",
-            host_group_->size(), host_group_->hosts());
+        if (options_.hierarchical_allreduce) {
+          spdlog::info(
+              "allreduce is hierarchical: through shared memory among each host's {} ranks, "
+              "then across {} hosts",
+              host_group_->size(), host_group_->hosts());
+        }
+        if (options_.hierarchical_allgather) {
+          spdlog::info(
+              "allgather is hierarchical: across {} hosts among the ranks of each local index, "
+              "then through shared memory among each host's {} ranks",
+              host_group_->hosts(), host_group_->size());
+        }
       } else {
-        spdlog::info("allreduce goes through shared memory among this host's {} ranks",
+        spdlog::info("allreduce and allgather go through shared memory among this host's {} ranks",
                      host_group_->size());
       }
     }
@@ -234,7 +242,9 @@ absl::StatusOr<Executed> CpuExecutor::Execute(const Collective& c, ExecutionTrac
     }
     case Collective::Type::kAllgather: {
       absl::StatusOr<Executed> executed = Allgather(c, backend, backend.size());
-      trace.End("GLOO_ALLGATHER");
+      trace.End(!HostGroupGathers(c) ? "GLOO_ALLGATHER"
+                : cross_ != nullptr  ? "HIERARCHICAL_ALLGATHER"
+                                     : "SHM_ALLGATHER");
       return executed;
     }
     case Collective::Type::kBroadcast: {
@@ -337,7 +347,7 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
   const bool global = c.process_set_ranks.empty();
   const int divisor =
       average ? (global ? options_.size : static_cast<int>(c.process_set_ranks.size())) : 1;
-  if (global && host_group_ != nullptr) {
+  if (global && host_group_ != nullptr && (cross_ == nullptr || options_.hierarchical_allreduce)) {
     // Through shared memory, each tensor read straight into the segment and the result written
     // straight back, wherever the tensor is (arena, a training process's memory): no fusion
     // buffer. Scaled in the segment, chunk by chunk, while the data is in cache; hierarchical,
@@ -480,7 +490,17 @@ absl::StatusOr<Executed> CpuExecutor::Allgather(const Collective& c, Backend& ba
       output = Scratch(part.total);
     }
     const uint8_t* input = mine ? options_.arena + c.tensors[t].offset : output;
-    absl::Status status = backend.Allgatherv(input, output, part.bytes);
+    absl::Status status =
+        HostGroupGathers(c)
+            ? host_group_->Allgatherv(
+                  input, output, part.bytes,
+                  [&](const void* in, void* out, absl::Span<const int64_t> bytes) -> absl::Status {
+                    if (cross_ == nullptr) {
+                      return absl::InternalError("no cross-host communicator");
+                    }
+                    return cross_->Allgatherv(in, out, bytes);
+                  })
+            : backend.Allgatherv(input, output, part.bytes);
     if (!status.ok()) {
       if (offset >= 0) options_.outputs->Free(offset).IgnoreError();
       return fail(status);

@@ -66,6 +66,10 @@ struct CpuExecutorOptions {
   // null, or a null group, leaves allreduce to the communicators. A group of several hosts makes
   // allreduce hierarchical, with a cross-host communicator made by make_set_backend.
   std::function<absl::StatusOr<std::unique_ptr<ShmGroup>>()> make_host_group;
+  // With a group of several hosts: whether allreduce, and allgather, go through it (hierarchical)
+  // or flat over the communicators. A group of one host carries both.
+  bool hierarchical_allreduce = true;
+  bool hierarchical_allgather = true;
   int communicators = 2;
   // Allreduces smaller than this use communicator 0 alone.
   int64_t split_bytes = int64_t{4} << 20;
@@ -100,6 +104,12 @@ class CpuExecutor final : public Executor {
   // The communicator of the collective's process set (made on first use); the first global one for
   // the global set.
   absl::StatusOr<Backend*> BackendFor(const Collective& c);
+  // Whether an allgather of `c` goes through the host group (the job's set; one host, or
+  // hierarchical allgather across hosts).
+  bool HostGroupGathers(const Collective& c) const {
+    return c.process_set_ranks.empty() && host_group_ != nullptr &&
+           (cross_ == nullptr || options_.hierarchical_allgather);
+  }
   // Scratch memory of at least `bytes` (packing; a joined rank's part).
   uint8_t* Scratch(size_t bytes);
 

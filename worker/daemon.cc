@@ -478,6 +478,8 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   cpu.make_set_backend = [gloo](const std::string& key, int set_rank, int set_size) {
     return gloo(set_rank, set_size, absl::StrCat("gloo/", key, "/"));
   };
+  cpu.hierarchical_allreduce = spec.spec().knobs().hierarchical_allreduce();
+  cpu.hierarchical_allgather = spec.spec().knobs().hierarchical_allgather();
   if (!spec.spec().knobs().has_shm_allreduce() || spec.spec().knobs().shm_allreduce()) {
     cpu.make_host_group = [channel, spec, assignment, journal, rank, host = options_.host_name,
                            timeout]() {
@@ -487,7 +489,8 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
       o.store = std::make_shared<RendezvousClient>(channel, spec.id(), assignment.epoch(), journal,
                                                    assignment.rendezvous_token());
       o.host = host;
-      o.across_hosts = spec.spec().knobs().hierarchical_allreduce();
+      o.across_hosts = spec.spec().knobs().hierarchical_allreduce() ||
+                       spec.spec().knobs().hierarchical_allgather();
       o.timeout = timeout;
       return ConnectShmGroup(std::move(o));
     };

@@ -144,18 +144,19 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> OpenSegment(const std::string& ann
 
 }  // namespace
 
-ShmGroup::ShmGroup(int rank, int size, int hosts, int host_index, int64_t slot_bytes,
-                   absl::Duration timeout, std::unique_ptr<SharedMemory> segment,
-                   std::vector<int> job_ranks, std::vector<int> pids, std::vector<int> pidfds)
+ShmGroup::ShmGroup(int rank, int size, int host_index, int64_t slot_bytes, absl::Duration timeout,
+                   std::unique_ptr<SharedMemory> segment, std::vector<std::vector<int>> host_ranks,
+                   std::vector<int> pids, std::vector<int> pidfds)
     : rank_(rank),
       size_(size),
-      hosts_(hosts),
+      hosts_(static_cast<int>(host_ranks.size())),
       host_index_(host_index),
       slot_bytes_(slot_bytes),
       timeout_(timeout),
       segment_(std::move(segment)),
       header_(reinterpret_cast<ShmHeader*>(segment_->data())),
-      job_ranks_(std::move(job_ranks)),
+      host_ranks_(std::move(host_ranks)),
+      job_ranks_(host_ranks_[host_index_]),
       pids_(std::move(pids)),
       pidfds_(std::move(pidfds)) {}
 
@@ -189,7 +190,7 @@ absl::Status ShmGroup::Failed() {
   const int by = static_cast<int>(failed) - 1;
   failure_ = absl::Status(static_cast<absl::StatusCode>(header_->failed_code),
                           by == rank_ ? std::string(header_->why)
-                                      : absl::StrCat("shared-memory allreduce failed on rank ",
+                                      : absl::StrCat("shared-memory ", what_, " failed on rank ",
                                                      job_ranks_[by], ": ", header_->why));
   return failure_;
 }
@@ -256,7 +257,7 @@ absl::Status ShmGroup::Barrier() {
       next_check = t + absl::Milliseconds(100);
       if (const int dead = DeadPeer(); dead >= 0) {
         return Fail(absl::UnavailableError(
-            absl::StrCat("shared-memory allreduce on rank ", job_ranks_[rank_], ": rank ",
+            absl::StrCat("shared-memory ", what_, " on rank ", job_ranks_[rank_], ": rank ",
                          job_ranks_[dead], "'s worker (pid ", pids_[dead], ") exited")));
       }
       if (t >= deadline) {
@@ -268,9 +269,9 @@ absl::Status ShmGroup::Barrier() {
         // The last rank came in just now: the barrier is complete, not late.
         if (missing.empty() || reached(arrivals.load(std::memory_order_acquire))) continue;
         return Fail(absl::DeadlineExceededError(
-            absl::StrCat("shared-memory allreduce on rank ", job_ranks_[rank_], " timed out after ",
-                         absl::FormatDuration(timeout_), " waiting for rank(s) ",
-                         absl::StrJoin(missing, ", "))));
+            absl::StrCat("shared-memory ", what_, " on rank ", job_ranks_[rank_],
+                         " timed out after ", absl::FormatDuration(timeout_),
+                         " waiting for rank(s) ", absl::StrJoin(missing, ", "))));
       }
     }
     FutexWait(arrivals, v, std::min(absl::Milliseconds(20), next_check - t));
@@ -294,14 +295,83 @@ absl::Status ShmGroup::Allreduce(void* data, int64_t count, DataType dtype, Redu
       });
 }
 
-absl::Status ShmGroup::Allreduce(int64_t count, DataType dtype, ReduceOp op, Load load,
-                                 Finish before, Reduced after, Store store) {
+absl::Status ShmGroup::Begin(const char* what) {
+  what_ = what;
   if (!failure_.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("shared-memory allreduce refused on rank ", job_ranks_[rank_],
+        absl::StrCat("shared-memory ", what, " refused on rank ", job_ranks_[rank_],
                      ": the group is unusable after an earlier failure: ", failure_.message()));
   }
   if (header_->failed.load(std::memory_order_acquire) != 0) return Failed();
+  return absl::OkStatus();
+}
+
+absl::Status ShmGroup::Allgatherv(const void* in, void* out, absl::Span<const int64_t> bytes,
+                                  Gather across) {
+  if (absl::Status s = Begin("allgather"); !s.ok()) return s;
+  const int job_size = hosts_ * size_;
+  if (static_cast<int>(bytes.size()) != job_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allgather: ", bytes.size(), " parts for ", job_size, " ranks"));
+  }
+  std::vector<int64_t> offset(job_size + 1, 0);
+  for (int r = 0; r < job_size; ++r) {
+    if (bytes[r] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("allgather: rank ", r, "'s part is negative"));
+    }
+    offset[r + 1] = offset[r] + bytes[r];
+  }
+  // Local rank i's block: the parts of the job ranks with local index i, host by host.
+  std::vector<int64_t> block(size_, 0);
+  for (int i = 0; i < size_; ++i) {
+    for (int h = 0; h < hosts_; ++h) block[i] += bytes[host_ranks_[h][i]];
+  }
+  const uint8_t* mine = static_cast<const uint8_t*>(in);
+  std::vector<uint8_t> gathered;
+  if (hosts_ > 1) {
+    std::vector<int64_t> per_host(hosts_);
+    for (int h = 0; h < hosts_; ++h) per_host[h] = bytes[host_ranks_[h][rank_]];
+    gathered.resize(static_cast<size_t>(block[rank_]));
+    if (absl::Status s = across(in, gathered.data(), per_host); !s.ok()) return Fail(std::move(s));
+    mine = gathered.data();
+  }
+  uint8_t* const dst = static_cast<uint8_t*>(out);
+  // Bytes [lo, hi) of local rank i's block, at `src`, to their places in `out`.
+  auto place = [&](int i, int64_t lo, int64_t hi, const uint8_t* src) {
+    int64_t at = 0;
+    for (int h = 0; h < hosts_; ++h) {
+      const int r = host_ranks_[h][i];
+      const int64_t from = std::max(lo, at), to = std::min(hi, at + bytes[r]);
+      if (from < to) {
+        std::memmove(dst + offset[r] + (from - at), src + (from - lo),
+                     static_cast<size_t>(to - from));
+      }
+      at += bytes[r];
+    }
+  };
+  place(rank_, 0, block[rank_], mine);
+  const int64_t rounds_bytes = *std::max_element(block.begin(), block.end());
+  if (size_ == 1 || rounds_bytes == 0) return absl::OkStatus();
+  if (after_small_) {  // a slower rank may still be reading the slots of a small allreduce
+    after_small_ = false;
+    if (absl::Status s = Barrier(); !s.ok()) return s;
+  }
+  for (int64_t lo = 0; lo < rounds_bytes; lo += slot_bytes_) {
+    const int64_t n = std::clamp<int64_t>(block[rank_] - lo, 0, slot_bytes_);
+    if (n > 0) std::memcpy(Slot(rank_), mine + lo, static_cast<size_t>(n));
+    if (absl::Status s = Barrier(); !s.ok()) return s;
+    for (int i = 0; i < size_; ++i) {
+      const int64_t m = std::clamp<int64_t>(block[i] - lo, 0, slot_bytes_);
+      if (i != rank_ && m > 0) place(i, lo, lo + m, Slot(i));
+    }
+    if (absl::Status s = Barrier(); !s.ok()) return s;  // before the slots are written again
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmGroup::Allreduce(int64_t count, DataType dtype, ReduceOp op, Load load,
+                                 Finish before, Reduced after, Store store) {
+  if (absl::Status s = Begin("allreduce"); !s.ok()) return s;
   absl::StatusOr<ReduceFn> reduce = ReduceFunction(dtype, op);
   if (!reduce.ok()) return reduce.status();
   if (count < 0) {
@@ -491,9 +561,10 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions option
     local_pids[i] = pids[members[i]];
     if (i != local_rank) pidfds[i] = PidfdOpen(local_pids[i]);
   }
-  return std::unique_ptr<ShmGroup>(new ShmGroup(local_rank, local_size, hosts, host_index,
-                                                slot_bytes, options.timeout, std::move(segment),
-                                                members, std::move(local_pids), std::move(pidfds)));
+  // Every host's ranks, not only this one's: an allgather across hosts places their parts.
+  return std::unique_ptr<ShmGroup>(
+      new ShmGroup(local_rank, local_size, host_index, slot_bytes, options.timeout,
+                   std::move(segment), std::move(ranks), std::move(local_pids), std::move(pidfds)));
 }
 
 }  // namespace ringmaster

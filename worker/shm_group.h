@@ -29,6 +29,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/tensor.h"
 #include "worker/key_value_store.h"
 
@@ -92,6 +93,18 @@ class ShmGroup {
   absl::Status Allreduce(int64_t count, DataType dtype, ReduceOp op, Load load, Finish before,
                          Reduced after, Store store);
 
+  // Every job rank's part, gathered into `out` on every rank in job rank order: `bytes` holds
+  // each job rank's part size (this rank's part at `in`; `in` may be its place in `out`). On one
+  // host every rank copies its part into the segment and the others' out of it, a slot at a
+  // time. Across hosts, each rank first gathers the parts of the ranks with its local index, one
+  // per host, with `across` (a network allgather among them, in host order: `bytes` per host),
+  // then the host's ranks exchange what they gathered through the segment. A failing `across`
+  // fails the group on every rank of the host.
+  using Gather =
+      absl::FunctionRef<absl::Status(const void* in, void* out, absl::Span<const int64_t> bytes)>;
+  absl::Status Allgatherv(const void* in, void* out, absl::Span<const int64_t> bytes,
+                          Gather across);
+
   // Any thread: a collective in progress here and on every other rank returns, and every later one
   // fails, with `why`.
   void Abort(const std::string& why);
@@ -105,12 +118,15 @@ class ShmGroup {
 
  private:
   friend absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions options);
-  ShmGroup(int rank, int size, int hosts, int host_index, int64_t slot_bytes,
-           absl::Duration timeout, std::unique_ptr<SharedMemory> segment,
-           std::vector<int> job_ranks, std::vector<int> pids, std::vector<int> pidfds);
+  ShmGroup(int rank, int size, int host_index, int64_t slot_bytes, absl::Duration timeout,
+           std::unique_ptr<SharedMemory> segment, std::vector<std::vector<int>> host_ranks,
+           std::vector<int> pids, std::vector<int> pidfds);
 
   // Waits until every rank has arrived at this rank's next barrier.
   absl::Status Barrier();
+  // Refuses a collective when the group failed before; waits for every rank to be done with the
+  // slots of a small allreduce before them.
+  absl::Status Begin(const char* what);
   // The error every rank returns once the segment is marked failed.
   absl::Status Failed();
   // Marks the segment failed by this rank with `status` and wakes every waiter.
@@ -128,8 +144,10 @@ class ShmGroup {
   const absl::Duration timeout_;
   std::unique_ptr<SharedMemory> segment_;
   ShmHeader* header_;
-  const std::vector<int> job_ranks_;  // per local rank
-  const std::vector<int> pids_;       // per local rank
+  const std::vector<std::vector<int>> host_ranks_;  // the job ranks of each host, by host index
+  const std::vector<int> job_ranks_;                // per local rank (this host's)
+  const char* what_ = "allreduce";                  // the collective in progress, for errors
+  const std::vector<int> pids_;                     // per local rank
   std::vector<int> pidfds_;  // per local rank; -1 for this one, or where pidfd_open is missing
   uint32_t barriers_ = 0;    // barriers this rank has passed
   absl::Status failure_;

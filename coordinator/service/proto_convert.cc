@@ -58,6 +58,7 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
   o.autotune_fixed.assign(k.autotune_fixed().begin(), k.autotune_fixed().end());
   if (k.has_shm_allreduce()) o.shm_allreduce = k.shm_allreduce();
   if (k.has_hierarchical_allreduce()) o.hierarchical_allreduce = k.hierarchical_allreduce();
+  if (k.has_hierarchical_allgather()) o.hierarchical_allgather = k.hierarchical_allgather();
   return absl::OkStatus();
 }
 
@@ -100,6 +101,7 @@ void ToProto(const JobSpec& in, v1::JobSpec* out) {
   for (const std::string& name : k.autotune_fixed) o->add_autotune_fixed(name);
   o->set_shm_allreduce(k.shm_allreduce);
   o->set_hierarchical_allreduce(k.hierarchical_allreduce);
+  o->set_hierarchical_allgather(k.hierarchical_allgather);
 }
 
 v1::JobState ToProto(JobState state) { return static_cast<v1::JobState>(state); }

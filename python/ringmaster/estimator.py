@@ -84,6 +84,7 @@ HOROVOD_KNOBS = {
     "HOROVOD_GPU_OPERATIONS": ("backend", _backend),
     "RINGMASTER_SHM_ALLREDUCE": ("shm_allreduce", _flag),
     "HOROVOD_HIERARCHICAL_ALLREDUCE": ("hierarchical_allreduce", _flag),
+    "HOROVOD_HIERARCHICAL_ALLGATHER": ("hierarchical_allgather", _flag),
 }
 
 # mpirun options that only change what mpirun prints: nothing to map, so they are ignored (with a

@@ -129,17 +129,20 @@ def test_two_hosts_of_two_slots_pass_every_collectives_check_and_run_the_resnet5
         ("host-a", hosts[1].address), ("host-a", hosts[1].address),
         ("host-b", hosts[2].address), ("host-b", hosts[2].address)]
 
-    job = c.submit("--np", "4", "--processes-per-host", "2", "--hierarchical-allreduce", "--",
-                   str(BIN / "collectives_check"))
+    job = c.submit("--np", "4", "--processes-per-host", "2", "--hierarchical-allreduce",
+                   "--hierarchical-allgather", "--", str(BIN / "collectives_check"))
     done = c.wait_state(job, TERMINAL, 180)
     logs = c.cli("logs", job)
     assert done["state"] == "JOB_STATE_SUCCEEDED", f"{done.get('reason')}\n{logs}"
     assert_collectives_passed(logs, 4)
     check_placement(done, hosts)
-    # Two ranks on each host: allreduce went through each host's shared memory, then across hosts.
-    assert any("allreduce is hierarchical: through shared memory among each host's 2 ranks, then "
-               "across 2 hosts" in log.read_text() for log in c.workers["host-a"]), \
-        [log.read_text()[-2000:] for log in c.workers["host-a"]]
+    # Two ranks on each host: allreduce went through each host's shared memory, then across hosts;
+    # allgather across hosts, then through each host's shared memory.
+    for line in ("allreduce is hierarchical: through shared memory among each host's 2 ranks, then "
+                 "across 2 hosts", "allgather is hierarchical: across 2 hosts among the ranks of "
+                 "each local index, then through shared memory among each host's 2 ranks"):
+        assert any(line in log.read_text() for log in c.workers["host-a"]), \
+            [log.read_text()[-2000:] for log in c.workers["host-a"]]
     # The table a user reads: each rank's host and the address its data plane listens on.
     status = c.cli("status", job)
     for rank in range(4):

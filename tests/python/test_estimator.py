@@ -219,25 +219,26 @@ def test_the_sagemaker_distribution_form_maps_to_the_native_spec(tmp_path):
         "custom_mpi_options": "-x HOROVOD_FUSION_THRESHOLD=33554432 -x HOROVOD_CYCLE_TIME=5 "
                               "-x HOROVOD_TIMELINE=/opt/ml/output/timeline.json "
                               "-x HOROVOD_AUTOTUNE=1 -x HOROVOD_HIERARCHICAL_ALLREDUCE=0 "
-                              "-x NCCL_DEBUG=INFO"}})
+                              "-x HOROVOD_HIERARCHICAL_ALLGATHER=1 -x NCCL_DEBUG=INFO"}})
     native = Estimator(**common, environment={"NCCL_DEBUG": "INFO"}, distribution={
         "ringmaster": {"processes_per_host": 8, "fusion_threshold_bytes": 33554432,
                        "cycle_time_ms": 5.0, "timeline": "timeline.json", "autotune": True,
-                       "hierarchical_allreduce": False}})
+                       "hierarchical_allreduce": False, "hierarchical_allgather": True}})
     a, b = sagemaker.job_spec({"train": "/d"}), native.job_spec({"train": "/d"})
     assert a == b
     assert (a.np, a.processes_per_host) == (16, 8)
     assert (a.knobs.fusion_threshold_bytes, a.knobs.cycle_time_ms) == (33554432, 5.0)
     assert a.knobs.timeline == "timeline.json" and a.knobs.autotune
     assert a.knobs.HasField("hierarchical_allreduce") and not a.knobs.hierarchical_allreduce
+    assert a.knobs.hierarchical_allgather
     assert dict(a.env) == {"NCCL_DEBUG": "INFO", "RINGMASTER_CHANNEL_TRAIN": "/d",
                            "SM_CHANNEL_TRAIN": "/d", "SM_CHANNELS": '["train"]',
                            "SM_HPS": '{"epochs": 3}'}
     assert list(a.command[1:]) == ["train.py", "--epochs", "3"]
     with pytest.raises(ValueError) as e:
         Estimator(**common, distribution={"mpi": {
-            "enabled": True, "custom_mpi_options": "-x HOROVOD_HIERARCHICAL_ALLGATHER=1"}})
-    assert str(e.value).startswith("custom_mpi_options: HOROVOD_HIERARCHICAL_ALLGATHER is not a "
+            "enabled": True, "custom_mpi_options": "-x HOROVOD_MPI_THREADS_DISABLE=1"}})
+    assert str(e.value).startswith("custom_mpi_options: HOROVOD_MPI_THREADS_DISABLE is not a "
                                    "Horovod knob Ringmaster supports; supported: ")
     with pytest.raises(ValueError) as e:
         Estimator(**common, distribution={"mpi": {"enabled": True,

@@ -14,11 +14,13 @@
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/half.h"
@@ -301,6 +303,61 @@ TEST_P(ShmGroupRanksTest, SmallAllreducesBackToBackAndBetweenLargeOnesStayExactW
   for (int rank = 0; rank < np; ++rank) EXPECT_EQ(results[rank], "ok") << "rank " << rank;
 }
 
+// Allgather through the segment: parts of different sizes (none, less than a slot, several slots
+// with a ragged end), after a small allreduce and before another, and in place (a rank's part
+// already at its place in the output): every rank ends with every part, in rank order.
+TEST_P(ShmGroupRanksTest, AllgatherGathersEveryPartInRankOrderOnEveryRank) {
+  const int np = GetParam();
+  auto part_bytes = [](int r, int round) -> int64_t { return (r * 1237 + round * 611) % 3001; };
+  auto byte = [](int r, int64_t i) { return static_cast<uint8_t>(r * 37 + i * 11); };
+  std::vector<std::string> results = RunRanks(np, [&](int rank) -> std::string {
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(Options(rank, np));
+    if (!group.ok() || *group == nullptr) return "no group";
+    auto no_cross = [](const void*, void*, absl::Span<const int64_t>) {
+      return absl::InternalError("one host: no cross step");
+    };
+    std::string out;
+    for (int round = 0; round < 4; ++round) {
+      std::vector<int64_t> bytes(np);
+      for (int r = 0; r < np; ++r) bytes[r] = round == 3 && r == 1 ? 0 : part_bytes(r, round);
+      std::vector<uint8_t> mine(bytes[rank]);
+      for (int64_t i = 0; i < bytes[rank]; ++i) mine[i] = byte(rank, i + round);
+      std::vector<uint8_t> gathered(std::accumulate(bytes.begin(), bytes.end(), int64_t{0}));
+      const void* in = mine.data();
+      if (round == 2) {  // in place
+        int64_t at = 0;
+        for (int r = 0; r < rank; ++r) at += bytes[r];
+        std::copy(mine.begin(), mine.end(), gathered.begin() + at);
+        in = gathered.data() + at;
+      }
+      int32_t one = rank + 1;  // a small allreduce between the allgathers
+      if (absl::Status s =
+              (*group)->Allreduce(&one, 1, DataType::kInt32, ReduceOp::kSum, NoScaling, Reduced);
+          !s.ok()) {
+        return Describe(s);
+      }
+      if (absl::Status s = (*group)->Allgatherv(in, gathered.data(), bytes, no_cross); !s.ok()) {
+        return Describe(s);
+      }
+      absl::StrAppend(&out, "sum ", one, " ");
+      out.append(gathered.begin(), gathered.end());
+    }
+    return out;
+  });
+  std::string expected;
+  for (int round = 0; round < 4; ++round) {
+    absl::StrAppend(&expected, "sum ", np * (np + 1) / 2, " ");
+    for (int r = 0; r < np; ++r) {
+      const int64_t n = round == 3 && r == 1 ? 0 : part_bytes(r, round);
+      for (int64_t i = 0; i < n; ++i) expected.push_back(static_cast<char>(byte(r, i + round)));
+    }
+  }
+  for (int rank = 0; rank < np; ++rank) {
+    EXPECT_TRUE(results[rank] == expected)
+        << "rank " << rank << ": " << results[rank].substr(0, 80);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ShmGroupRanksTest, ::testing::Values(2, 3),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat("np", info.param);
@@ -353,6 +410,48 @@ TEST_F(ShmGroupTest, AcrossHostsEachHostFormsItsOwnGroupWithSlicesThatLineUp) {
                          "local 1/2 host 0/2 sum 4 slices" + second,
                          "local 1/2 host 1/2 sum 6 slices" + second,
                      }));
+}
+
+// Allgather across hosts: each rank gathers its local index's parts over the "network" (here the
+// test's store, in host order), then the host's ranks exchange them through the segment; every
+// rank ends with every job rank's part in job rank order, though hosts interleave by rank.
+TEST_F(ShmGroupTest, AcrossHostsAllgatherPlacesEveryHostsPartsInJobRankOrder) {
+  auto part = [](int r) { return std::string(static_cast<size_t>(700 * r + 300), "ABCD"[r]); };
+  std::vector<std::string> results = RunRanks(4, [&](int rank) -> std::string {
+    ShmGroupOptions o = Options(rank, 4);
+    o.host = rank == 0 || rank == 2 ? "host-a" : "host-b";
+    o.across_hosts = true;
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(std::move(o));
+    if (!group.ok()) return Describe(group.status());
+    if (*group == nullptr) return "no group";
+    // The ranks of this local index, one per host in host order: {0, 1} and {2, 3}.
+    const std::vector<int> peers =
+        rank % 2 == 0 ? std::vector<int>{rank, rank + 1} : std::vector<int>{rank - 1, rank};
+    DirectoryStore store(dir_);
+    std::string cross_bytes;
+    auto across = [&](const void* in, void* out, absl::Span<const int64_t> bytes) -> absl::Status {
+      absl::StrAppend(&cross_bytes, absl::StrJoin(bytes, "/"));
+      const std::string mine(static_cast<const char*>(in), part(rank).size());
+      if (absl::Status s = store.Set(absl::StrCat("cross/", rank), mine); !s.ok()) return s;
+      absl::StatusOr<std::vector<std::string>> got = store.Wait(
+          {absl::StrCat("cross/", peers[0]), absl::StrCat("cross/", peers[1])}, kTimeout);
+      if (!got.ok()) return got.status();
+      std::string joined = (*got)[0] + (*got)[1];
+      std::memcpy(out, joined.data(), joined.size());
+      return absl::OkStatus();
+    };
+    std::vector<int64_t> bytes;
+    for (int r = 0; r < 4; ++r) bytes.push_back(static_cast<int64_t>(part(r).size()));
+    std::string gathered(std::accumulate(bytes.begin(), bytes.end(), int64_t{0}), '.');
+    const std::string mine = part(rank);
+    if (absl::Status s = (*group)->Allgatherv(mine.data(), gathered.data(), bytes, across);
+        !s.ok()) {
+      return Describe(s);
+    }
+    return absl::StrCat(cross_bytes, " ", gathered == part(0) + part(1) + part(2) + part(3));
+  });
+  EXPECT_EQ(results,
+            (std::vector<std::string>{"300/1000 1", "300/1000 1", "1700/2400 1", "1700/2400 1"}));
 }
 
 // Across hosts only when every host runs as many ranks, two or more: otherwise no group anywhere.
