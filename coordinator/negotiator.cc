@@ -591,7 +591,12 @@ std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
   for (const auto& batch : batches) {
     std::string key_storage;
     for (const Pending* p : batch) {
-      if (p->indexed_id != 0) pending_by_id_.erase(p->indexed_id);
+      if (p->indexed_id != 0) {
+        if (auto it = pending_by_id_.find(p->indexed_id);
+            it != pending_by_id_.end() && it->second == p) {
+          pending_by_id_.erase(it);
+        }
+      }
       pending_.erase(PendingKey(p->request, key_storage));
     }
   }

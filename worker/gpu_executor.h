@@ -21,11 +21,12 @@ class GpuExecutor final : public Executor {
 
   absl::Status Setup() override { return device_.Setup(); }
   absl::StatusOr<Executed> Execute(const Collective& c, ExecutionTrace& trace) override;
-  // Any failure but a refused process set (no NCCL call was made: a set past the bound on those
-  // kept, a worker that cannot make them). NCCL's own errors are never RESOURCE_EXHAUSTED.
+  // Any failure but a worker that cannot make process sets at all (no NCCL call was made, and every
+  // member refuses alike). Anything else may leave this rank out of step with its peers' NCCL
+  // calls (an output that did not fit the arena mid-allgather, a set past the bound on this rank
+  // alone, a set's communicator that could not be made): the rank fails.
   bool Fatal(const absl::Status& status) const override {
-    return status.code() != absl::StatusCode::kUnimplemented &&
-           status.code() != absl::StatusCode::kResourceExhausted;
+    return status.code() != absl::StatusCode::kUnimplemented;
   }
   void Abort(const std::string& why) override { device_.Abort(why); }
 

@@ -487,7 +487,9 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions option
     for (const std::vector<int>& on_host : ranks) {
       if (on_host.size() != members.size()) {
         if (rank == 0) {
-          spdlog::warn("hosts run different numbers of ranks; allreduce is not hierarchical");
+          spdlog::warn(
+              "hosts run different numbers of ranks; allreduce and allgather are not "
+              "hierarchical");
         }
         return nullptr;
       }

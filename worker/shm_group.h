@@ -124,8 +124,7 @@ class ShmGroup {
 
   // Waits until every rank has arrived at this rank's next barrier.
   absl::Status Barrier();
-  // Refuses a collective when the group failed before; waits for every rank to be done with the
-  // slots of a small allreduce before them.
+  // Names the collective in progress (for errors) and refuses it when the group failed before.
   absl::Status Begin(const char* what);
   // The error every rank returns once the segment is marked failed.
   absl::Status Failed();

@@ -296,6 +296,27 @@ TEST_F(EngineDeviceTest, AFailedAllgatherReturnsEarlierOutputsToTheArena) {
   EXPECT_EQ(outputs_.free_bytes(), free_before);
 }
 
+// An allgather output that does not fit this rank's arena is refused between NCCL calls its
+// peers make: the rank would be out of step with them, so it fails (as a device failure does).
+TEST_F(EngineDeviceTest, AnAllgatherOutputThatDoesNotFitTheArenaFailsTheRank) {
+  Start(0, 2);
+  Enqueue(1, "g", v1::REQUEST_TYPE_ALLGATHER, {4}, 0, 0);
+  Enqueue(2, "later", v1::REQUEST_TYPE_ALLREDUCE, {10}, 1024, 0);
+  v1::ResponseList list;
+  v1::Response* ag = list.add_responses();
+  ag->set_type(v1::Response::TYPE_ALLGATHER);
+  ag->set_dtype(v1::DATA_TYPE_FLOAT32);
+  ag->add_names("g");
+  ag->add_tensor_sizes(4);
+  ag->add_tensor_sizes(1 << 20);  // the peer's 4 MiB: more than this arena's outputs
+  ag->add_row_elements(1);
+  Deliver(list);
+  EXPECT_EQ(WaitFor(1).code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(WaitFor(2).code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  absl::MutexLock lock(&device_.mu);
+  EXPECT_FALSE(device_.aborts.empty());
+}
+
 TEST_F(EngineDeviceTest, ACommunicatorThatCannotBeSetUpFailsEveryOperation) {
   device_.setup_status = absl::DeadlineExceededError("NCCL communicator setup timed out");
   Start();

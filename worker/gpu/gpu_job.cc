@@ -177,9 +177,9 @@ absl::Status GpuJob::UseProcessSet(int32_t id, const std::vector<int32_t>& ranks
     absl::StatusOr<std::unique_ptr<NcclBackend>> made =
         options_.make_set_backend(cancelled_, key, static_cast<int>(me - ranks.begin()),
                                   static_cast<int>(ranks.size()), stream_);
-    if (!made.ok()) {
-      return absl::Status(made.status().code(),
-                          absl::StrCat("process set ", id, ": ", made.status().message()));
+    if (!made.ok()) {  // fatal whatever its code: the set's other members may be in NCCL's setup
+      return absl::UnavailableError(
+          absl::StrCat("process set ", id, ": ", made.status().message()));
     }
     std::string aborted;
     {
