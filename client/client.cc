@@ -21,6 +21,7 @@
 #include "client/staging.h"
 #include "common/framing.h"
 #include "common/shared_memory.h"
+#include "common/tensor.h"
 #include "ringmaster/v1/local.pb.h"
 
 namespace ringmaster {
@@ -242,6 +243,16 @@ class ClientImpl : public Client {
     if (absl::Status s = Wait(*h, absl::InfiniteDuration()); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
     return last_joined_rank_;
+  }
+
+  absl::Status ReleaseProcessSet(int32_t id) override {
+    if (id <= 0) return absl::InvalidArgumentError(absl::StrCat("process set id ", id));
+    v1::TensorRequest r;
+    r.set_name(absl::StrCat(kReleaseProcessSetPrefix, id));
+    r.set_type(v1::REQUEST_TYPE_BARRIER);
+    absl::StatusOr<Handle> h = Submit(std::move(r), nullptr, false);
+    if (!h.ok()) return h.status();
+    return Wait(*h, absl::InfiniteDuration());
   }
 
   absl::Status Barrier() override {

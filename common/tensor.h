@@ -35,6 +35,10 @@ enum class RequestType : int32_t {
 };
 inline constexpr int32_t kMaxRequestType = 5;
 
+// A barrier of every rank with this name followed by a process set's id releases the set's
+// communicators on every rank once it completes (Horovod's remove_process_set).
+inline constexpr char kReleaseProcessSetPrefix[] = "process_set.release.";
+
 enum class ReduceOp : int32_t {
   kUnspecified = 0,  // means kAverage, Horovod's default
   kAverage = 1,

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/half.h"
@@ -201,8 +202,21 @@ uint8_t* CpuExecutor::Scratch(size_t bytes) {
   return fusion_buffer_.data();
 }
 
+void CpuExecutor::ReleaseProcessSet(int32_t id) {
+  const std::string prefix = absl::StrCat("ps", id, "-");
+  for (auto it = set_backends_.lower_bound(prefix);
+       it != set_backends_.end() && absl::StartsWith(it->first, prefix);) {
+    it = set_backends_.erase(it);
+  }
+  if (released_.size() < kMaxReleased) released_.insert(id);
+}
+
 absl::StatusOr<Backend*> CpuExecutor::BackendFor(const Collective& c) {
   if (c.process_set_ranks.empty()) return backends_.front().get();
+  if (released_.contains(c.process_set_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("process set ", c.process_set_id, " was removed"));
+  }
   std::string key =
       absl::StrCat("ps", c.process_set_id, "-", absl::StrJoin(c.process_set_ranks, "_"));
   if (auto it = set_backends_.find(key); it != set_backends_.end()) return it->second.get();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "common/shared_memory.h"
@@ -88,6 +89,7 @@ class CpuExecutor final : public Executor {
   // Every Gloo operation has its timeout; the host group is woken at once (a rank in its cross-host
   // step of a hierarchical allreduce returns at that step's timeout).
   void Abort(const std::string& why) override;
+  void ReleaseProcessSet(int32_t id) override;
   // Whether allreduce goes through shared memory (known after Setup).
   bool shares_memory() const { return host_group_ != nullptr; }
 
@@ -116,6 +118,10 @@ class CpuExecutor final : public Executor {
   const CpuExecutorOptions options_;
   std::vector<std::unique_ptr<Backend>> backends_;
   std::map<std::string, std::unique_ptr<Backend>> set_backends_;  // by set key
+  // Sets released (Horovod's remove_process_set), whose collectives are refused: their
+  // communicators' rendezvous keys are spent. At most kMaxReleased are remembered.
+  static constexpr size_t kMaxReleased = size_t{1} << 20;
+  absl::flat_hash_set<int32_t> released_;
   std::unique_ptr<PartPool> pool_;
   std::unique_ptr<ShmGroup> host_group_;  // the engine thread's
   // What Abort (any thread) reaches: the group once connected, and the first reason, applied to a

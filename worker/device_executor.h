@@ -40,6 +40,9 @@ class DeviceExecutor {
   // together). INVALID_ARGUMENT when this rank is not a member; RESOURCE_EXHAUSTED past a bound on
   // the sets kept.
   virtual absl::Status UseProcessSet(int32_t id, const std::vector<int32_t>& ranks) = 0;
+  // Frees process set `id`'s communicator (no collective of it is in flight: Executor's
+  // ReleaseProcessSet); a later UseProcessSet of it is refused.
+  virtual void ReleaseProcessSet(int32_t id) = 0;
 
   // Each returns the done event (1-based) once the collective has completed on the device.
   virtual absl::StatusOr<int32_t> Allreduce(const std::vector<Tensor>& tensors, DataType dtype,

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/tensor.h"
 #include "spdlog/spdlog.h"
@@ -481,6 +483,15 @@ void Engine::Execute(const Response& r, const std::vector<std::string>& names,
     }
   }
   if (status.ok()) Record(r, ops, absl::Now() - started);
+  // Horovod's remove_process_set: a barrier of every rank, after which the set's communicators go.
+  int32_t released = 0;
+  if (status.ok() && r.type == Response::Type::kBarrier && r.process_set_ranks.empty() &&
+      names.size() == 1 && absl::StartsWith(names[0], kReleaseProcessSetPrefix) &&
+      absl::SimpleAtoi(absl::string_view(names[0]).substr(sizeof(kReleaseProcessSetPrefix) - 1),
+                       &released) &&
+      released > 0) {
+    executor_->ReleaseProcessSet(released);
+  }
   // Before completing: a rank that finishes at once and exits must not overtake its last span (the
   // job, and its timeline, would end without it).
   SendSpan(r, names, trace);

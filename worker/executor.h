@@ -93,6 +93,10 @@ class Executor {
   virtual bool Fatal(const absl::Status& status) const = 0;
   // Any thread: a collective stuck on a lost peer must return (the job stopped, a peer is gone).
   virtual void Abort(const std::string& why) = 0;
+  // Engine thread, after a barrier of every rank named kReleaseProcessSetPrefix + id (no
+  // collective of the set is in flight anywhere): frees process set `id`'s communicators; a
+  // later collective in it is refused.
+  virtual void ReleaseProcessSet(int32_t id) = 0;
 };
 
 // The bytes an allgather tensor moves: this rank's shape, every rank's bytes, and the result's rows

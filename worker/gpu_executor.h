@@ -29,6 +29,7 @@ class GpuExecutor final : public Executor {
     return status.code() != absl::StatusCode::kUnimplemented;
   }
   void Abort(const std::string& why) override { device_.Abort(why); }
+  void ReleaseProcessSet(int32_t id) override { device_.ReleaseProcessSet(id); }
 
  private:
   DeviceExecutor& device_;

@@ -118,6 +118,11 @@ class Client {
   // contributes zeros to other ranks' allreduces.
   virtual absl::StatusOr<int> Join() = 0;
   virtual absl::Status Barrier() = 0;
+  // Horovod's remove_process_set, on this rank's side: a barrier of every rank of the job, after
+  // which each rank's daemon releases the communicators of process set `id` (every rank calls it
+  // with the same id, once no collective of the set is in flight). A later collective in the set
+  // fails. Set ids are never reused.
+  virtual absl::Status ReleaseProcessSet(int32_t id) = 0;
 
   // Elastic jobs: whether a completion said that workers were added to the job (the process
   // should reset into the epoch that adds them at its next commit).

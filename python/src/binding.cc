@@ -209,6 +209,15 @@ class PyClient {
     ThrowIfError(status);
   }
 
+  void ReleaseProcessSet(int32_t id) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = client_->ReleaseProcessSet(id);
+    }
+    ThrowIfError(status);
+  }
+
   void Shutdown() {
     py::gil_scoped_release release;
     client_->Shutdown();
@@ -327,6 +336,9 @@ PYBIND11_MODULE(_ringmaster, m) {
       .def("take_allgather", &PyClient::TakeAllgather, py::arg("handle"))
       .def("join", &PyClient::Join)
       .def("barrier", &PyClient::Barrier)
+      .def("release_process_set", &PyClient::ReleaseProcessSet, py::arg("id"),
+           "a barrier of every rank, after which the daemons release process set `id`'s "
+           "communicators")
       .def("set_process_set", &PyClient::SetProcessSet, py::arg("id"), py::arg("ranks"),
            "the process set (Horovod's; 0 and no ranks: the global one) of the operations this "
            "thread submits from now on")

@@ -324,6 +324,19 @@ def process_sets():
     got = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=again, name="every.rank.set")
     check(same(got, torch.full((1,), float(SIZE))), "the set of every rank")
     hvd.remove_process_set(again)
+    # More sets over the job's life than a rank keeps communicators for (256): each removal frees
+    # its set's communicators, so the 300th set works as the first did.
+    for i in range(300):
+        pair = hvd.add_process_set([i % SIZE, (i + 1) % SIZE])
+        if pair.included():
+            got = hvd.allreduce(torch.full((1,), float(i)), op=hvd.Sum, process_set=pair,
+                                name=f"churn.{i}")
+            if not same(got, torch.full((1,), 2.0 * i)):
+                check(False, f"set {pair} of the churn: {got}")
+                break
+        hvd.remove_process_set(pair)
+    else:
+        check(True, "300 sets added, used and removed")
     del os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"]
 
 

@@ -37,6 +37,10 @@ class FakeDevice : public DeviceExecutor {
       calls.push_back(absl::StrCat("set ", id, " [", absl::StrJoin(ranks, ","), "]"));
     return absl::OkStatus();
   }
+  void ReleaseProcessSet(int32_t id) override {
+    absl::MutexLock lock(&mu);
+    calls.push_back(absl::StrCat("release ", id));
+  }
   absl::StatusOr<int32_t> Allreduce(const std::vector<Tensor>& tensors, DataType dtype, ReduceOp op,
                                     double prescale, double postscale) override {
     absl::MutexLock lock(&mu);

@@ -21,6 +21,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 // Records each collective as a line; fails when told to.
 class FakeExecutor : public Executor {
@@ -72,6 +73,10 @@ class FakeExecutor : public Executor {
   void Abort(const std::string& why) override {
     absl::MutexLock lock(&state_.mu);
     state_.aborts.push_back(why);
+  }
+  void ReleaseProcessSet(int32_t id) override {
+    absl::MutexLock lock(&state_.mu);
+    state_.calls.push_back(absl::StrCat("release set ", id));
   }
 
  private:
@@ -442,6 +447,23 @@ TEST_F(EngineTest, JoinCompletesWithTheLastJoinedRank) {
   EXPECT_EQ(c.code(), 0);
   EXPECT_EQ(c.last_joined_rank(), 1);
   EXPECT_TRUE(Calls().empty());  // no collective for a join
+}
+
+// Horovod's remove_process_set: after the job's barrier named for the set completes, the executor
+// releases the set's communicators; an ordinary barrier releases nothing.
+TEST_F(EngineTest, TheReleaseBarrierOfAProcessSetReleasesItsCommunicatorsOnceItCompletes) {
+  Start();
+  Enqueue(1, "barrier.1", v1::REQUEST_TYPE_BARRIER, {}, 0);
+  Enqueue(2, "process_set.release.7", v1::REQUEST_TYPE_BARRIER, {}, 0);
+  for (const char* name : {"barrier.1", "process_set.release.7"}) {
+    v1::Response b;
+    b.set_type(v1::Response::TYPE_BARRIER);
+    b.add_names(name);
+    Respond(b);
+  }
+  EXPECT_EQ(WaitFor(1).code(), 0);
+  EXPECT_EQ(WaitFor(2).code(), 0);
+  EXPECT_THAT(Calls(), ElementsAre(StartsWith("barrier"), StartsWith("barrier"), "release set 7"));
 }
 
 TEST_F(EngineTest, BadEnqueuesAreRefusedAtOnceNamingTheTensor) {

@@ -151,6 +151,24 @@ void GpuJob::Abort(const std::string& why) {
   for (NcclBackend* set : live_sets_) set->Abort(why);
 }
 
+void GpuJob::ReleaseProcessSet(int32_t id) {
+  const std::string prefix = absl::StrCat("ps", id, "-");
+  for (auto it = sets_.lower_bound(prefix);
+       it != sets_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
+    {
+      absl::MutexLock lock(&mu_);
+      live_sets_.erase(std::remove(live_sets_.begin(), live_sets_.end(), it->second.get()),
+                       live_sets_.end());
+    }
+    if (current_ == it->second.get()) {
+      current_ = backend_.get();
+      current_size_ = options_.size;
+    }
+    it = sets_.erase(it);  // finalizes its communicator, or aborts it (never a blocking destroy)
+  }
+  if (released_.size() < kMaxReleased) released_.insert(id);
+}
+
 absl::Status GpuJob::UseProcessSet(int32_t id, const std::vector<int32_t>& ranks) {
   if (backend_ == nullptr) return absl::FailedPreconditionError("no communicator");
   if (ranks.empty()) {
@@ -162,6 +180,9 @@ absl::Status GpuJob::UseProcessSet(int32_t id, const std::vector<int32_t>& ranks
   if (me == ranks.end() || *me != options_.rank) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", options_.rank, " is not in process set ", id));
+  }
+  if (released_.contains(id)) {
+    return absl::InvalidArgumentError(absl::StrCat("process set ", id, " was removed"));
   }
   const std::string key = absl::StrCat("ps", id, "-", absl::StrJoin(ranks, "_"));
   auto it = sets_.find(key);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/device_executor.h"
@@ -61,6 +62,7 @@ class GpuJob final : public DeviceExecutor {
   absl::Status Setup() override;
   absl::Status OpenReadyEvents(const std::vector<std::string>& handles) override;
   absl::Status UseProcessSet(int32_t id, const std::vector<int32_t>& ranks) override;
+  void ReleaseProcessSet(int32_t id) override;
   absl::StatusOr<int32_t> Allreduce(const std::vector<Tensor>& tensors, DataType dtype, ReduceOp op,
                                     double prescale, double postscale) override;
   absl::StatusOr<int32_t> Broadcast(const Tensor& tensor, int64_t bytes, int root) override;
@@ -96,6 +98,9 @@ class GpuJob final : public DeviceExecutor {
   // Process sets' communicators by key (engine thread only; destroyed before backend_, whose
   // stream they share), and the one the next calls use (backend_'s, or a set's) with its size.
   std::map<std::string, std::unique_ptr<NcclBackend>> sets_;
+  // Sets released (their collectives are refused; at most kMaxReleased remembered).
+  static constexpr size_t kMaxReleased = size_t{1} << 20;
+  absl::flat_hash_set<int32_t> released_;
   NcclBackend* current_ = nullptr;
   int current_size_ = 0;
   void* stream_ = nullptr;  // cudaStream_t, the backend's

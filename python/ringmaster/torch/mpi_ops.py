@@ -177,7 +177,12 @@ def remove_process_set(process_set):
     ps_id = process_set.process_set_id
     if ps_id is None or _process_sets.get(ps_id) is not process_set:
         return False
-    barrier()  # every rank removes it at the same point of its operations
+    # A barrier of every rank (each removes it at the same point of its operations), after which
+    # the daemons release the set's communicators.
+    try:
+        _basics.client().release_process_set(ps_id)
+    except _ringmaster.StatusError as e:
+        raise _status_error(e) from None
     del _process_sets[ps_id]
     process_set.process_set_id = None
     return True
