@@ -65,6 +65,12 @@ std::atomic<uint32_t>* Arrived(uint8_t* segment, int rank) {
   return reinterpret_cast<std::atomic<uint32_t>*>(segment + kPage + kLine * rank);
 }
 
+// Whether a rank is in its cross-host step (1) or not (0): in its barrier count's cache line.
+std::atomic<uint32_t>* Crossing(uint8_t* segment, int rank) {
+  return reinterpret_cast<std::atomic<uint32_t>*>(segment + kPage + kLine * rank +
+                                                  sizeof(uint32_t));
+}
+
 uint32_t* Word(std::atomic<uint32_t>& a) { return reinterpret_cast<uint32_t*>(&a); }
 
 void FutexWake(std::atomic<uint32_t>& word) {
@@ -261,17 +267,30 @@ absl::Status ShmGroup::Barrier() {
                          job_ranks_[dead], "'s worker (pid ", pids_[dead], ") exited")));
       }
       if (t >= deadline) {
-        std::vector<int> missing;
+        // A rank late in its cross-host step waits for the other hosts: the straggler is there.
+        std::vector<int> missing, crossing;
         for (int r = 0; r < size_; ++r) {
           const uint32_t seen = Arrived(segment_->data(), r)->load(std::memory_order_relaxed);
-          if (static_cast<int32_t>(seen - barriers_) < 0) missing.push_back(job_ranks_[r]);
+          if (static_cast<int32_t>(seen - barriers_) >= 0) continue;
+          (Crossing(segment_->data(), r)->load(std::memory_order_relaxed) != 0 ? crossing : missing)
+              .push_back(job_ranks_[r]);
         }
         // The last rank came in just now: the barrier is complete, not late.
-        if (missing.empty() || reached(arrivals.load(std::memory_order_acquire))) continue;
-        return Fail(absl::DeadlineExceededError(
-            absl::StrCat("shared-memory ", what_, " on rank ", job_ranks_[rank_],
-                         " timed out after ", absl::FormatDuration(timeout_),
-                         " waiting for rank(s) ", absl::StrJoin(missing, ", "))));
+        if ((missing.empty() && crossing.empty()) ||
+            reached(arrivals.load(std::memory_order_acquire))) {
+          continue;
+        }
+        std::string why = absl::StrCat("shared-memory ", what_, " on rank ", job_ranks_[rank_],
+                                       " timed out after ", absl::FormatDuration(timeout_));
+        if (!missing.empty())
+          absl::StrAppend(&why, " waiting for rank(s) ", absl::StrJoin(missing, ", "));
+        if (!crossing.empty()) {
+          absl::StrAppend(&why, missing.empty() ? ":" : ";", " rank(s) ",
+                          absl::StrJoin(crossing, ", "),
+                          " still in the cross-host step, waiting for the ranks of their local "
+                          "index on the other hosts");
+        }
+        return Fail(absl::DeadlineExceededError(why));
       }
     }
     FutexWait(arrivals, v, std::min(absl::Milliseconds(20), next_check - t));
@@ -293,6 +312,15 @@ absl::Status ShmGroup::Allreduce(void* data, int64_t count, DataType dtype, Redu
         std::memcpy(bytes + first * elem, reduced, static_cast<size_t>(n * elem));
         return absl::OkStatus();
       });
+}
+
+absl::Status ShmGroup::Cross(absl::FunctionRef<absl::Status()> step) {
+  if (hosts_ == 1) return step();
+  std::atomic<uint32_t>* crossing = Crossing(segment_->data(), rank_);
+  crossing->store(1, std::memory_order_relaxed);
+  absl::Status s = step();
+  crossing->store(0, std::memory_order_relaxed);
+  return s;
 }
 
 absl::Status ShmGroup::Begin(const char* what) {
@@ -332,7 +360,8 @@ absl::Status ShmGroup::Allgatherv(const void* in, void* out, absl::Span<const in
     std::vector<int64_t> per_host(hosts_);
     for (int h = 0; h < hosts_; ++h) per_host[h] = bytes[host_ranks_[h][rank_]];
     gathered.resize(static_cast<size_t>(block[rank_]));
-    if (absl::Status s = across(in, gathered.data(), per_host); !s.ok()) return Fail(std::move(s));
+    absl::Status crossed = Cross([&] { return across(in, gathered.data(), per_host); });
+    if (!crossed.ok()) return Fail(std::move(crossed));
     mine = gathered.data();
   }
   uint8_t* const dst = static_cast<uint8_t*>(out);
@@ -429,9 +458,8 @@ absl::Status ShmGroup::Allreduce(int64_t count, DataType dtype, ReduceOp op, Loa
     }
     // Every rank calls it, an empty slice too, so that the ranks of one local index across hosts
     // stay in step.
-    if (absl::Status s = after(result + lo * elem, hi - lo); !s.ok()) {
-      return Fail(std::move(s));
-    }
+    absl::Status crossed = Cross([&] { return after(result + lo * elem, hi - lo); });
+    if (!crossed.ok()) return Fail(std::move(crossed));
     if (absl::Status s = Barrier(); !s.ok()) return s;
     if (absl::Status s = store(done, m, result); !s.ok()) {
       failure_ = s;

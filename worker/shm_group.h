@@ -124,6 +124,9 @@ class ShmGroup {
 
   // Waits until every rank has arrived at this rank's next barrier.
   absl::Status Barrier();
+  // Runs `step` (a cross-host step when there are several hosts), marked in the segment meanwhile:
+  // a host's rank whose barrier times out names the ranks still in theirs apart.
+  absl::Status Cross(absl::FunctionRef<absl::Status()> step);
   // Names the collective in progress (for errors) and refuses it when the group failed before.
   absl::Status Begin(const char* what);
   // The error every rank returns once the segment is marked failed.

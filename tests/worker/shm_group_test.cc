@@ -538,6 +538,32 @@ TEST_F(ShmGroupTest, ARankThatNeverArrivesTimesOutNamingIt) {
   EXPECT_EQ(results[1], "slept");
 }
 
+// Across hosts, a host's rank held up in its cross-host step (the straggler is on another host) is
+// named as such by the host's rank whose barrier times out.
+TEST_F(ShmGroupTest, AcrossHostsATimeoutNamesTheRankStillInItsCrossHostStep) {
+  std::vector<std::string> results = RunRanks(4, [&](int rank) -> std::string {
+    ShmGroupOptions o = Options(rank, 4, absl::Milliseconds(500));
+    o.host = rank == 0 || rank == 2 ? "host-a" : "host-b";
+    o.across_hosts = true;
+    absl::StatusOr<std::unique_ptr<ShmGroup>> group = ConnectShmGroup(std::move(o));
+    if (!group.ok() || *group == nullptr) return "no group";
+    auto stuck = [rank] {
+      if (rank == 2) absl::SleepFor(absl::Milliseconds(1500));  // its peer on host-b is late
+    };
+    std::vector<float> data(10, 1.0f);
+    absl::Status s = (*group)->Allreduce(data.data(), 10, DataType::kFloat32, ReduceOp::kSum,
+                                         NoScaling, [&](void*, int64_t) {
+                                           stuck();
+                                           return absl::OkStatus();
+                                         });
+    return rank == 0 ? Describe(s) : "";
+  });
+  EXPECT_EQ(results[0],
+            "DEADLINE_EXCEEDED: shared-memory allreduce on rank 0 timed out after 500ms: rank(s) 2 "
+            "still in the cross-host step, waiting for the ranks of their local index on the other "
+            "hosts");
+}
+
 // Abort, from another thread, ends this rank's wait at once and fails the next allreduce of every
 // other rank with the reason.
 TEST_F(ShmGroupTest, AbortEndsTheWaitOnEveryRank) {
