@@ -11,6 +11,9 @@
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -24,11 +27,13 @@
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/worker/directory_store.h"
 
 namespace ringmaster {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::StartsWith;
 
 struct Calls {
   absl::Mutex mu;
@@ -229,6 +234,83 @@ TEST_F(CpuExecutorTest, TensorsOfAProcessWithDirectAccessAreReducedInItsOwnMemor
       gone.status().message(),
       absl::StrCat("cannot read the training process's tensor (pid ", child, ", 12 bytes at 0x")))
       << gone.status();
+}
+
+// Through shared memory, a training process whose tensor cannot be read (gone) fails the
+// allreduce on its rank, naming it, and on every other rank of the host, naming that rank: none
+// waits for the other. Two forked ranks, each with its executor and the host group.
+TEST(CpuExecutorShmTest, ATensorThatCannotBeReadFailsEveryRankOfTheHostNamingIt) {
+  char pattern[] = "/tmp/cpu_executor_test.XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  const pid_t gone = fork();  // a process that exits at once: its pid names no process
+  if (gone == 0) _exit(0);
+  waitpid(gone, nullptr, 0);
+  std::vector<pid_t> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    const pid_t child = fork();
+    if (child == 0) {
+      alarm(60);
+      std::vector<uint8_t> arena(1 << 20);
+      ArenaAllocator outputs(1 << 19, 1 << 20);
+      Calls calls;
+      CpuExecutorOptions o;
+      o.rank = rank;
+      o.size = 2;
+      o.arena = arena.data();
+      o.outputs = &outputs;
+      o.make_backend = [&](int index) -> absl::StatusOr<std::unique_ptr<Backend>> {
+        return std::make_unique<FakeBackend>(index, rank, 2, &calls);
+      };
+      o.make_host_group = [&] {
+        ShmGroupOptions g;
+        g.rank = rank;
+        g.size = 2;
+        g.store = std::make_shared<DirectoryStore>(dir);
+        g.host = "host-a";
+        g.timeout = absl::Seconds(20);
+        return ConnectShmGroup(std::move(g));
+      };
+      CpuExecutor executor(std::move(o));
+      std::string out;
+      if (absl::Status s = executor.Setup(); !s.ok() || !executor.shares_memory()) {
+        out = absl::StrCat("no shared memory: ", s.ToString());
+      } else {
+        Collective c;
+        c.type = Collective::Type::kAllreduce;
+        c.dtype = DataType::kFloat32;
+        c.op = ReduceOp::kSum;
+        c.tensors.push_back({0, 0, {}});
+        c.sizes = {4};
+        if (rank == 1) {
+          static float elsewhere[4];
+          c.tensors[0].address = reinterpret_cast<uint64_t>(elsewhere);
+          c.tensors[0].pid = gone;
+        }
+        ExecutionTrace trace(/*on=*/false, absl::Now());
+        absl::StatusOr<Executed> e = executor.Execute(c, trace);
+        out = absl::StrCat(absl::StatusCodeToString(e.status().code()), ": ", e.status().message());
+      }
+      std::ofstream(absl::StrCat(dir, "/result.", rank)) << out;
+      _exit(0);
+    }
+    ranks.push_back(child);
+  }
+  std::vector<std::string> results;
+  for (int rank = 0; rank < 2; ++rank) {
+    waitpid(ranks[rank], nullptr, 0);
+    std::ifstream in(absl::StrCat(dir, "/result.", rank));
+    results.push_back(std::string(std::istreambuf_iterator<char>(in), {}));
+  }
+  std::filesystem::remove_all(dir);
+  const std::string why =
+      absl::StrCat("cannot read the training process's tensor (pid ", gone, ", 16 bytes at 0x");
+  EXPECT_THAT(results[1], StartsWith(absl::StrCat("FAILED_PRECONDITION: ", why))) << results[1];
+  EXPECT_THAT(results[0],
+              StartsWith(absl::StrCat("FAILED_PRECONDITION: shared-memory allreduce failed on rank "
+                                      "1: ",
+                                      why)))
+      << results[0];
 }
 
 TEST_F(CpuExecutorTest, IntegerAveragesAreDividedExactly) {

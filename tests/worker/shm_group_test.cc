@@ -27,6 +27,7 @@
 #include "common/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/worker/directory_store.h"
 #include "worker/key_value_store.h"
 #include "worker/reduce_kernels.h"
 
@@ -38,55 +39,6 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
-
-// A key-value store shared by processes: one file per key, written whole by a rename.
-class DirectoryStore final : public KeyValueStore {
- public:
-  explicit DirectoryStore(std::string dir) : dir_(std::move(dir)) {}
-
-  absl::Status Set(const std::string& key, const std::string& value) override {
-    const std::string path = Path(key);
-    {
-      std::ofstream out(path + ".tmp", std::ios::binary);
-      out << value;
-    }
-    std::filesystem::rename(path + ".tmp", path);
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<std::string> Get(const std::string& key) override {
-    std::ifstream in(Path(key), std::ios::binary);
-    if (!in) return absl::NotFoundError(key);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
-
-  absl::StatusOr<std::vector<std::string>> Wait(const std::vector<std::string>& keys,
-                                                absl::Duration timeout) override {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      std::vector<std::string> values;
-      for (const std::string& key : keys) {
-        absl::StatusOr<std::string> v = Get(key);
-        if (!v.ok()) break;
-        values.push_back(*v);
-      }
-      if (values.size() == keys.size()) return values;
-      if (absl::Now() >= deadline) return absl::DeadlineExceededError("keys missing");
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-  }
-
- private:
-  std::string Path(const std::string& key) const {
-    std::string name = key;
-    for (char& ch : name) {
-      if (ch == '/') ch = '_';
-    }
-    return dir_ + "/" + name;
-  }
-
-  const std::string dir_;
-};
 
 std::string Describe(const absl::Status& status) {
   return absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
