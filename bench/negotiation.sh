@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Negotiation benchmark, as recorded in docs/benchmarks.md: the logic alone (N ranks in one process),
 # then N simulated workers against a coordinator in its own process, reporting the coordinator's own
-# CPU time per step next to the wall-clock step time (client and server share this machine's cores).
+# CPU time per step in the steady state (from two runs of s and 2s steps) next to the wall-clock
+# step time (client and server share this machine's cores).
 # The simulated ranks run on gRPC's callback client API (--clients callback, little client CPU), or
 # with two threads each (--clients threads, as bench/sim_worker.h).
 #   bench/negotiation.sh [--profile bench/profiles/resnet50.json] [--ranks 2,16,128,1024] [--steps 50]
@@ -41,13 +42,23 @@ for _ in $(seq 100); do
 done
 ticks=$(getconf CLK_TCK)
 IFS=, read -ra counts <<<"$ranks"
+# The coordinator's CPU time of one run of `s` measured steps (job setup and warmup included).
+cpu_of_run() {
+  local before after
+  before=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  line=$("$bin/ringmaster-negotiation-bench" --coordinator "127.0.0.1:$port" --mode grpc \
+    --clients "$clients" --profile "$profile" --ranks "$1" --steps "$2" --warmup 5)
+  after=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  echo "$((after - before))|$line"
+}
 for n in "${counts[@]}"; do
   s=$steps
   ((n > 128)) && s=$((steps / 5 > 5 ? steps / 5 : 5))
-  before=$(awk '{print $14 + $15}' /proc/$pid/stat)
-  line=$("$bin/ringmaster-negotiation-bench" --coordinator "127.0.0.1:$port" --mode grpc \
-    --clients "$clients" --profile "$profile" --ranks "$n" --steps "$s" --warmup 5)
-  after=$(awk '{print $14 + $15}' /proc/$pid/stat)
-  cpu_ms=$(awk -v d=$((after - before)) -v t="$ticks" -v k=$((s + 5)) 'BEGIN {printf "%.3f", d / t * 1000 / k}')
-  echo "$line  coordinator-cpu/step=${cpu_ms} ms"
+  # Twice, with s and 2s measured steps: the difference is the coordinator's CPU for s steps in
+  # the steady state (registration, placement and warmup cancel out).
+  short=$(cpu_of_run "$n" "$s")
+  long=$(cpu_of_run "$n" $((2 * s)))
+  cpu_ms=$(awk -v d=$((${long%%|*} - ${short%%|*})) -v t="$ticks" -v k="$s" \
+    'BEGIN {printf "%.3f", d / t * 1000 / k}')
+  echo "${long#*|}  coordinator-cpu/step (steady)=${cpu_ms} ms"
 done
