@@ -1,11 +1,23 @@
 #include "common/logging.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
+
+void ConfigureDeadlockDetection() {
+  const char* env = std::getenv("RINGMASTER_MUTEX_DEADLOCK_DETECTION");
+  const std::string mode = env == nullptr ? "" : env;
+  absl::SetMutexDeadlockDetectionMode(mode == "abort"    ? absl::OnDeadlockCycle::kAbort
+                                      : mode == "report" ? absl::OnDeadlockCycle::kReport
+                                                         : absl::OnDeadlockCycle::kIgnore);
+}
 
 absl::Status InitLogging(absl::string_view level) {
   std::string l = absl::AsciiStrToLower(level);

@@ -13,6 +13,12 @@ namespace ringmaster {
 // default), error, fatal/critical, off. Case-insensitive. INVALID_ARGUMENT for anything else.
 absl::Status InitLogging(absl::string_view level);
 
+// Abseil's mutex deadlock detection, from RINGMASTER_MUTEX_DEADLOCK_DETECTION: "abort" (a lock
+// taken in an order that contradicts one seen before aborts the process, printing both stacks),
+// "report" (it is printed and the process goes on), or off (unset or anything else; the default:
+// detection costs every lock a graph update). The tests that run the binaries set "abort".
+void ConfigureDeadlockDetection();
+
 }  // namespace ringmaster
 
 // Lets spdlog format absl::string_view (Debian's Abseil does not alias it to std::string_view).

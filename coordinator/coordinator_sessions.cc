@@ -83,9 +83,12 @@ void Coordinator::Resume(const std::string& worker_id, WorkerChannel* channel,
     FinishLater(r.job_id, JobState::kFailed, std::string(resent.message()));
     return;
   }
+  // Read before mu_: the runtime's lock comes before the coordinator's (a flush holds the runtime's
+  // while it takes mu_ to deliver), never after it.
+  const uint64_t last_request_seq = (*runtime)->LastRequestSeq(r.rank);
   absl::MutexLock lock(&mu_);
   if (ChannelOf(worker_id) == channel) {
-    channel->SendResumed(r.job_id, r.epoch, r.rank, (*runtime)->LastRequestSeq(r.rank));
+    channel->SendResumed(r.job_id, r.epoch, r.rank, last_request_seq);
   }
   spdlog::info("worker {} resumed rank {} of job {} from response list {}", worker_id, r.rank,
                r.job_id, r.last_response_seq);

@@ -129,8 +129,9 @@ int main(int argc, char** argv) {
       "[--log-level LEVEL] [--state-dir DIR] [--store etcd://HOST:PORT,...] [--artifacts-dir DIR]";
   ringmaster::HandleHelp(argc, argv, kUsage, "coordinator/main.cc");
   absl::SetProgramUsageMessage(kUsage);
-  // Debian's Abseil is built with mutex deadlock detection on; it costs every lock a graph update.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // Debian's Abseil is built with mutex deadlock detection on; it costs every lock a graph update,
+  // so it is off unless RINGMASTER_MUTEX_DEADLOCK_DETECTION asks for it.
+  ringmaster::ConfigureDeadlockDetection();
   ringmaster::KebabFlags flags(argc, argv);
   absl::ParseCommandLine(flags.argc(), flags.argv());
   std::string level = absl::GetFlag(FLAGS_log_level);

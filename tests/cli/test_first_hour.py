@@ -73,6 +73,13 @@ class Proc:
         return self.p.returncode
 
 
+def log_tail(proc, chars=6000):
+    """The end of a coordinator's (or daemon's) stderr, for an assertion's message."""
+    if not hasattr(proc, "stderr"):
+        return ""
+    return f"\n--- the end of its log ---\n{proc.stderr()[-chars:]}"
+
+
 class Cluster:
     """Coordinators and workers started by hand, as the README does."""
 
@@ -84,6 +91,9 @@ class Cluster:
         # PYTHONPATH of the caller's (a job that needs the package must be sent it).
         self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self.env["TMPDIR"] = str(tmp)
+        # A lock taken against an order seen before aborts the daemon or coordinator (printing both
+        # stacks), rather than deadlocking one run in a thousand.
+        self.env["RINGMASTER_MUTEX_DEADLOCK_DETECTION"] = "abort"
 
     def coordinator(self, *extra, port=0, expect_port=True):
         self.count += 1
@@ -117,7 +127,7 @@ class Cluster:
 
     def job(self, coordinator, job_id):
         r = self.cli(coordinator, "status", job_id, "--json")
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 0, r.stderr + log_tail(coordinator)
         return json.loads(r.stdout)
 
     def wait_state(self, coordinator, job_id, states, timeout):
@@ -126,7 +136,7 @@ class Cluster:
 
     def idle_workers(self, coordinator):
         r = self.cli(coordinator, "workers", "--json")
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 0, r.stderr + log_tail(coordinator)
         return [w for w in json.loads(r.stdout).get("workers", [])
                 if w["state"] == "WORKER_STATE_IDLE"]
 

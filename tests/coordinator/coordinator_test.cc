@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/worker_channel.h"
@@ -1171,6 +1173,41 @@ TEST_F(CoordinatorTest, ReconnectingWorkerGetsItsAssignmentAgainAndTheOldSession
   RecordingChannel unknown;
   EXPECT_EQ(coordinator_.OpenSession("worker-000042", &unknown).code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, ARankResumedAfterASessionResetTakesTheLocksInAFlushsOrder) {
+  // Abseil's lock-order graph aborts this process on a lock taken against an order it has seen. A
+  // flush holds the job's runtime lock while it takes the coordinator's to deliver; resuming a rank
+  // took them the other way round, which deadlocked a coordinator when a reset met a flush.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
+  const std::string w0 = Connect("host-a", "cpu");
+  const std::string w1 = Connect("host-a", "cpu");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+  for (const auto& [worker, rank] : {std::pair{w0, 0}, std::pair{w1, 1}}) {
+    RequestBatch batch;
+    batch.job_id = id;
+    batch.epoch = 1;
+    batch.rank = rank;
+    batch.seq = 1;
+    batch.requests = {Allreduce("a")};
+    ASSERT_TRUE(coordinator_.SubmitRequests(worker, std::move(batch)).ok());
+  }
+  ASSERT_THAT(Channel(w1).deliveries, SizeIs(1));
+
+  // Rank 1's session resets before it received the list: its new session gets the list again,
+  // then word that the coordinator has its batch 1.
+  RecordingChannel newer;
+  ASSERT_TRUE(coordinator_.OpenSession(w1, &newer).ok());
+  RankResume resume;
+  resume.job_id = id;
+  resume.epoch = 1;
+  resume.rank = 1;
+  resume.last_response_seq = 0;
+  coordinator_.ResumeRanks(w1, &newer, {resume});
+  ASSERT_THAT(newer.deliveries, SizeIs(1));
+  EXPECT_EQ(newer.deliveries[0].cycle.get(), Channel(w1).deliveries[0].cycle.get());
+  EXPECT_EQ(newer.deliveries[0].rank, 1);
+  EXPECT_THAT(newer.resumed, ElementsAre(absl::StrCat(id, "@1 rank 1 has 1")));
 }
 
 TEST_F(CoordinatorTest, ShutdownEndsEverySessionUnavailableAndFailsRendezvousWaits) {
