@@ -3,20 +3,26 @@
 multi-host namespace harness (tests/multihost/netns.py: each host a network namespace on one bridge),
 ResNet-50's gradient step in one run, each system --repeats times, interleaved:
 
-  ringmaster hierarchical   --hierarchical-allreduce: within each host through shared memory, then
-                            across hosts per slice
-  ringmaster flat           fused Gloo allreduce among all 4 ranks (the default)
+  ringmaster hierarchical   within each host through shared memory, then across hosts per slice
+                            (the default)
+  ringmaster flat           --no-hierarchical-allreduce: fused Gloo allreduce among all 4 ranks
   raw gloo, one buffer      timed inside the hierarchical job (ringmaster-bench's baseline)
   torch bucketed            PyTorch DDP-style 25 MB buckets (bench/torch_anchor.py) on the same hosts
 
-With --allgather-bytes N, the same for an allgather of N bytes from every rank instead:
---hierarchical-allgather (across hosts among each local index's ranks, then through each host's
-shared memory) against the flat Gloo allgather, raw Gloo's allgather timed in the hierarchical job,
+With --allgather-bytes N, the same for an allgather of N bytes from every rank instead: the
+hierarchical allgather (across hosts among each local index's ranks, then through each host's
+shared memory; the default) against the flat Gloo allgather (--no-hierarchical-allgather), raw
+Gloo's allgather timed in the hierarchical job,
 and torch.distributed's all_gather on the same hosts.
+
+With --link-rate R (tc's notation, e.g. 1gbit), what each worker host sends is shaped to R (a
+token bucket on its eth0): a network slower than the hosts' memory, as between real hosts, where on
+the bare harness the "network" is the same memory as within a host.
 
 Prints the medians and the ratios. Needs root (network namespaces) and a build (scripts/build.sh).
 
     sudo /usr/bin/python3 bench/hierarchical.py [--repeats 3] [--steps 10] [--allgather-bytes N]
+                                                [--link-rate R]
 """
 import argparse
 import json
@@ -42,7 +48,7 @@ def bench_job(cluster, profile, steps, *flags, allgather_bytes=0):
     done = cluster.wait_state(job, TERMINAL, 600)
     logs = cluster.cli("logs", job)
     if done["state"] != "JOB_STATE_SUCCEEDED":
-        sys.exit(f"{' '.join(flags) or 'flat'} job failed: {done.get('reason')}\n{logs}")
+        sys.exit(f"{' '.join(flags) or 'hierarchical'} job failed: {done.get('reason')}\n{logs}")
     return {r["system"]: r.get("step_time_s_median", r.get("time_s_median"))
             for r in (json.loads(line.split("] ", 1)[1]) for line in logs.splitlines()
                       if line.startswith("[0] {"))
@@ -72,6 +78,17 @@ def torch_ddp(hosts, tmp, profile, steps, port, allgather_bytes=0):
     return rows[0].get("step_time_s_median", rows[0].get("time_s_median"))
 
 
+def shape(hosts, rate):
+    """The worker hosts (1 and 2; 0 runs the coordinator) send at most `rate` each."""
+    if rate:
+        for h in (hosts[1], hosts[2]):
+            h.limit_rate(rate)
+
+
+def rate_note(args):
+    return f", each host sending at most {args.link_rate}" if args.link_rate else ""
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,6 +96,8 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--allgather-bytes", type=int, default=0,
                     help="measure an allgather of this many bytes per rank instead")
+    ap.add_argument("--link-rate", default="",
+                    help="shape what each worker host sends to this rate (tc's notation: 1gbit)")
     args = ap.parse_args()
     if reason := unavailable_reason():
         sys.exit(f"hierarchical.py: {reason}")
@@ -87,16 +106,19 @@ def main():
     if args.allgather_bytes:
         return allgather(args)
     with tempfile.TemporaryDirectory() as tmp, Hosts(3) as hosts:
+        shape(hosts, args.link_rate)
         cluster = Cluster(hosts, Path(tmp))
         for i in range(args.repeats):
-            ours = bench_job(cluster, profile, args.steps, "--hierarchical-allreduce")
+            ours = bench_job(cluster, profile, args.steps)
             samples["hierarchical"].append(ours["ringmaster"])
             samples["raw gloo"].append(ours["raw-gloo-one-buffer"])
             samples["memcpy"].append(ours["memcpy-floor"])
-            samples["flat"].append(bench_job(cluster, profile, args.steps)["ringmaster"])
+            samples["flat"].append(bench_job(cluster, profile, args.steps,
+                                             "--no-hierarchical-allreduce")["ringmaster"])
             samples["torch"].append(torch_ddp(hosts, Path(tmp), profile, args.steps, 29600 + i))
     med = {k: statistics.median(v) for k, v in samples.items()}
-    print(f"ResNet-50, 2 hosts x 2 ranks, medians of {args.repeats} runs of {args.steps} steps:")
+    print(f"ResNet-50, 2 hosts x 2 ranks{rate_note(args)}, medians of {args.repeats} runs of "
+          f"{args.steps} steps:")
     for k in ("hierarchical", "flat", "raw gloo", "torch", "memcpy"):
         print(f"  {k:14} {med[k] * 1e3:8.1f} ms   runs: "
               + " ".join(f"{v * 1e3:.1f}" for v in samples[k]))
@@ -111,19 +133,21 @@ def allgather(args):
     profile = REPO / "bench" / "profiles" / "resnet50.json"  # torch_anchor.py loads one anyway
     samples = {"hierarchical": [], "flat": [], "raw gloo": [], "torch": []}
     with tempfile.TemporaryDirectory() as tmp, Hosts(3) as hosts:
+        shape(hosts, args.link_rate)
         cluster = Cluster(hosts, Path(tmp))
         for i in range(args.repeats):
-            ours = bench_job(cluster, None, args.steps, "--hierarchical-allgather",
+            ours = bench_job(cluster, None, args.steps,
                              allgather_bytes=n)
             samples["hierarchical"].append(ours["ringmaster-allgather"])
             samples["raw gloo"].append(ours["raw-gloo-allgather"])
             samples["flat"].append(
-                bench_job(cluster, None, args.steps, allgather_bytes=n)["ringmaster-allgather"])
+                bench_job(cluster, None, args.steps, "--no-hierarchical-allgather",
+                          allgather_bytes=n)["ringmaster-allgather"])
             samples["torch"].append(torch_ddp(hosts, Path(tmp), profile, args.steps, 29700 + i,
                                               allgather_bytes=n))
     med = {k: statistics.median(v) for k, v in samples.items()}
-    print(f"allgather of {n} bytes per rank, 2 hosts x 2 ranks, medians of {args.repeats} runs of "
-          f"{args.steps}:")
+    print(f"allgather of {n} bytes per rank, 2 hosts x 2 ranks{rate_note(args)}, medians of "
+          f"{args.repeats} runs of {args.steps}:")
     for k in ("hierarchical", "flat", "raw gloo", "torch"):
         print(f"  {k:14} {med[k] * 1e3:8.2f} ms   runs: "
               + " ".join(f"{v * 1e3:.2f}" for v in samples[k]))

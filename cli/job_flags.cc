@@ -85,12 +85,12 @@ const char kJobOptionsHelp[] = R"(job options:
   --backend auto|gloo|nccl        collective backend (default auto)
   --no-shm-allreduce              CPU allreduce among one host's ranks over sockets, not shared
                                   memory (default: shared memory)
-  --hierarchical-allreduce        CPU allreduce of a job spread over hosts within each host through
-                                  shared memory, then across hosts, when every host runs as many
-                                  ranks, two or more (default: flat over Gloo)
-  --hierarchical-allgather        CPU allgather of such a job across hosts among the ranks of each
-                                  local index, then within each host through shared memory
-                                  (default: flat over Gloo)
+  --no-hierarchical-allreduce     CPU allreduce of a job spread over hosts flat over Gloo, not within
+                                  each host through shared memory, then across hosts (default:
+                                  hierarchical when every host runs as many ranks, two or more)
+  --no-hierarchical-allgather     CPU allgather of such a job flat over Gloo, not across hosts among
+                                  the ranks of each local index, then within each host through
+                                  shared memory (default: hierarchical, on the same condition)
 Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...),
 and the elastic options HOROVOD_MIN_NP, HOROVOD_MAX_NP, HOROVOD_RESET_LIMIT and
 HOROVOD_ELASTIC_TIMEOUT (RINGMASTER_* alike); flags win over the environment.

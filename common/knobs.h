@@ -35,9 +35,9 @@ struct Knobs {
   // CPU allreduce among a host's ranks through shared memory (worker/shm_group.h).
   bool shm_allreduce = true;
   // ... and across hosts among the ranks of one local index (hierarchical allreduce).
-  bool hierarchical_allreduce = false;
+  bool hierarchical_allreduce = true;
   // ... and allgather across hosts likewise (hierarchical allgather).
-  bool hierarchical_allgather = false;
+  bool hierarchical_allgather = true;
   // Knobs autotune leaves alone (kTunableKnobs names).
   std::vector<std::string> autotune_fixed;
 };

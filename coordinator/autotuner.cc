@@ -91,7 +91,9 @@ AutotuneParameters Autotuner::FromPoint(const Point& x) const {
 }
 
 void Autotuner::Log(const AutotuneParameters& p, double score) {
-  log_.push_back(absl::StrFormat("0,0,%d,%g,%g,%.0f", p.cache_enabled ? 1 : 0, p.cycle_time_ms,
+  log_.push_back(absl::StrFormat("%d,%d,%d,%g,%g,%.0f", options_.hierarchical_allreduce ? 1 : 0,
+                                 options_.hierarchical_allgather ? 1 : 0, p.cache_enabled ? 1 : 0,
+                                 p.cycle_time_ms,
                                  static_cast<double>(p.fusion_threshold_bytes) / (1 << 20), score));
 }
 

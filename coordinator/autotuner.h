@@ -44,6 +44,9 @@ struct AutotuneOptions {
   bool tune_fusion_threshold = true;
   bool tune_cycle_time = true;
   bool tune_cache = true;
+  // The job's hierarchical knobs, not tuned: the log's first two columns report them.
+  bool hierarchical_allreduce = false;
+  bool hierarchical_allgather = false;
 };
 
 enum class AutotunePhase { kWarmup, kTuning, kDone };
@@ -59,8 +62,8 @@ struct AutotuneStatus {
 
 absl::string_view AutotunePhaseName(AutotunePhase phase);
 
-// The autotune log's header: Horovod's columns (the hierarchical ones are always 0 here), fusion
-// threshold in MiB, score in bytes per second.
+// The autotune log's header: Horovod's columns (the hierarchical ones are the job's, not tuned),
+// fusion threshold in MiB, score in bytes per second.
 inline constexpr char kAutotuneLogHeader[] =
     "hierarchical_allreduce,hierarchical_allgather,cache_enabled,cycle_time_ms,"
     "tensor_fusion_threshold,score";

@@ -111,6 +111,8 @@ std::shared_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore
   a.start = {k.fusion_threshold_bytes, k.cycle_time_ms, k.cache_capacity > 0};
   a.tune_fusion_threshold = !Fixed(k, "fusion_threshold_bytes");
   a.tune_cycle_time = !Fixed(k, "cycle_time_ms");
+  a.hierarchical_allreduce = k.hierarchical_allreduce;
+  a.hierarchical_allgather = k.hierarchical_allgather;
   a.tune_cache = tune_cache;
   std::vector<std::string> header;
   {

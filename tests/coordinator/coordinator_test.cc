@@ -1426,7 +1426,9 @@ TEST_F(CoordinatorTest, AutotuneChangesReachEveryRankAtTheSameCycleAndEndAtTheBe
   EXPECT_EQ(lines[0],
             "hierarchical_allreduce,hierarchical_allgather,cache_enabled,cycle_time_ms,"
             "tensor_fusion_threshold,score");
-  EXPECT_EQ(lines[1], "0,0,1,1,128,40000");  // the starting setting comes first
+  // The starting setting comes first; the first two columns are the job's hierarchical knobs (by
+  // default both on), which autotune leaves alone.
+  EXPECT_EQ(lines[1], "1,1,1,1,128,40000");
 }
 
 TEST_F(CoordinatorTest, TheTimelineIsAnArtifactReadableAsValidJsonWhileTheJobRuns) {

@@ -124,6 +124,15 @@ class Host:
     def plug(self):
         _ip("-n", self.hosts.switch, "link", "set", self.port, "up")
 
+    def limit_rate(self, rate):
+        """Shapes what this host sends to `rate` (tc's notation: "1gbit", "500mbit"), as a network
+        slower than the host's memory is: a token bucket on its eth0, gone with the namespace."""
+        r = subprocess.run(["ip", "netns", "exec", self.netns, "tc", "qdisc", "replace", "dev",
+                            "eth0", "root", "tbf", "rate", rate, "burst", "1mb", "latency",
+                            "100ms"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"tc cannot shape {self.name}'s eth0 to {rate}: {r.stderr.strip()}")
+
 
 class Hosts:
     """N hosts on one switch. Use as a context manager, or call close()."""

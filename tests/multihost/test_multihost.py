@@ -129,8 +129,8 @@ def test_two_hosts_of_two_slots_pass_every_collectives_check_and_run_the_resnet5
         ("host-a", hosts[1].address), ("host-a", hosts[1].address),
         ("host-b", hosts[2].address), ("host-b", hosts[2].address)]
 
-    job = c.submit("--np", "4", "--processes-per-host", "2", "--hierarchical-allreduce",
-                   "--hierarchical-allgather", "--", str(BIN / "collectives_check"))
+    # No flags: on hosts of as many ranks each, allreduce and allgather are hierarchical by default.
+    job = c.submit("--np", "4", "--processes-per-host", "2", "--", str(BIN / "collectives_check"))
     done = c.wait_state(job, TERMINAL, 180)
     logs = c.cli("logs", job)
     assert done["state"] == "JOB_STATE_SUCCEEDED", f"{done.get('reason')}\n{logs}"
@@ -163,7 +163,7 @@ def test_two_hosts_of_two_slots_pass_every_collectives_check_and_run_the_resnet5
     assert systems["ringmaster"]["np"] == 4 and systems["ringmaster"]["step_time_s_median"] > 0, logs
 
 
-@pytest.mark.parametrize("flags", [(), ("--hierarchical-allreduce",)], ids=["flat", "hierarchical"])
+@pytest.mark.parametrize("flags", [("--no-hierarchical-allreduce",), ()], ids=["flat", "hierarchical"])
 def test_a_host_whose_link_goes_down_fails_the_job_within_10_s_naming_it_and_the_rest_go_on(
         hosts, tmp_path, flags):
     c = Cluster(hosts, tmp_path)

@@ -149,7 +149,8 @@ def test_autotune_reports_its_state_and_logs_every_sample(tmp_path):
     proc = start_local(tmp_path, port,
                        ["--autotune", "--autotune-log-file", "autotune.csv",
                         "--autotune-warmup-samples", "1", "--autotune-steps-per-sample", "5",
-                        "--autotune-bayes-opt-max-samples", "4", "--cycle-time-ms", "2"], 200)
+                        "--autotune-bayes-opt-max-samples", "4", "--cycle-time-ms", "2",
+                        "--no-hierarchical-allgather"], 200)
     phases = set()
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline:
@@ -174,7 +175,9 @@ def test_autotune_reports_its_state_and_logs_every_sample(tmp_path):
                        "cycle_time_ms", "tensor_fusion_threshold", "score"]
     assert len(rows) == 1 + 4 + 1  # header, the samples, the best setting
     for row in rows[1:]:
-        assert row[:2] == ["0", "0"] and row[2] in ("0", "1")
+        # The job's hierarchical knobs (--no-hierarchical-allgather; allreduce on by default),
+        # which autotune does not tune.
+        assert row[:2] == ["1", "0"] and row[2] in ("0", "1")
         assert float(row[3]) == 2.0  # fixed
         assert 0.0625 <= float(row[4]) <= 256 and float(row[5]) > 0
     # The first sample scores the starting setting: the default 128 MiB, cache on.

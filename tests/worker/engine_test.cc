@@ -19,9 +19,11 @@
 namespace ringmaster {
 namespace {
 
+using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
+using ::testing::UnorderedElementsAre;
 
 // Records each collective as a line; fails when told to.
 class FakeExecutor : public Executor {
@@ -317,11 +319,15 @@ TEST_F(EngineTest, ANewCacheGenerationSendsEveryUnansweredRequestAgainInFull) {
   EXPECT_THAT(Batches(1), ElementsAre("w|"));
   Deliver(AssignAndAllreduce("w", 9, 4));
   EXPECT_EQ(WaitFor(1).code(), 0);
-  // Two requests out in one batch (w by its cache id), unanswered when the coordinator restarts.
+  // Two requests out (w by its cache id), unanswered when the coordinator restarts: in one batch,
+  // or in two when the engine sent w at once (nothing else in flight) before v was enqueued.
   Enqueue(2, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
   Enqueue(3, "v", v1::REQUEST_TYPE_ALLREDUCE, {4}, 64);
   clock_.Advance(absl::Hours(1));
-  EXPECT_THAT(Batches(2), ElementsAre("w|", "v|#9"));
+  std::vector<std::string> out = Batches(2);
+  if (out.size() == 2 && out[1] == "|#9") out = Batches(3);
+  ASSERT_THAT(out, AnyOf(ElementsAre("w|", "v|#9"), ElementsAre("w|", "|#9", "v|")));
+  const size_t before = out.size();
   {
     absl::MutexLock lock(&mu_);
     for (const v1::WorkerMessage& m : sent_) {
@@ -335,7 +341,9 @@ TEST_F(EngineTest, ANewCacheGenerationSendsEveryUnansweredRequestAgainInFull) {
   v1::ResponseList first;
   first.set_cache_generation(77);
   Deliver(first);
-  EXPECT_THAT(Batches(3), ElementsAre("w|", "v|#9", "w,v|"));
+  out = Batches(before + 1);
+  ASSERT_EQ(out.size(), before + 1);
+  EXPECT_EQ(out.back(), "w,v|");
   {
     absl::MutexLock lock(&mu_);
     EXPECT_EQ(sent_.back().requests().cache_generation(), 77u);
@@ -350,7 +358,9 @@ TEST_F(EngineTest, ANewCacheGenerationSendsEveryUnansweredRequestAgainInFull) {
   // The old id is gone with the old cache: the next request of w goes in full.
   Enqueue(4, "w", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
   clock_.Advance(absl::Hours(1));
-  EXPECT_THAT(Batches(4), ElementsAre("w|", "v|#9", "w,v|", "w|"));
+  out = Batches(before + 2);
+  ASSERT_EQ(out.size(), before + 2);
+  EXPECT_EQ(out.back(), "w|");
 }
 
 TEST_F(EngineTest, ANegotiationErrorFailsExactlyTheTensorsItNames) {
