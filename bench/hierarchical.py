@@ -136,8 +136,7 @@ def allgather(args):
         shape(hosts, args.link_rate)
         cluster = Cluster(hosts, Path(tmp))
         for i in range(args.repeats):
-            ours = bench_job(cluster, None, args.steps,
-                             allgather_bytes=n)
+            ours = bench_job(cluster, None, args.steps, allgather_bytes=n)
             samples["hierarchical"].append(ours["ringmaster-allgather"])
             samples["raw gloo"].append(ours["raw-gloo-allgather"])
             samples["flat"].append(

@@ -337,7 +337,7 @@ int Main() {
 }  // namespace ringmaster
 
 int main(int argc, char** argv) {
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // as the daemons do
+  ringmaster::ConfigureDeadlockDetection();  // off unless asked for, as in the daemons
   ringmaster::KebabFlags flags(argc, argv);
   absl::ParseCommandLine(flags.argc(), flags.argv());
   ringmaster::InitLogging("error").IgnoreError();
