@@ -23,8 +23,9 @@ struct DeviceSegment {
 inline constexpr int kMaxSegmentsPerLaunch = 96;
 
 // Enqueues dst[i] = src[i] * scale / divide_by for every segment on `stream` (floating types are
-// scaled in float (double for float64) and rounded to the type; integers are multiplied in double
-// and rounded when scale != 1, then divided truncating toward zero when divide_by > 1).
+// scaled in float (double for float64) and rounded to the type; integers are multiplied by
+// scale / divide_by in double and truncated toward zero, as Horovod and the CPU executor do, so
+// 71 * 0.5 is 35 in int8 on either device).
 // INTERNAL with CUDA's message when a launch fails. Asynchronous: nothing waits for the GPU.
 absl::Status ScaledCopy(const std::vector<DeviceSegment>& segments, DataType dtype, double scale,
                         int divide_by, cudaStream_t stream);

@@ -116,18 +116,18 @@ TEST_F(GpuKernelsTest, EveryTypeScalesTheSameOnTheVectorAndElementPaths) {
   CheckEveryPath<uint8_t>(DataType::kUint8, Values<uint8_t>([&](auto& r) {
                             return static_cast<uint8_t>(ints(0, 255)(r));
                           }),
-                          1.0, 3, [](uint8_t v) { return static_cast<uint8_t>(v / 3); });
-  CheckEveryPath<int8_t>(
-      DataType::kInt8,
-      Values<int8_t>([&](auto& r) { return static_cast<int8_t>(ints(-128, 127)(r)); }), 0.5, 1,
-      [](int8_t v) { return static_cast<int8_t>(std::llrint(v * 0.5)); });
-  CheckEveryPath<int32_t>(
-      DataType::kInt32,
-      Values<int32_t>([&](auto& r) { return static_cast<int32_t>(ints(-1000000, 1000000)(r)); }),
-      1.5, 1, [](int32_t v) { return static_cast<int32_t>(std::llrint(v * 1.5)); });
+                          1.0, 3, [](uint8_t v) { return static_cast<uint8_t>((1.0 / 3) * v); });
+  CheckEveryPath<int8_t>(DataType::kInt8, Values<int8_t>([&](auto& r) {
+                           return static_cast<int8_t>(ints(-128, 127)(r));
+                         }),
+                         0.5, 1, [](int8_t v) { return static_cast<int8_t>(v * 0.5); });
+  CheckEveryPath<int32_t>(DataType::kInt32, Values<int32_t>([&](auto& r) {
+                            return static_cast<int32_t>(ints(-1000000, 1000000)(r));
+                          }),
+                          1.5, 1, [](int32_t v) { return static_cast<int32_t>(v * 1.5); });
   CheckEveryPath<int64_t>(DataType::kInt64,
                           Values<int64_t>(ints(-(int64_t{1} << 50), int64_t{1} << 50)), 1.0, 4,
-                          [](int64_t v) { return v / 4; });
+                          [](int64_t v) { return static_cast<int64_t>(0.25 * v); });
 }
 
 TEST_F(GpuKernelsTest, PackScalesIntoTheLayoutAndUnpackScalesBack) {
