@@ -197,6 +197,13 @@ class Coordinator {
   // FAILED_PRECONDITION when the worker does not serve that rank of that job; ABORTED for a stale
   // epoch.
   absl::Status SubmitRequests(const std::string& worker_id, RequestBatch batch);
+  // Negotiation relay: batches of ranks on the host of worker `relay_id`, sent by it. Each is taken
+  // as its rank's own worker's (SubmitRequests) when that worker registered the relay's host name
+  // and identity and the relay serves a rank of the same job epoch, and the rank's lists then go
+  // back through the relay; the others are dropped, and the first such error is returned
+  // (PERMISSION_DENIED naming the rank and both hosts; as SubmitRequests otherwise). One flush
+  // follows the whole lot.
+  absl::Status SubmitRelayed(const std::string& relay_id, std::vector<RequestBatch> batches);
   absl::Status UpdateRank(const std::string& worker_id, const RankUpdate& update);
   // Elastic jobs: rank `rank` of epoch `epoch` reset (its training process left the epoch and waits
   // for the next): the job starts a new epoch (after CoordinatorOptions::failure_settle, so that a
@@ -368,6 +375,11 @@ class Coordinator {
   void TendElasticJobs(absl::Time now);
   // Flushes the job's due cycle to its ranks' channels.
   void Flush(JobRuntime& runtime, absl::Time now);
+  // A batch for `runtime` from `worker_id` (the rank's own worker), checked: taken (true), or a
+  // re-sent one it has, or one of an old cache generation (false; the rank is sent the lists it
+  // lacks).
+  bool Submit(JobRuntime& runtime, const std::string& worker_id, RequestBatch batch,
+              absl::Time now);
   void Housekeeping(absl::Time now);
   // Fails the jobs STARTING for longer than the start timeout, naming the ranks that never started.
   void FailJobsThatDidNotStart(absl::Time now);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/coordinator.h"
@@ -66,6 +67,9 @@ void Coordinator::Resume(const std::string& worker_id, WorkerChannel* channel,
     channel->SendResumed(r.job_id, r.epoch, r.rank, 0);
     return;
   }
+  // Resumed on its own session: its lists come on it for the rest of the epoch (a relay's
+  // session that broke loses what it carried; its ranks resume like this).
+  (*runtime)->RouteDirect(r.rank);
   if ((*runtime)->restoring()) {  // the coordinator restarted: what the rank holds restores it
     GatherRank(worker_id, **runtime, r.rank, &r);
     return;
@@ -175,29 +179,10 @@ absl::StatusOr<std::shared_ptr<JobRuntime>> Coordinator::RuntimeFor(const std::s
 absl::Status Coordinator::SubmitRequests(const std::string& worker_id, RequestBatch batch) {
   auto runtime = RuntimeFor(worker_id, batch.job_id, batch.epoch, batch.rank);
   if (!runtime.ok()) return runtime.status();
+  // The rank's own session: its lists come back on it from now on.
+  if ((*runtime)->relayed()) (*runtime)->RouteDirect(batch.rank);
   const absl::Time now = clock_->Now();
-  // A batch re-sent after a reconnect that the runtime has already is dropped; nothing to flush.
-  const uint64_t generation = batch.cache_generation, acked = batch.ack_responses;
-  const int32_t rank = batch.rank;
-  if (!(*runtime)->Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now, batch.seq,
-                          batch.ack_responses, batch.cache_generation)) {
-    // Encoded in an old cache generation after a restore: the rank has not seen the new
-    // generation's first list (its rank started late, or its worker dropped lists meant for a job
-    // it had not started yet). It gets the lists after the last one it acknowledged again; it
-    // drops those it has.
-    if (generation != (*runtime)->cache_generation() && !(*runtime)->restoring()) {
-      (*runtime)
-          ->Resend(rank, acked,
-                   [&](const std::shared_ptr<CycleBroadcast>& cycle) {
-                     absl::MutexLock lock(&mu_);
-                     if (WorkerChannel* channel = ChannelOf(worker_id)) {
-                       channel->SendResponses(cycle, rank);
-                     }
-                   })
-          .IgnoreError();
-    }
-    return absl::OkStatus();
-  }
+  if (!Submit(**runtime, worker_id, std::move(batch), now)) return absl::OkStatus();
   Flush(**runtime, now);
   // A cycle that is not due yet (some ranks have not submitted) must be flushed at its deadline.
   if (const absl::Time next = (*runtime)->NextDeadline(); next != absl::InfiniteFuture()) {
@@ -206,14 +191,102 @@ absl::Status Coordinator::SubmitRequests(const std::string& worker_id, RequestBa
   return absl::OkStatus();
 }
 
+bool Coordinator::Submit(JobRuntime& runtime, const std::string& worker_id, RequestBatch batch,
+                         absl::Time now) {
+  // A batch re-sent after a reconnect that the runtime has already is dropped; nothing to flush.
+  const uint64_t generation = batch.cache_generation, acked = batch.ack_responses;
+  const int32_t rank = batch.rank;
+  if (runtime.Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now, batch.seq,
+                     batch.ack_responses, batch.cache_generation)) {
+    return true;
+  }
+  // Encoded in an old cache generation after a restore: the rank has not seen the new
+  // generation's first list (its rank started late, or its worker dropped lists meant for a job
+  // it had not started yet). It gets the lists after the last one it acknowledged again, on its
+  // own session; it drops those it has.
+  if (generation != runtime.cache_generation() && !runtime.restoring()) {
+    runtime
+        .Resend(rank, acked,
+                [&](const std::shared_ptr<CycleBroadcast>& cycle) {
+                  absl::MutexLock lock(&mu_);
+                  if (WorkerChannel* channel = ChannelOf(worker_id)) {
+                    channel->SendResponses(cycle, rank);
+                  }
+                })
+        .IgnoreError();
+  }
+  return false;
+}
+
+absl::Status Coordinator::SubmitRelayed(const std::string& relay_id,
+                                        std::vector<RequestBatch> batches) {
+  absl::StatusOr<Worker> relay = workers_.Get(relay_id);
+  if (!relay.ok()) return relay.status();
+  absl::Status first_error;
+  std::vector<std::shared_ptr<JobRuntime>> touched;
+  const absl::Time now = clock_->Now();
+  for (RequestBatch& batch : batches) {
+    std::shared_ptr<JobRuntime> runtime = RuntimeOf(batch.job_id);
+    absl::Status why;
+    if (runtime == nullptr || runtime->epoch() != batch.epoch || relay->job_id != batch.job_id) {
+      why = absl::FailedPreconditionError(absl::StrCat("relay ", relay_id, " does not serve epoch ",
+                                                       batch.epoch, " of job ", batch.job_id));
+    } else if (batch.rank < 0 || batch.rank >= static_cast<int32_t>(runtime->ranks().size())) {
+      why = absl::InvalidArgumentError(absl::StrCat("relayed.batches.rank ", batch.rank,
+                                                    " is not a rank of job ", batch.job_id));
+    } else if (const RankInfo& info = runtime->ranks()[batch.rank];
+               info.host != relay->host || info.worker_identity != relay->identity) {
+      why = absl::PermissionDeniedError(absl::StrCat(
+          "relay ", relay_id, " on host ", relay->host, " may not relay rank ", batch.rank,
+          " of job ", batch.job_id, ", whose worker is on host ", info.host,
+          info.worker_identity != relay->identity ? " under another identity" : ""));
+    } else {
+      const std::string worker_id = info.worker_id;
+      const int32_t rank = batch.rank;
+      if (Submit(*runtime, worker_id, std::move(batch), now)) {
+        runtime->RouteVia(rank, relay_id);
+        if (touched.empty() || touched.back() != runtime) touched.push_back(runtime);
+      }
+      continue;
+    }
+    if (first_error.ok()) first_error = why;
+  }
+  for (const std::shared_ptr<JobRuntime>& runtime : touched) {
+    Flush(*runtime, now);
+    if (const absl::Time next = runtime->NextDeadline(); next != absl::InfiniteFuture()) {
+      WakeTicker(next);
+    }
+  }
+  return first_error;
+}
+
 void Coordinator::Flush(JobRuntime& runtime, absl::Time now) {
   bool negotiated = false;
   runtime.Flush(now, [this, &runtime, &negotiated](const std::shared_ptr<CycleBroadcast>& cycle) {
     negotiated = !cycle->output.responses.empty();
     absl::MutexLock lock(&mu_);
+    if (!runtime.relayed()) {
+      for (const RankInfo& r : runtime.ranks()) {
+        if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendResponses(cycle, r.rank);
+      }
+      return;
+    }
+    // Ranks whose batches came through a relay get the list through it, one message per relay.
+    std::vector<std::pair<int32_t, std::string>> relayed;
+    runtime.ForEachRelayed(
+        [&](int32_t rank, const std::string& relay) { relayed.emplace_back(rank, relay); });
+    std::vector<char> via_relay(runtime.ranks().size(), 0);
+    absl::flat_hash_map<std::string, std::vector<int>> groups;
+    for (auto& [rank, relay] : relayed) {
+      if (ChannelOf(relay) == nullptr) continue;  // its session is gone: direct until it resumes
+      groups[relay].push_back(rank);
+      via_relay[rank] = 1;
+    }
     for (const RankInfo& r : runtime.ranks()) {
+      if (via_relay[r.rank]) continue;
       if (WorkerChannel* channel = ChannelOf(r.worker_id)) channel->SendResponses(cycle, r.rank);
     }
+    for (const auto& [relay, ranks] : groups) ChannelOf(relay)->SendRelayedResponses(cycle, ranks);
   });
   if (negotiated) NoteFirstCycleAfterRestore(runtime);  // a no-op but once after a restore
 }

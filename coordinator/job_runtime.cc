@@ -165,6 +165,38 @@ bool JobRuntime::Submit(int32_t rank, std::vector<TensorRequest> requests,
   return true;
 }
 
+void JobRuntime::RouteVia(int32_t rank, const std::string& relay) {
+  absl::MutexLock lock(&routes_mu_);
+  const size_t r = static_cast<size_t>(rank);
+  if (via_.empty()) {
+    via_.resize(ranks_.size());
+    direct_.resize(ranks_.size());
+  }
+  if (r >= via_.size() || direct_[r] || via_[r] == relay) return;
+  via_[r] = relay;
+  relayed_.store(true, std::memory_order_release);
+}
+
+void JobRuntime::RouteDirect(int32_t rank) {
+  absl::MutexLock lock(&routes_mu_);
+  const size_t r = static_cast<size_t>(rank);
+  if (via_.empty()) {
+    via_.resize(ranks_.size());
+    direct_.resize(ranks_.size());
+  }
+  if (r >= via_.size()) return;
+  via_[r].clear();
+  direct_[r] = true;
+}
+
+void JobRuntime::ForEachRelayed(
+    absl::FunctionRef<void(int32_t rank, const std::string& relay)> each) const {
+  absl::MutexLock lock(&routes_mu_);
+  for (size_t r = 0; r < via_.size(); ++r) {
+    if (!via_[r].empty()) each(static_cast<int32_t>(r), via_[r]);
+  }
+}
+
 uint64_t JobRuntime::LastRequestSeq(int32_t rank) const {
   absl::MutexLock lock(&mu_);
   const size_t r = static_cast<size_t>(rank);

@@ -138,6 +138,17 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   };
   std::optional<TimelineSnapshot> Timeline() const;
 
+  // Negotiation relays: which worker's session carries a rank's lists ("" for the rank's own).
+  // A batch that came through `relay` routes the rank's lists back through it, unless the rank
+  // has gone direct: it resumed (or sent a batch) on its own session, and stays direct for the
+  // rest of the epoch, so its lists and batches never take two paths at once but around a resume.
+  void RouteVia(int32_t rank, const std::string& relay);
+  void RouteDirect(int32_t rank);
+  // Whether any rank's lists go through a relay (read without a lock: Flush's fast path).
+  bool relayed() const { return relayed_.load(std::memory_order_acquire); }
+  // Calls `each` with every rank whose lists go through a relay, and the relay, in rank order.
+  void ForEachRelayed(absl::FunctionRef<void(int32_t rank, const std::string& relay)> each) const;
+
   // Ends the runtime: the timeline's last negotiation events are written and its file closed (its
   // writer thread joined), the stalled gauge is zeroed. Blocks on file I/O: call with no lock held.
   // Idempotent; nothing is recorded afterwards.
@@ -213,6 +224,12 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   // new one's may overlap for a moment) are deduplicated and negotiated in order.
   absl::Mutex submit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::vector<uint64_t> last_request_ ABSL_GUARDED_BY(mu_);  // by rank
+
+  // Routes (a leaf lock: nothing is called under it).
+  mutable absl::Mutex routes_mu_;
+  std::vector<std::string> via_ ABSL_GUARDED_BY(routes_mu_);  // by rank; "": its own session
+  std::vector<bool> direct_ ABSL_GUARDED_BY(routes_mu_);      // by rank: gone direct for good
+  std::atomic<bool> relayed_{false};
 
   absl::Mutex log_mu_;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> autotune_log_ ABSL_GUARDED_BY(log_mu_){

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -38,6 +39,10 @@ class WorkerChannel {
   virtual void SendAssignment(const Job& job, int rank) = 0;
   // `cycle->output.notices[rank]` is this worker's own part.
   virtual void SendResponses(const std::shared_ptr<CycleBroadcast>& cycle, int rank) = 0;
+  // The same list for ranks `ranks` (in rank order), whose batches this worker relays
+  // (RelayedResponses): one message for all of them.
+  virtual void SendRelayedResponses(const std::shared_ptr<CycleBroadcast>& cycle,
+                                    const std::vector<int>& ranks) = 0;
   virtual void SendStopJob(const std::string& job_id, const std::string& reason) = 0;
   // Elastic jobs: ends epoch `epoch` of the job's rank (its collectives fail) but keeps its process
   // for the next epoch (StopJob.epoch).

@@ -8,6 +8,9 @@
 #include "common/logging.h"
 #include "coordinator/service/grpc_status.h"
 #include "coordinator/service/proto_convert.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "spdlog/spdlog.h"
 
@@ -45,7 +48,55 @@ Outbound Serialize(const v1::CoordinatorMessage& message) {
 struct EncodedCycle {
   v1::CoordinatorMessage message;
   Outbound bytes;
+  // The list alone (the ResponseList's bytes), for relayed messages: set once, under the cycle's
+  // mutex, by the first relay's send.
+  std::shared_ptr<const std::string> list;
 };
+
+// Relayed batches in one message, at most.
+constexpr int kMaxRelayedBatches = 512;
+
+// CoordinatorMessage{relayed: RelayedResponses{list, ranks, notices}}, written field by field so
+// that the list's bytes, the same for every relay, are not encoded again for each.
+Outbound EncodeRelayed(const std::string& list, const std::vector<int>& ranks,
+                       const std::vector<std::string>& notices) {
+  using google::protobuf::io::CodedOutputStream;
+  using WireFormat = google::protobuf::internal::WireFormatLite;
+  std::string packed;
+  for (int r : ranks) {
+    char buf[10];
+    uint8_t* end = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(r),
+                                                           reinterpret_cast<uint8_t*>(buf));
+    packed.append(buf, reinterpret_cast<char*>(end) - buf);
+  }
+  std::string body;
+  {
+    google::protobuf::io::StringOutputStream raw(&body);
+    CodedOutputStream out(&raw);
+    out.WriteTag(WireFormat::MakeTag(1, WireFormat::WIRETYPE_LENGTH_DELIMITED));
+    out.WriteVarint32(static_cast<uint32_t>(list.size()));
+    out.WriteString(list);
+    out.WriteTag(WireFormat::MakeTag(2, WireFormat::WIRETYPE_LENGTH_DELIMITED));
+    out.WriteVarint32(static_cast<uint32_t>(packed.size()));
+    out.WriteString(packed);
+    for (const std::string& bytes : notices) {  // RelayedNotice
+      out.WriteTag(WireFormat::MakeTag(3, WireFormat::WIRETYPE_LENGTH_DELIMITED));
+      out.WriteVarint32(static_cast<uint32_t>(bytes.size()));
+      out.WriteString(bytes);
+    }
+  }
+  std::string message;
+  {
+    google::protobuf::io::StringOutputStream raw(&message);
+    CodedOutputStream out(&raw);
+    out.WriteTag(WireFormat::MakeTag(v1::CoordinatorMessage::kRelayedFieldNumber,
+                                     WireFormat::WIRETYPE_LENGTH_DELIMITED));
+    out.WriteVarint32(static_cast<uint32_t>(body.size()));
+    out.WriteString(body);
+  }
+  grpc::Slice slice(message);
+  return std::make_shared<grpc::ByteBuffer>(&slice, 1);
+}
 
 // One worker's session. Reads are handled one at a time (the next read starts when the last message
 // was handed to the coordinator); writes are queued and sent one at a time. Nothing here blocks.
@@ -101,6 +152,37 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     v1::CoordinatorMessage own = shared->message;
     ToProto(notice, own.mutable_responses());
     Enqueue(Serialize(own));
+  }
+
+  void SendRelayedResponses(const std::shared_ptr<CycleBroadcast>& cycle,
+                            const std::vector<int>& ranks) override {
+    std::shared_ptr<const std::string> list;
+    {
+      absl::MutexLock lock(&cycle->mu);
+      if (cycle->encoded == nullptr) {
+        auto encoded = std::make_shared<EncodedCycle>();
+        ToProto(*cycle, encoded->message.mutable_responses());
+        encoded->bytes = Serialize(encoded->message);
+        cycle->encoded = encoded;
+      }
+      auto encoded = std::const_pointer_cast<EncodedCycle>(
+          std::static_pointer_cast<const EncodedCycle>(cycle->encoded));
+      if (encoded->list == nullptr) {
+        encoded->list =
+            std::make_shared<const std::string>(encoded->message.responses().SerializeAsString());
+      }
+      list = encoded->list;
+    }
+    std::vector<std::string> notices;
+    for (int rank : ranks) {
+      const RankNotice& notice = cycle->output.notices[rank];
+      if (notice.empty()) continue;
+      v1::RelayedNotice own;
+      own.set_rank(rank);
+      ToProto(notice, own.mutable_part());
+      notices.push_back(own.SerializeAsString());
+    }
+    Enqueue(EncodeRelayed(*list, ranks, notices));
   }
 
   void SendResumed(const std::string& job_id, int64_t epoch, int rank,
@@ -273,6 +355,26 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
           } else {
             SendStopJob(job_id, s.ToString());
           }
+        }
+        return absl::OkStatus();
+      }
+      case v1::WorkerMessage::kRelayed: {
+        const v1::RelayedBatches& relayed = m.relayed();
+        if (relayed.batches_size() > kMaxRelayedBatches) {
+          return absl::InvalidArgumentError(absl::StrCat("relayed.batches has ",
+                                                         relayed.batches_size(),
+                                                         " batches; at most ", kMaxRelayedBatches));
+        }
+        std::vector<RequestBatch> batches(relayed.batches_size());
+        for (int i = 0; i < relayed.batches_size(); ++i) FromProto(relayed.batches(i), &batches[i]);
+        // A batch this relay may not carry is dropped (its rank's own worker hears of its job's
+        // end on its own session); the session goes on.
+        if (absl::Status s = coordinator_.SubmitRelayed(worker_id_, std::move(batches)); !s.ok()) {
+          spdlog::log(s.code() == absl::StatusCode::kPermissionDenied ||
+                              s.code() == absl::StatusCode::kInvalidArgument
+                          ? spdlog::level::warn
+                          : spdlog::level::debug,
+                      "relayed batches from {} dropped: {}", worker_id_, s.ToString());
         }
         return absl::OkStatus();
       }

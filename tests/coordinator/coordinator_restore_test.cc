@@ -43,6 +43,8 @@ class Recorder : public WorkerChannel {
     cycles.push_back(cycle);
     ranks.push_back(rank);
   }
+  void SendRelayedResponses(const std::shared_ptr<CycleBroadcast>&,
+                            const std::vector<int>&) override {}
   void SendStopJob(const std::string& job_id, const std::string& reason) override {
     stops.push_back(absl::StrCat(job_id, ": ", reason));
   }

@@ -45,6 +45,10 @@ class RecordingChannel : public WorkerChannel {
     std::shared_ptr<CycleBroadcast> cycle;
     int rank;
   };
+  struct Relayed {
+    std::shared_ptr<CycleBroadcast> cycle;
+    std::vector<int> ranks;
+  };
   struct Stop {
     std::string job_id;
     std::string reason;
@@ -54,6 +58,10 @@ class RecordingChannel : public WorkerChannel {
   void SendAssignment(const Job& job, int rank) override { assignments.push_back({job, rank}); }
   void SendResponses(const std::shared_ptr<CycleBroadcast>& cycle, int rank) override {
     deliveries.push_back({cycle, rank});
+  }
+  void SendRelayedResponses(const std::shared_ptr<CycleBroadcast>& cycle,
+                            const std::vector<int>& ranks) override {
+    relayed.push_back({cycle, ranks});
   }
   void SendStopJob(const std::string& job_id, const std::string& reason) override {
     stops.push_back({job_id, reason});
@@ -73,6 +81,7 @@ class RecordingChannel : public WorkerChannel {
 
   std::vector<Assignment> assignments;
   std::vector<Delivery> deliveries;
+  std::vector<Relayed> relayed;
   std::vector<Stop> stops;
   std::vector<std::string> shutdowns;
   std::vector<absl::Status> closes;
@@ -1208,6 +1217,89 @@ TEST_F(CoordinatorTest, ARankResumedAfterASessionResetTakesTheLocksInAFlushsOrde
   EXPECT_EQ(newer.deliveries[0].cycle.get(), Channel(w1).deliveries[0].cycle.get());
   EXPECT_EQ(newer.deliveries[0].rank, 1);
   EXPECT_THAT(newer.resumed, ElementsAre(absl::StrCat(id, "@1 rank 1 has 1")));
+}
+
+// ---- Negotiation relays ----
+
+std::vector<RequestBatch> Batches(const std::string& job_id, std::vector<int> ranks, uint64_t seq,
+                                  const std::vector<TensorRequest>& requests) {
+  std::vector<RequestBatch> out;
+  for (int rank : ranks) {
+    RequestBatch& b = out.emplace_back();
+    b.job_id = job_id;
+    b.epoch = 1;
+    b.rank = rank;
+    b.seq = seq;
+    b.requests = requests;
+  }
+  return out;
+}
+
+TEST_F(CoordinatorTest, ARelayCarriesItsHostsBatchesAndGetsOneListForThemUntilARankGoesDirect) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
+  const std::string w0 = Connect("host-a", "cpu");
+  const std::string w1 = Connect("host-a", "cpu");
+  const std::string w2 = Connect("host-b", "cpu");
+  const std::string w3 = Connect("host-b", "cpu");
+  const std::string id = coordinator_.RegisterJob(Spec(4, 2))->id;
+  const Job job = GetJob(id);
+  ASSERT_EQ(job.ranks[0].worker_id, w0);
+  ASSERT_EQ(job.ranks[1].worker_id, w1);
+  ASSERT_EQ(job.ranks[2].worker_id, w2);
+  ASSERT_EQ(job.ranks[3].worker_id, w3);
+
+  // Each host's relay sends its ranks' batches in one message; each gets one list for them.
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w0, Batches(id, {0, 1}, 1, {Allreduce("a")})).ok());
+  EXPECT_THAT(Channel(w0).relayed, IsEmpty());
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w2, Batches(id, {2, 3}, 1, {Allreduce("a")})).ok());
+  ASSERT_THAT(Channel(w0).relayed, SizeIs(1));
+  ASSERT_THAT(Channel(w2).relayed, SizeIs(1));
+  EXPECT_THAT(Channel(w0).relayed[0].ranks, ElementsAre(0, 1));
+  EXPECT_THAT(Channel(w2).relayed[0].ranks, ElementsAre(2, 3));
+  EXPECT_EQ(Channel(w0).relayed[0].cycle.get(), Channel(w2).relayed[0].cycle.get());
+  EXPECT_THAT(Describe(Channel(w0).relayed[0].cycle->output),
+              ElementsAre("allreduce [] ids [1] sizes [4]"));
+  for (const std::string& w : {w0, w1, w2, w3}) EXPECT_THAT(Channel(w).deliveries, IsEmpty()) << w;
+
+  // A relay may carry only its own host's ranks: another host's batch is refused, naming both
+  // hosts, and taken nowhere (rank 2's own batch 2 is still to come, and counts).
+  absl::Status refused = coordinator_.SubmitRelayed(w0, Batches(id, {2}, 2, {Allreduce("x")}));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.message(),
+            absl::StrCat("relay ", w0, " on host host-a may not relay rank 2 of job ", id,
+                         ", whose worker is on host host-b"));
+  EXPECT_EQ(coordinator_.SubmitRelayed(w0, Batches("no-such-job", {0}, 2, {})).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(coordinator_.SubmitRelayed(w0, Batches(id, {7}, 2, {})).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w0, Batches(id, {0, 1}, 2, {Allreduce("b")})).ok());
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w2, Batches(id, {2, 3}, 2, {Allreduce("b")})).ok());
+  ASSERT_THAT(Channel(w0).relayed, SizeIs(2));
+  EXPECT_THAT(Describe(Channel(w0).relayed[1].cycle->output),
+              ElementsAre("allreduce [] ids [2] sizes [4]"));
+
+  // Rank 1 resumes on a session of its own (its relay's link broke): it gets no list again (it
+  // has both) and its lists come to it directly from then on, even when a batch of it still
+  // arrives through the relay late.
+  RecordingChannel own;
+  ASSERT_TRUE(coordinator_.OpenSession(w1, &own).ok());
+  RankResume resume;
+  resume.job_id = id;
+  resume.epoch = 1;
+  resume.rank = 1;
+  resume.last_response_seq = 2;
+  coordinator_.ResumeRanks(w1, &own, {resume});
+  EXPECT_THAT(own.deliveries, IsEmpty());
+  EXPECT_THAT(own.resumed, ElementsAre(absl::StrCat(id, "@1 rank 1 has 2")));
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w0, Batches(id, {0, 1}, 3, {Allreduce("c")})).ok());
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w2, Batches(id, {2, 3}, 3, {Allreduce("c")})).ok());
+  ASSERT_THAT(Channel(w0).relayed, SizeIs(3));
+  EXPECT_THAT(Channel(w0).relayed[2].ranks, ElementsAre(0));
+  EXPECT_THAT(Channel(w2).relayed[2].ranks, ElementsAre(2, 3));
+  ASSERT_THAT(own.deliveries, SizeIs(1));
+  EXPECT_EQ(own.deliveries[0].rank, 1);
+  EXPECT_EQ(own.deliveries[0].cycle.get(), Channel(w0).relayed[2].cycle.get());
+  EXPECT_EQ(own.deliveries[0].cycle->seq, 3u);
 }
 
 TEST_F(CoordinatorTest, ShutdownEndsEverySessionUnavailableAndFailsRendezvousWaits) {
