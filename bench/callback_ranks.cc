@@ -53,18 +53,17 @@ class CallbackRanks::Rank
         assigned_.Notify();
         break;
       }
-      case v1::CoordinatorMessage::kResponses: {
-        const v1::ResponseList& list = in_.responses();
-        int answered = 0;
-        for (const v1::Response& r : list.responses()) {
-          answered += std::max(r.names_size(), r.cache_ids_size());
-        }
-        absl::MutexLock lock(&mu_);
-        for (const v1::CacheAssignment& a : list.cache_assignments()) ids_[a.name()] = a.id();
-        answered_ += answered;
-        if (answered_ >= expected_ && step_done_ != nullptr) {
-          if (--*remaining_ == 0) step_done_->Notify();
-          step_done_ = nullptr;
+      case v1::CoordinatorMessage::kResponses:
+        Apply(in_.responses());
+        break;
+      case v1::CoordinatorMessage::kRelayed: {
+        // The relay hands the list to each of its host's ranks (the notices are not simulated:
+        // the cache never evicts here).
+        const v1::RelayedResponses& relayed = in_.relayed();
+        for (int32_t rank : relayed.ranks()) {
+          if (by_rank_ != nullptr && rank >= 0 && rank < static_cast<int>(by_rank_->size())) {
+            (*by_rank_)[rank]->Apply(relayed.list());
+          }
         }
         break;
       }
@@ -73,6 +72,23 @@ class CallbackRanks::Rank
     }
     StartRead(&in_);
   }
+
+  void Apply(const v1::ResponseList& list) {
+    int answered = 0;
+    for (const v1::Response& r : list.responses()) {
+      answered += std::max(r.names_size(), r.cache_ids_size());
+    }
+    absl::MutexLock lock(&mu_);
+    for (const v1::CacheAssignment& a : list.cache_assignments()) ids_[a.name()] = a.id();
+    answered_ += answered;
+    if (answered_ >= expected_ && step_done_ != nullptr) {
+      if (--*remaining_ == 0) step_done_->Notify();
+      step_done_ = nullptr;
+    }
+  }
+
+  // The ranks by job rank, for a relay (set before the first step).
+  void SetRelayTargets(const std::vector<Rank*>* by_rank) { by_rank_ = by_rank; }
 
   void OnDone(const grpc::Status& status) override {
     absl::MutexLock lock(&mu_);
@@ -91,7 +107,13 @@ class CallbackRanks::Rank
   void Submit(const std::vector<v1::TensorRequest>& tensors, std::atomic<int>* remaining,
               absl::Notification* done) {
     v1::WorkerMessage m;
-    v1::RequestBatch* b = m.mutable_requests();
+    Prepare(tensors, remaining, done, m.mutable_requests());
+    Write(std::move(m));
+  }
+
+  // This rank's batch for the step, in `b`.
+  void Prepare(const std::vector<v1::TensorRequest>& tensors, std::atomic<int>* remaining,
+               absl::Notification* done, v1::RequestBatch* b) {
     {
       absl::MutexLock lock(&mu_);
       b->set_job_id(assignment_.job().id());
@@ -109,10 +131,14 @@ class CallbackRanks::Rank
       remaining_ = remaining;
       step_done_ = done;
     }
-    Write(std::move(m));
   }
 
   void Exit() { Write(RankUpdate(v1::RANK_STATE_EXITED)); }
+
+  int rank() {
+    absl::MutexLock lock(&mu_);
+    return assignment_.rank();
+  }
 
   v1::WorkerMessage RankUpdate(v1::RankState state) {
     v1::WorkerMessage m;
@@ -135,6 +161,7 @@ class CallbackRanks::Rank
 
  private:
   const std::string worker_id_;
+  const std::vector<Rank*>* by_rank_ = nullptr;  // a relay's: set before the first step
   grpc::ClientContext context_;
   v1::CoordinatorMessage in_;
   absl::Notification assigned_;
@@ -153,9 +180,12 @@ class CallbackRanks::Rank
 };
 
 absl::StatusOr<std::unique_ptr<CallbackRanks>> CallbackRanks::Connect(
-    std::shared_ptr<grpc::Channel> channel, int ranks, int per_host, absl::Duration timeout) {
+    std::shared_ptr<grpc::Channel> channel, int ranks, int per_host, absl::Duration timeout,
+    bool relay) {
   auto stub = v1::WorkerService::NewStub(channel);
   std::unique_ptr<CallbackRanks> out(new CallbackRanks);
+  out->relay_ = relay;
+  out->per_host_ = std::max(1, per_host);
   for (int r = 0; r < ranks; ++r) {
     v1::RegisterWorkerRequest request;
     request.set_host(absl::StrCat("sim-", r / std::max(1, per_host)));
@@ -168,18 +198,41 @@ absl::StatusOr<std::unique_ptr<CallbackRanks>> CallbackRanks::Connect(
     }
     out->ranks_.push_back(
         std::make_unique<Rank>(stub.get(), response.worker_id(), response.session_secret()));
+    if (response.heartbeat_interval_ms() > 0) {
+      out->heartbeat_interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
+    }
   }
+  out->heartbeats_ = std::thread([sim = out.get()] {
+    while (!sim->stop_heartbeats_.WaitForNotificationWithTimeout(sim->heartbeat_interval_)) {
+      for (auto& r : sim->ranks_) {
+        v1::WorkerMessage m;
+        m.mutable_heartbeat();
+        r->Write(std::move(m));
+      }
+    }
+  });
   // The stub only starts calls; the reactors hold the channel through their contexts.
   return out;
 }
 
 CallbackRanks::~CallbackRanks() {
+  if (!stop_heartbeats_.HasBeenNotified()) stop_heartbeats_.Notify();
+  if (heartbeats_.joinable()) heartbeats_.join();
   for (auto& r : ranks_) r->Finish(absl::Seconds(5));
 }
 
 absl::Status CallbackRanks::WaitAssignments(absl::Duration timeout) {
+  by_rank_.assign(ranks_.size(), nullptr);
   for (auto& r : ranks_) {
     if (absl::Status s = r->WaitAssigned(timeout); !s.ok()) return s;
+    const int rank = r->rank();
+    if (rank < 0 || rank >= static_cast<int>(by_rank_.size())) {
+      return absl::InternalError(absl::StrCat("assigned rank ", rank, " of ", by_rank_.size()));
+    }
+    by_rank_[rank] = r.get();
+  }
+  for (size_t first = 0; relay_ && first < ranks_.size(); first += per_host_) {
+    ranks_[first]->SetRelayTargets(&by_rank_);
   }
   return absl::OkStatus();
 }
@@ -188,7 +241,19 @@ absl::Status CallbackRanks::Step(const std::vector<v1::TensorRequest>& tensors,
                                  absl::Duration timeout) {
   std::atomic<int> remaining{static_cast<int>(ranks_.size())};
   absl::Notification done;
-  for (auto& r : ranks_) r->Submit(tensors, &remaining, &done);
+  if (!relay_) {
+    for (auto& r : ranks_) r->Submit(tensors, &remaining, &done);
+  } else {
+    // Each simulated host's first rank sends the host's batches in one message.
+    for (size_t first = 0; first < ranks_.size(); first += per_host_) {
+      v1::WorkerMessage m;
+      const size_t end = std::min(ranks_.size(), first + per_host_);
+      for (size_t i = first; i < end; ++i) {
+        ranks_[i]->Prepare(tensors, &remaining, &done, m.mutable_relayed()->add_batches());
+      }
+      ranks_[first]->Write(std::move(m));
+    }
+  }
   if (!done.WaitForNotificationWithTimeout(timeout)) {
     return absl::DeadlineExceededError(
         absl::StrCat(remaining.load(), " ranks still waiting for their answers"));

@@ -7,14 +7,20 @@
 //
 // Not a general client: no collectives, no resends (the cache never evicts at these sizes), one
 // job.
+//
+// With `relay`, the first rank registered on each simulated host relays its host's batches
+// (RelayedBatches: one message per host and step) and receives one RelayedResponses per host and
+// cycle, which it hands to its host's ranks, as a worker daemon relaying for its host does.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "ringmaster/v1/worker.grpc.pb.h"
@@ -26,7 +32,8 @@ class CallbackRanks {
   // Registers `ranks` workers (host names sim-0, sim-1, ... of `per_host` each) and opens their
   // sessions.
   static absl::StatusOr<std::unique_ptr<CallbackRanks>> Connect(
-      std::shared_ptr<grpc::Channel> channel, int ranks, int per_host, absl::Duration timeout);
+      std::shared_ptr<grpc::Channel> channel, int ranks, int per_host, absl::Duration timeout,
+      bool relay = false);
   ~CallbackRanks();
 
   // Waits for every worker's assignment (after a job of `ranks` ranks was registered) and reports
@@ -44,6 +51,15 @@ class CallbackRanks {
   class Rank;
   CallbackRanks() = default;
   std::vector<std::unique_ptr<Rank>> ranks_;
+  // Every rank heartbeats at the coordinator's interval, as a worker daemon does (in relay mode
+  // the relayed ranks send nothing else, and would be lost at their lease's end).
+  std::thread heartbeats_;
+  absl::Notification stop_heartbeats_;
+  absl::Duration heartbeat_interval_ = absl::Seconds(2);
+  bool relay_ = false;
+  int per_host_ = 1;
+  // By job rank, once assigned (the relays hand lists to these).
+  std::vector<Rank*> by_rank_;
 };
 
 }  // namespace ringmaster

@@ -47,18 +47,23 @@ cpu_of_run() {
   local before after
   before=$(awk '{print $14 + $15}' /proc/$pid/stat)
   line=$("$bin/ringmaster-negotiation-bench" --coordinator "127.0.0.1:$port" --mode grpc \
-    --clients "$clients" --profile "$profile" --ranks "$1" --steps "$2" --warmup 5)
+    --clients "$clients" --profile "$profile" --ranks "$1" --steps "$2" --warmup 5 "${@:3}")
   after=$(awk '{print $14 + $15}' /proc/$pid/stat)
   echo "$((after - before))|$line"
 }
-for n in "${counts[@]}"; do
-  s=$steps
-  ((n > 128)) && s=$((steps / 5 > 5 ? steps / 5 : 5))
-  # Twice, with s and 2s measured steps: the difference is the coordinator's CPU for s steps in
-  # the steady state (registration, placement and warmup cancel out).
-  short=$(cpu_of_run "$n" "$s")
-  long=$(cpu_of_run "$n" $((2 * s)))
-  cpu_ms=$(awk -v d=$((${long%%|*} - ${short%%|*})) -v t="$ticks" -v k="$s" \
-    'BEGIN {printf "%.3f", d / t * 1000 / k}')
-  echo "${long#*|}  coordinator-cpu/step (steady)=${cpu_ms} ms"
+# Each count twice: every rank with its own messages, then through a negotiation relay per host
+# of 8 ranks (--relay: one RelayedBatches and one RelayedResponses per host and step).
+for relay in "" --relay; do
+  [[ $clients == threads && -n $relay ]] && continue
+  for n in "${counts[@]}"; do
+    s=$steps
+    ((n > 128)) && s=$((steps / 5 > 5 ? steps / 5 : 5))
+    # Twice, with s and 2s measured steps: the difference is the coordinator's CPU for s steps in
+    # the steady state (registration, placement and warmup cancel out).
+    short=$(cpu_of_run "$n" "$s" $relay)
+    long=$(cpu_of_run "$n" $((2 * s)) $relay)
+    cpu_ms=$(awk -v d=$((${long%%|*} - ${short%%|*})) -v t="$ticks" -v k="$s" \
+      'BEGIN {printf "%.3f", d / t * 1000 / k}')
+    echo "${long#*|}  coordinator-cpu/step (steady)=${cpu_ms} ms"
+  done
 done

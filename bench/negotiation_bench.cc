@@ -40,6 +40,10 @@ ABSL_FLAG(int, warmup, 5, "unmeasured steps first (the first fills the response 
 ABSL_FLAG(int, max_grpc_ranks, 1024, "skip gRPC runs with more ranks than this");
 ABSL_FLAG(std::string, coordinator, "", "coordinator address; empty: start one in-process");
 ABSL_FLAG(int, processes_per_host, 8, "simulated workers per host name");
+ABSL_FLAG(
+    bool, relay, false,
+    "--clients callback: each simulated host's first worker relays its host's batches and "
+    "lists (RelayedBatches / RelayedResponses), as worker daemons with a negotiation relay do");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
 ABSL_FLAG(int, cache_capacity, 1024, "response cache capacity (0: every request in full)");
 ABSL_FLAG(
@@ -214,8 +218,10 @@ Result RunGrpcCallback(const ModelProfile& profile, int ranks, int warmup, int s
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  auto connected = CallbackRanks::Connect(
-      channel, ranks, std::max(1, absl::GetFlag(FLAGS_processes_per_host)), absl::Seconds(30));
+  const bool relay = absl::GetFlag(FLAGS_relay);
+  auto connected =
+      CallbackRanks::Connect(channel, ranks, std::max(1, absl::GetFlag(FLAGS_processes_per_host)),
+                             absl::Seconds(30), relay);
   if (!connected.ok()) {
     std::fprintf(stderr, "grpc: %s\n", connected.status().ToString().c_str());
     std::exit(1);
@@ -227,7 +233,10 @@ Result RunGrpcCallback(const ModelProfile& profile, int ranks, int warmup, int s
     std::exit(1);
   }
   const std::vector<v1::TensorRequest> tensors = ProfileRequests(profile);
-  Result result{absl::GetFlag(FLAGS_cache_capacity) > 0 ? "grpc" : "grpc-nocache", ranks, {}};
+  Result result{absl::StrCat(absl::GetFlag(FLAGS_cache_capacity) > 0 ? "grpc" : "grpc-nocache",
+                             relay ? "-relay" : ""),
+                ranks,
+                {}};
   for (int step = 0; step < warmup + steps; ++step) {
     const absl::Time start = absl::Now();
     if (absl::Status s = sim.Step(tensors, absl::Seconds(60)); !s.ok()) {

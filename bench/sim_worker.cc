@@ -72,6 +72,9 @@ void SimWorker::ReadLoop() {
       case v1::CoordinatorMessage::kStopJob:
         stops_.push_back(m.stop_job());
         break;
+      case v1::CoordinatorMessage::kRelayed:
+        relayed_.push_back(m.relayed());
+        break;
       default:
         break;
     }
@@ -108,6 +111,10 @@ absl::StatusOr<v1::StopJob> SimWorker::WaitStop(absl::Duration timeout) {
 
 absl::StatusOr<v1::ResponseList> SimWorker::WaitResponses(absl::Duration timeout) {
   return Pop(responses_, timeout, "response list");
+}
+
+absl::StatusOr<v1::RelayedResponses> SimWorker::WaitRelayed(absl::Duration timeout) {
+  return Pop(relayed_, timeout, "relayed response list");
 }
 
 absl::Status SimWorker::Send(const v1::WorkerMessage& message) {

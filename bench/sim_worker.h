@@ -39,6 +39,8 @@ class SimWorker {
   absl::StatusOr<v1::StopJob> WaitStop(absl::Duration timeout);
   // The next response list, raw.
   absl::StatusOr<v1::ResponseList> WaitResponses(absl::Duration timeout);
+  // A negotiation relay's lists (RelayedResponses), in order.
+  absl::StatusOr<v1::RelayedResponses> WaitRelayed(absl::Duration timeout);
 
   absl::Status Send(const v1::WorkerMessage& message);
   absl::Status SendRankUpdate(const v1::JobAssignment& a, v1::RankState state, int exit_code,
@@ -78,6 +80,7 @@ class SimWorker {
   std::deque<v1::JobAssignment> assignments_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::StopJob> stops_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::ResponseList> responses_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::RelayedResponses> relayed_ ABSL_GUARDED_BY(mu_);
 
   WorkerCache cache_;          // the response cache, kept as the daemon keeps it
   int64_t cache_version_ = 0;  // bumped on every cache change

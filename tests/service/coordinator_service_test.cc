@@ -167,6 +167,95 @@ TEST_F(ServiceTest, FourWorkersNegotiateAMultiStepJobEndToEnd) {
   EXPECT_EQ(done.reason(), "all 4 ranks exited 0");
 }
 
+TEST_F(ServiceTest, AHostsRelaySendsItsRanksBatchesInOneMessageAndGetsOneListForThem) {
+  // Ranks 0-1 on host-a, 2-3 on host-b; each host's first worker relays for both of its ranks.
+  std::vector<SimWorker*> w;
+  for (const char* host : {"host-a", "host-a", "host-b", "host-b"}) w.push_back(&AddWorker(host));
+  v1::Job job = Submit(4, 2);
+  std::vector<v1::JobAssignment> a(4);
+  for (int i = 0; i < 4; ++i) {
+    auto got = w[i]->WaitAssignment(kWait);
+    ASSERT_TRUE(got.ok()) << got.status();
+    a[i] = *got;
+    ASSERT_EQ(a[i].rank(), i);
+    ASSERT_TRUE(w[i]->SendRankUpdate(a[i], v1::RANK_STATE_STARTED, 0).ok());
+  }
+  auto relayed = [&](std::vector<int> ranks, uint64_t seq,
+                     const std::vector<v1::TensorRequest>& requests) {
+    v1::WorkerMessage m;
+    for (int rank : ranks) {
+      v1::RequestBatch* b = m.mutable_relayed()->add_batches();
+      b->set_job_id(job.id());
+      b->set_epoch(a[rank].epoch());
+      b->set_rank(rank);
+      b->set_seq(seq);
+      for (const v1::TensorRequest& r : requests) *b->add_requests() = r;
+    }
+    return m;
+  };
+  // Rank 1 (host-a) sends a bad request: its error is its own, and comes to its relay as rank 1's
+  // notice, not in the list every rank gets.
+  v1::TensorRequest bad = Allreduce("", {2});
+  ASSERT_TRUE(w[0]->Send(relayed({0, 1}, 1, {Allreduce("g", {3})})).ok());
+  v1::WorkerMessage host_a = relayed({0, 1}, 2, {});
+  *host_a.mutable_relayed()->mutable_batches(1)->add_requests() = bad;
+  ASSERT_TRUE(w[0]->Send(host_a).ok());
+  std::vector<v1::RelayedResponses> got_a;
+  absl::StatusOr<v1::RelayedResponses> r = w[0]->WaitRelayed(kWait);
+  ASSERT_TRUE(r.ok()) << r.status();
+  got_a.push_back(*r);
+  ASSERT_TRUE(w[2]->Send(relayed({2, 3}, 1, {Allreduce("g", {3})})).ok());
+  r = w[0]->WaitRelayed(kWait);
+  ASSERT_TRUE(r.ok()) << r.status();
+  got_a.push_back(*r);
+  absl::StatusOr<v1::RelayedResponses> b = w[2]->WaitRelayed(kWait);
+  ASSERT_TRUE(b.ok()) << b.status();
+  // The bad request's cycle (notices only) came at once, to host-a's relay alone.
+  EXPECT_THAT(got_a[0].ranks(), ::testing::ElementsAre(0, 1));
+  EXPECT_EQ(got_a[0].list().responses_size(), 0);
+  ASSERT_EQ(got_a[0].notices_size(), 1);
+  EXPECT_EQ(got_a[0].notices(0).rank(), 1);
+  ASSERT_EQ(got_a[0].notices(0).part().rank_errors_size(), 1);
+  EXPECT_EQ(got_a[0].notices(0).part().rank_errors(0).error_message(),
+            "Invalid allreduce request for tensor '' from rank 1 (host-a): name is empty.");
+  // Then g, the same list for both hosts' ranks, with no notices.
+  EXPECT_THAT(got_a[1].ranks(), ::testing::ElementsAre(0, 1));
+  EXPECT_THAT(b->ranks(), ::testing::ElementsAre(2, 3));
+  EXPECT_EQ(got_a[1].notices_size(), 0);
+  EXPECT_EQ(got_a[1].list().SerializeAsString(), b->list().SerializeAsString());
+  ASSERT_EQ(b->list().responses_size(), 1);
+  EXPECT_EQ(b->list().responses(0).type(), v1::Response::TYPE_ALLREDUCE);
+  EXPECT_THAT(b->list().responses(0).tensor_sizes(), ::testing::ElementsAre(3));
+  EXPECT_EQ(b->list().job_id(), job.id());
+  EXPECT_EQ(b->list().seq(), got_a[0].list().seq() + 1);
+  // Nothing came on the own sessions of ranks 0 and 1. Ranks 2 and 3 had sent nothing through
+  // their relay yet when the notices' cycle went out, so it came to each on its own session.
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<v1::ResponseList> own = w[i]->WaitResponses(absl::Milliseconds(50));
+    if (i < 2) {
+      EXPECT_EQ(own.status().code(), absl::StatusCode::kDeadlineExceeded) << i;
+      continue;
+    }
+    ASSERT_TRUE(own.ok()) << i << ": " << own.status();
+    EXPECT_EQ(own->seq(), got_a[0].list().seq());
+    EXPECT_EQ(own->responses_size(), 0);
+    EXPECT_EQ(own->rank_errors_size(), 0);
+  }
+
+  // A relay may not carry another host's rank: the batch is dropped (host-b's relay gets nothing
+  // more) and the relay's session goes on.
+  ASSERT_TRUE(w[0]->Send(relayed({2}, 2, {Allreduce("h", {1})})).ok());
+  ASSERT_TRUE(w[0]->Send(relayed({0, 1}, 3, {Allreduce("h", {1})})).ok());
+  ASSERT_TRUE(w[2]->Send(relayed({3}, 2, {Allreduce("h", {1})})).ok());
+  EXPECT_EQ(w[2]->WaitRelayed(absl::Milliseconds(200)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(w[2]->Send(relayed({2}, 2, {Allreduce("h", {1})})).ok());
+  absl::StatusOr<v1::RelayedResponses> h = w[2]->WaitRelayed(kWait);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->list().responses_size(), 1);
+  EXPECT_THAT(h->list().responses(0).tensor_sizes(), ::testing::ElementsAre(1));
+}
+
 TEST_F(ServiceTest, MismatchedShapesReachEveryRankWithTheCoordinatorsMessage) {
   SimWorker& w0 = AddWorker("h0");
   SimWorker& w1 = AddWorker("h1");
