@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # Negotiation benchmark, as recorded in docs/benchmarks.md: the logic alone (N ranks in one process),
 # then N simulated workers against a coordinator in its own process, reporting the coordinator's own
-# CPU time per step in the steady state (from two runs of s and 2s steps) next to the wall-clock
-# step time (client and server share this machine's cores).
+# CPU time per step in the steady state (from two runs of s and 2s steps, each against a coordinator
+# started for it) next to the wall-clock step time (client and server share this machine's cores,
+# unless --coordinator-cpus and --client-cpus give each its own: taskset lists such as 0-3).
 # The simulated ranks run on gRPC's callback client API (--clients callback, little client CPU), or
-# with two threads each (--clients threads, as bench/sim_worker.h).
+# with two threads each (--clients threads, as bench/sim_worker.h). With callback clients each count
+# runs twice: every rank with messages of its own, then with a negotiation relay per host (grpc-relay).
 #   bench/negotiation.sh [--profile bench/profiles/resnet50.json] [--ranks 2,16,128,1024] [--steps 50]
-#                        [--clients callback|threads]
+#                        [--clients callback|threads] [--coordinator-cpus LIST --client-cpus LIST]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin="$root/build/bin"
+bin=${RINGMASTER_BIN_DIR:-$root/build/bin}
 profile="$root/bench/profiles/resnet50.json"
 ranks="2,16,128,1024"
 steps=50
 clients=callback
+coordinator_cpus=""
+client_cpus=""
 while (($#)); do
   case $1 in
+    --coordinator-cpus) coordinator_cpus=$2; shift 2 ;;
+    --client-cpus) client_cpus=$2; shift 2 ;;
     --profile) profile=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
@@ -24,6 +30,8 @@ while (($#)); do
   esac
 done
 [[ -x $bin/ringmaster-negotiation-bench ]] || "$root/scripts/build.sh" >/dev/null
+[[ -n $coordinator_cpus || -n $client_cpus ]] && ! command -v taskset >/dev/null &&
+  { echo "negotiation.sh: --coordinator-cpus/--client-cpus need taskset (util-linux)" >&2; exit 2; }
 
 echo "# logic (Negotiator alone), response cache on, then off"
 "$bin/ringmaster-negotiation-bench" --mode logic --profile "$profile" --ranks "$ranks" --steps "$steps"
@@ -32,23 +40,32 @@ echo "# logic (Negotiator alone), response cache on, then off"
 
 echo "# grpc (simulated workers -> ringmaster-coordinator process on loopback)"
 log=$(mktemp)
-"$bin/ringmaster-coordinator" --listen 127.0.0.1:0 >"$log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
-for _ in $(seq 100); do
-  port=$(sed -n 's/^ringmaster-coordinator listening on port \([0-9]*\)$/\1/p' "$log")
-  [[ -n $port ]] && break
-  sleep 0.1
-done
+pid=""
+trap 'if [[ -n $pid ]]; then kill $pid 2>/dev/null || true; fi; rm -f "$log"' EXIT
+coordinator_taskset=()
+client_taskset=()
+[[ -n $coordinator_cpus ]] && coordinator_taskset=(taskset -c "$coordinator_cpus")
+[[ -n $client_cpus ]] && client_taskset=(taskset -c "$client_cpus")
 ticks=$(getconf CLK_TCK)
 IFS=, read -ra counts <<<"$ranks"
-# The coordinator's CPU time of one run of `s` measured steps (job setup and warmup included).
+# The CPU time of a coordinator of its own over one run of `s` measured steps (its start,
+# registration, placement and warmup included), and the run's line.
 cpu_of_run() {
-  local before after
+  "${coordinator_taskset[@]}" "$bin/ringmaster-coordinator" --listen 127.0.0.1:0 >"$log" 2>&1 &
+  pid=$!
+  local port="" before after line
+  for _ in $(seq 100); do
+    port=$(sed -n 's/^ringmaster-coordinator listening on port \([0-9]*\)$/\1/p' "$log")
+    [[ -n $port ]] && break
+    sleep 0.1
+  done
   before=$(awk '{print $14 + $15}' /proc/$pid/stat)
-  line=$("$bin/ringmaster-negotiation-bench" --coordinator "127.0.0.1:$port" --mode grpc \
-    --clients "$clients" --profile "$profile" --ranks "$1" --steps "$2" --warmup 5 "${@:3}")
+  line=$("${client_taskset[@]}" "$bin/ringmaster-negotiation-bench" --coordinator "127.0.0.1:$port" \
+    --mode grpc --clients "$clients" --profile "$profile" --ranks "$1" --steps "$2" --warmup 5 "${@:3}")
   after=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  kill $pid
+  wait $pid 2>/dev/null || true
+  pid=""
   echo "$((after - before))|$line"
 }
 # Each count twice: every rank with its own messages, then through a negotiation relay per host

@@ -91,6 +91,9 @@ const char kJobOptionsHelp[] = R"(job options:
   --no-hierarchical-allgather     CPU allgather of such a job flat over Gloo, not across hosts among
                                   the ranks of each local index, then within each host through
                                   shared memory (default: hierarchical, on the same condition)
+  --negotiation-relay             each host's ranks negotiate through one of its daemons: one message
+                                  per host and cycle to the coordinator, for jobs of hundreds of
+                                  ranks (default off; RINGMASTER_NEGOTIATION_RELAY=1)
 Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...),
 and the elastic options HOROVOD_MIN_NP, HOROVOD_MAX_NP, HOROVOD_RESET_LIMIT and
 HOROVOD_ELASTIC_TIMEOUT (RINGMASTER_* alike); flags win over the environment.
@@ -235,6 +238,10 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
       knobs.hierarchical_allgather = false;
     } else if (flag == "--hierarchical-allgather") {
       knobs.hierarchical_allgather = true;
+    } else if (flag == "--negotiation-relay") {
+      knobs.negotiation_relay = true;
+    } else if (flag == "--no-negotiation-relay") {
+      knobs.negotiation_relay = false;
     } else if (flag == "--no-stall-check") {
       knobs.stall_check_seconds = 0;
     } else if (flag == "--stall-shutdown-seconds") {
@@ -292,6 +299,7 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
   k->set_shm_allreduce(knobs.shm_allreduce);
   k->set_hierarchical_allreduce(knobs.hierarchical_allreduce);
   k->set_hierarchical_allgather(knobs.hierarchical_allgather);
+  k->set_negotiation_relay(knobs.negotiation_relay);
   if (!start_from_given) {
     if (given_fusion) k->add_autotune_fixed("fusion_threshold_bytes");
     if (given_cycle) k->add_autotune_fixed("cycle_time_ms");

@@ -182,6 +182,7 @@ absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* k) {
            ReadBool(env, "SHM_ALLREDUCE", &k->shm_allreduce),
            ReadBool(env, "HIERARCHICAL_ALLREDUCE", &k->hierarchical_allreduce),
            ReadBool(env, "HIERARCHICAL_ALLGATHER", &k->hierarchical_allgather),
+           ReadBool(env, "NEGOTIATION_RELAY", &k->negotiation_relay),
        }) {
     if (!s.ok()) return s;
   }

@@ -38,6 +38,8 @@ struct Knobs {
   bool hierarchical_allreduce = true;
   // ... and allgather across hosts likewise (hierarchical allgather).
   bool hierarchical_allgather = true;
+  // A host's ranks negotiate through one of its daemons (the negotiation relay).
+  bool negotiation_relay = false;
   // Knobs autotune leaves alone (kTunableKnobs names).
   std::vector<std::string> autotune_fixed;
 };

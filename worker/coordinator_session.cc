@@ -115,6 +115,11 @@ std::string CoordinatorSession::worker_id() const {
   return worker_id_;
 }
 
+void CoordinatorSession::Interrupt() {
+  absl::MutexLock lock(&mu_);
+  if (context_ != nullptr) context_->TryCancel();
+}
+
 bool CoordinatorSession::connected() const {
   absl::MutexLock lock(&mu_);
   return stream_ != nullptr;

@@ -59,6 +59,9 @@ class CoordinatorSession {
   absl::Status Send(const v1::WorkerMessage& message);
   std::string worker_id() const;
   bool connected() const;
+  // Ends the current session as a broken connection would: the worker reconnects at once and
+  // resumes its ranks (a negotiation relay's link that broke, for one).
+  void Interrupt();
 
  private:
   void Run();

@@ -227,11 +227,17 @@ void Daemon::OnMessage(const v1::CoordinatorMessage& m) {
     case v1::CoordinatorMessage::kResponses: {
       std::shared_ptr<Job> job = ServingJob();
       if (job != nullptr && job->assignment.job().id() == m.responses().job_id()) {
-        // In cycle order, once each (the reliable session).
-        for (const v1::ResponseList& list : job->ledger->Accept(m.responses())) {
-          RankCycle cycle;
-          FromProto(list, &cycle);
-          job->engine->OnResponses(std::move(cycle));
+        ApplyLists(*job, m.responses());
+      }
+      break;
+    }
+    case v1::CoordinatorMessage::kRelayed: {
+      // This daemon relays for its host: each peer's list goes to its link, its own is applied.
+      std::shared_ptr<Job> job = ServingJob();
+      if (job != nullptr && job->relay_hub != nullptr &&
+          job->assignment.job().id() == m.relayed().list().job_id()) {
+        if (std::optional<v1::ResponseList> own = job->relay_hub->Deliver(m.relayed())) {
+          ApplyLists(*job, *std::move(own));
         }
       }
       break;
@@ -244,6 +250,9 @@ void Daemon::OnMessage(const v1::CoordinatorMessage& m) {
         break;
       }
       absl::MutexLock send_lock(&job->send_mu);
+      // Resumed on its own session: the rank negotiates on it for the rest of the epoch (its
+      // batches must not take two paths, which could reorder them).
+      if (job->relay_link != nullptr) job->relay_link->EndRelaying();
       std::vector<v1::WorkerMessage> again = job->ledger->Resumed(r.last_request_seq());
       spdlog::info("job {} rank {}: session resumed; re-sending {} request batches", r.job_id(),
                    r.rank(), again.size());
@@ -320,8 +329,14 @@ void Daemon::OnSessionOpen(v1::SessionOpen* open) {
 }
 
 void Daemon::OnSessionLost(const absl::Status& status, bool reregistered) {
-  // What the engine sends from now on waits for the next session's resume.
-  if (std::shared_ptr<Job> job = ServingJob()) job->ledger->Lost();
+  // What the engine sends from now on waits for the next session's resume. A relay's host peers
+  // may have lost what it carried for them: they resume on their own sessions.
+  if (std::shared_ptr<Job> job = ServingJob()) {
+    job->ledger->Lost();
+    if (job->relay_hub != nullptr) {
+      job->relay_hub->Fail(absl::StrCat("its session ended: ", status.message()));
+    }
+  }
   if (status.code() == absl::StatusCode::kInvalidArgument && reregistered) {
     // Registration itself was refused (a bad --host-name or --device): retrying cannot help.
     spdlog::error("the coordinator refused this worker: {}", status.ToString());
@@ -510,13 +525,20 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     spans->set_sent_unix_us(sent_unix_us);
     session->Send(m).IgnoreError();  // best effort
   };
-  e.send_requests = [session, ledger, send_mu](const RequestBatch& batch) {
+  Job* raw = job.get();
+  e.send_requests = [session, ledger, send_mu, raw](const RequestBatch& batch) {
     // Request batches are numbered and kept until acknowledged: one that cannot go now goes when
     // the next session resumes.
     v1::WorkerMessage numbered;
     ToProto(batch, numbered.mutable_requests());
     absl::MutexLock send_lock(send_mu);
     if (!ledger->Prepare(numbered)) return;
+    // Through the host's relay while it relays (the relay itself sends its own with its peers').
+    if (raw->relay_hub != nullptr && raw->relay_hub->Submit(numbered.requests())) return;
+    if (raw->relay_link != nullptr) {
+      const RelayLink::Sent sent = raw->relay_link->Send(numbered.requests());
+      if (sent != RelayLink::Sent::kDirect) return;  // taken, or held for the resume
+    }
     if (absl::Status s = session->Send(numbered); !s.ok()) {
       spdlog::info("request batch {} kept for the next session: {}", numbered.requests().seq(),
                    s.ToString());
@@ -534,6 +556,7 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     }
   }
   job->engine = std::make_unique<Engine>(std::move(e));
+  StartRelay(job);
   // Ready before the engine starts: responses can only follow the requests it will send, and must
   // find it (StartJob may run on a cleanup thread, not the session thread).
   bool stop_requested;
@@ -556,6 +579,74 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
     return;  // STARTED when the process attaches
   }
   job->proc->waiter = std::thread([this, job]() mutable { RunRank(std::move(job)); });
+}
+
+void Daemon::ApplyLists(Job& job, v1::ResponseList list) {
+  absl::MutexLock apply_lock(&job.apply_mu);
+  // In cycle order, once each (the reliable session).
+  for (const v1::ResponseList& in_order : job.ledger->Accept(std::move(list))) {
+    RankCycle cycle;
+    FromProto(in_order, &cycle);
+    job.engine->OnResponses(std::move(cycle));
+  }
+}
+
+void Daemon::StartRelay(const std::shared_ptr<Job>& job) {
+  const v1::JobAssignment& assignment = job->assignment;
+  const RelayPlan plan = PlanRelay(assignment);
+  if (plan.relay_rank < 0) return;
+  const v1::Job& spec = assignment.job();
+  const int32_t rank = assignment.rank();
+  auto store = std::make_shared<RendezvousClient>(channel_, spec.id(), assignment.epoch(),
+                                                  job->rendezvous, assignment.rendezvous_token());
+  if (plan.relays(rank)) {
+    RelayHub::Options o;
+    o.job_id = spec.id();
+    o.epoch = assignment.epoch();
+    o.rank = rank;
+    o.peers.assign(plan.host_ranks.begin() + 1, plan.host_ranks.end());
+    o.token = assignment.rendezvous_token();
+    o.store = store;
+    CoordinatorSession* session = session_.get();
+    o.send = [session](const v1::WorkerMessage& m) { return session->Send(m); };
+    o.linger = absl::Microseconds(static_cast<int64_t>(spec.spec().knobs().cycle_time_ms() * 1000));
+    absl::StatusOr<std::unique_ptr<RelayHub>> hub = RelayHub::Start(std::move(o));
+    if (!hub.ok()) {
+      // Its peers find no relay at once and negotiate on their own sessions.
+      spdlog::warn("job {} rank {}: cannot relay for its host's ranks: {}", spec.id(), rank,
+                   hub.status().ToString());
+      store->Set(RelayKey(rank), "").IgnoreError();
+      return;
+    }
+    job->relay_hub = *std::move(hub);
+    spdlog::info("job {} rank {}: relays the negotiation of its host's {} ranks", spec.id(), rank,
+                 plan.host_ranks.size());
+    return;
+  }
+  RelayLink::Options o;
+  o.job_id = spec.id();
+  o.epoch = assignment.epoch();
+  o.rank = rank;
+  o.relay_rank = plan.relay_rank;
+  o.token = assignment.rendezvous_token();
+  o.store = store;
+  Job* raw = job.get();
+  o.on_list = [raw](v1::ResponseList list) { ApplyLists(*raw, std::move(list)); };
+  // The batches the link may have lost are in the ledger: held from now on, and re-sent by the
+  // resume that interrupting the session brings.
+  CoordinatorSession* session = session_.get();
+  o.on_lost = [raw, session](const absl::Status& why) {
+    raw->ledger->Lost();
+    // A rank whose process has exited negotiates nothing more (the relay's rank may end first).
+    if (raw->proc->exited || raw->stopped) return;
+    spdlog::warn(
+        "job {} rank {}: negotiating on its own session from now on: the link to relay "
+        "rank {} {}",
+        raw->assignment.job().id(), raw->assignment.rank(), PlanRelay(raw->assignment).relay_rank,
+        std::string(why.message()));
+    session->Interrupt();
+  };
+  job->relay_link = RelayLink::Start(std::move(o));
 }
 
 void Daemon::FailStart(const std::shared_ptr<Job>& job, const std::string& why) {

@@ -31,6 +31,7 @@
 #include "worker/device_executor.h"
 #include "worker/engine.h"
 #include "worker/local_server.h"
+#include "worker/negotiation_relay.h"
 #include "worker/net_address.h"
 #include "worker/rendezvous_client.h"
 #include "worker/session_ledger.h"
@@ -140,7 +141,15 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     // Held while a batch is numbered and sent, and while a resume re-sends: batches reach the
     // coordinator in their order (it drops one numbered below what it has).
     absl::Mutex send_mu;
+    // Held while lists are taken from the ledger and handed to the engine: they come on the
+    // session's thread and on a relay link's, and must reach the engine in their order.
+    absl::Mutex apply_mu;
     std::unique_ptr<Engine> engine;
+    // The negotiation relay (knob negotiation_relay): this daemon's hub when it relays for its
+    // host's other ranks, or its link to the daemon that does. Set before the engine starts;
+    // destroyed before the engine (a link's thread hands lists to it).
+    std::unique_ptr<RelayHub> relay_hub;
+    std::unique_ptr<RelayLink> relay_link;
     std::shared_ptr<Process> proc = std::make_shared<Process>();
     std::atomic<bool> started{false};
     std::atomic<bool> stopped{false};
@@ -169,6 +178,11 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   };
 
   void StartJob(const v1::JobAssignment& assignment);
+  // Lists from the coordinator (or the relay) for `job`'s rank: through its ledger, in order, to
+  // its engine.
+  static void ApplyLists(Job& job, v1::ResponseList list);
+  // Sets up `job`'s part in its host's negotiation relay, if it has one.
+  void StartRelay(const std::shared_ptr<Job>& job);
   // A launched rank, on its waiter thread: makes its directory (fetching and unpacking the job's
   // code), starts its process, waits for it, sends what it left in its output directory, and
   // reports its exit.

@@ -59,6 +59,7 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
   if (k.has_shm_allreduce()) o.shm_allreduce = k.shm_allreduce();
   if (k.has_hierarchical_allreduce()) o.hierarchical_allreduce = k.hierarchical_allreduce();
   if (k.has_hierarchical_allgather()) o.hierarchical_allgather = k.hierarchical_allgather();
+  o.negotiation_relay = k.negotiation_relay();
   return absl::OkStatus();
 }
 
@@ -102,6 +103,7 @@ void ToProto(const JobSpec& in, v1::JobSpec* out) {
   o->set_shm_allreduce(k.shm_allreduce);
   o->set_hierarchical_allreduce(k.hierarchical_allreduce);
   o->set_hierarchical_allgather(k.hierarchical_allgather);
+  o->set_negotiation_relay(k.negotiation_relay);
 }
 
 v1::JobState ToProto(JobState state) { return static_cast<v1::JobState>(state); }

@@ -85,6 +85,7 @@ HOROVOD_KNOBS = {
     "RINGMASTER_SHM_ALLREDUCE": ("shm_allreduce", _flag),
     "HOROVOD_HIERARCHICAL_ALLREDUCE": ("hierarchical_allreduce", _flag),
     "HOROVOD_HIERARCHICAL_ALLGATHER": ("hierarchical_allgather", _flag),
+    "RINGMASTER_NEGOTIATION_RELAY": ("negotiation_relay", _flag),
 }
 
 # mpirun options that only change what mpirun prints: nothing to map, so they are ignored (with a

@@ -136,18 +136,48 @@ def test_every_collective_and_dtype_matches_the_exact_reference(cluster, np_, fu
     assert "FAIL" not in logs
 
 
-@pytest.mark.parametrize("every", [5, 11])
-def test_session_resets_lose_nothing_and_the_job_finishes_with_exact_results(tmp_path, every):
+def test_through_a_negotiation_relay_every_collective_is_exact_with_a_message_per_host(cluster):
+    """--negotiation-relay: on each host the daemon of the lower rank sends both ranks' request
+    batches to the coordinator in one message and hands out the lists that come back."""
+    job = cluster.submit(4, f"{BIN}/collectives_check",
+                         extra=["--processes-per-host", "2", "--negotiation-relay"])
+    done = cluster.wait_state(job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
+    logs = cluster.logs(job)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", logs + done.get("reason", "")
+    for rank in range(4):
+        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
+                         logs, re.M), logs
+    cluster.close()  # the daemons log what they relayed as the job's rank goes
+    worker_logs = "".join((cluster.tmp / f"worker{i}.log").read_text() for i in range(4))
+    relays = re.findall(rf"job {job} rank (\d): relays the negotiation of its host's 2 ranks",
+                        worker_logs)
+    assert sorted(relays) == ["0", "2"], worker_logs[-3000:]
+    peers = re.findall(rf"job {job} relay rank \d: rank (\d) negotiates through this daemon",
+                       worker_logs)
+    assert sorted(peers) == ["1", "3"], worker_logs[-3000:]
+    # Messages carried both ranks' batches (those that came within a cycle time of each other).
+    relayed = re.findall(rf"job {job} relay rank \d: relayed (\d+) request batches of its host's "
+                         r"ranks in (\d+) messages", worker_logs)
+    assert len(relayed) == 2, worker_logs[-3000:]
+    for batches, messages in relayed:
+        assert int(batches) >= 10 and int(messages) < int(batches), (batches, messages)
+
+
+@pytest.mark.parametrize("every,relay", [(5, False), (11, False), (7, True)])
+def test_session_resets_lose_nothing_and_the_job_finishes_with_exact_results(tmp_path, every,
+                                                                             relay):
     """Every `every`-th message a worker sends the coordinator is dropped as if lost in flight and
     its session cut (RINGMASTER_FAULT_DROP_SESSION): request batches, response lists and rank
-    updates go again over the next session, so the job succeeds with every check exact."""
+    updates go again over the next session, so the job succeeds with every check exact. Through a
+    negotiation relay, a relay's cut session makes its host's other rank resume on its own."""
     env = {**os.environ, "RINGMASTER_FAULT_DROP_SESSION": str(every)}
     cluster = Cluster(tmp_path, workers=4, per_host=2, env=env)
     try:
         # Twice in a row (two processes per rank, one after the other): drops fall mid-job.
         check = f"{BIN}/collectives_check"
         job = cluster.submit(4, "sh", "-c", f"{check} && {check}",
-                             extra=["--processes-per-host", "2"])
+                             extra=["--processes-per-host", "2"] +
+                             (["--negotiation-relay"] if relay else []))
         done = cluster.wait_state(job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
         logs = cluster.logs(job)
         # Every rank exits 0 only if every check of both runs was exact.

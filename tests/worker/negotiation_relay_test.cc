@@ -1,0 +1,283 @@
+// The negotiation relay's two ends, with real sockets and an in-memory rendezvous store: a hub
+// sends its host's batches in one message and splits the lists that come back; links that cannot
+// be trusted or reached fall back; a failed hub lets its peers go.
+#include "worker/negotiation_relay.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ringmaster {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+v1::RequestBatch Batch(int rank, uint64_t seq, const std::string& tensor) {
+  v1::RequestBatch b;
+  b.set_job_id("job-1");
+  b.set_epoch(1);
+  b.set_rank(rank);
+  b.set_seq(seq);
+  b.add_requests()->set_name(tensor);
+  return b;
+}
+
+// What a hub sent to the coordinator.
+struct Sent {
+  absl::Mutex mu;
+  std::vector<v1::WorkerMessage> messages ABSL_GUARDED_BY(mu);
+  absl::Status result;  // what `send` returns
+
+  bool AwaitCount(size_t n) {
+    absl::MutexLock lock(&mu);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return messages.size() >= n; };
+    return mu.AwaitWithTimeout(absl::Condition(&enough), kWait);
+  }
+  // Waits for `n` batches in all, and returns their seqs in the order sent.
+  std::vector<uint64_t> AwaitBatches(size_t n) {
+    absl::MutexLock lock(&mu);
+    auto seqs = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      std::vector<uint64_t> out;
+      for (const v1::WorkerMessage& m : messages) {
+        for (const v1::RequestBatch& b : m.relayed().batches()) out.push_back(b.seq());
+      }
+      return out;
+    };
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return seqs().size() >= n; };
+    mu.AwaitWithTimeout(absl::Condition(&enough), kWait);
+    return seqs();
+  }
+  // The ranks of message i's batches, in order.
+  std::vector<int> Ranks(size_t i) {
+    absl::MutexLock lock(&mu);
+    std::vector<int> out;
+    for (const v1::RequestBatch& b : messages.at(i).relayed().batches()) out.push_back(b.rank());
+    return out;
+  }
+};
+
+// One peer's end, recording what it got.
+struct Peer {
+  absl::Mutex mu;
+  std::vector<v1::ResponseList> lists ABSL_GUARDED_BY(mu);
+  absl::Notification lost;
+  std::string why;
+  std::unique_ptr<RelayLink> link;
+
+  void Start(std::shared_ptr<KeyValueStore> store, int rank, const std::string& token,
+             absl::Duration find_timeout = kWait) {
+    RelayLink::Options o;
+    o.job_id = "job-1";
+    o.epoch = 1;
+    o.rank = rank;
+    o.relay_rank = 0;
+    o.token = token;
+    o.store = std::move(store);
+    o.find_timeout = find_timeout;
+    o.on_list = [this](v1::ResponseList list) {
+      absl::MutexLock lock(&mu);
+      lists.push_back(std::move(list));
+    };
+    o.on_lost = [this](const absl::Status& s) {
+      why = std::string(s.message());
+      lost.Notify();
+    };
+    link = RelayLink::Start(std::move(o));
+  }
+  bool AwaitLists(size_t n) {
+    absl::MutexLock lock(&mu);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return lists.size() >= n; };
+    return mu.AwaitWithTimeout(absl::Condition(&enough), kWait);
+  }
+};
+
+class RelayTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<RelayHub> StartHub(std::vector<int32_t> peers,
+                                     absl::Duration linger = absl::Milliseconds(5)) {
+    RelayHub::Options o;
+    o.job_id = "job-1";
+    o.epoch = 1;
+    o.rank = 0;
+    o.peers = std::move(peers);
+    o.token = "secret";
+    o.store = store_;
+    o.send = [this](const v1::WorkerMessage& m) {
+      absl::MutexLock lock(&sent_.mu);
+      sent_.messages.push_back(m);
+      return sent_.result;
+    };
+    o.linger = linger;
+    absl::StatusOr<std::unique_ptr<RelayHub>> hub = RelayHub::Start(std::move(o));
+    EXPECT_TRUE(hub.ok()) << hub.status();
+    return hub.ok() ? *std::move(hub) : nullptr;
+  }
+
+  // Waits until the hub has `n` links open.
+  static bool AwaitAttached(const RelayHub& hub, int n) {
+    const absl::Time end = absl::Now() + kWait;
+    while (hub.attached() < n && absl::Now() < end) absl::SleepFor(absl::Milliseconds(2));
+    return hub.attached() == n;
+  }
+
+  std::shared_ptr<KeyValueStore> store_ = KeyValueStore::InMemory();
+  Sent sent_;
+};
+
+TEST_F(RelayTest, AHostsBatchesGoInOneMessageAndEachRankGetsItsOwnList) {
+  std::unique_ptr<RelayHub> hub = StartHub({1, 2}, absl::Seconds(5));
+  Peer one, two;
+  one.Start(store_, 1, "secret");
+  two.Start(store_, 2, "secret");
+  ASSERT_TRUE(AwaitAttached(*hub, 2));
+
+  // The lot goes once every attached rank has a batch in it, whatever the linger.
+  EXPECT_EQ(one.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kTaken);
+  ASSERT_TRUE(hub->Submit(Batch(0, 1, "a")));
+  absl::SleepFor(absl::Milliseconds(50));
+  {
+    absl::MutexLock lock(&sent_.mu);
+    EXPECT_TRUE(sent_.messages.empty());  // rank 2's has not come
+  }
+  EXPECT_EQ(two.link->Send(Batch(2, 1, "a")), RelayLink::Sent::kTaken);
+  ASSERT_TRUE(sent_.AwaitCount(1));
+  EXPECT_THAT(sent_.Ranks(0), UnorderedElementsAre(0, 1, 2));  // in arrival order
+  EXPECT_EQ(hub->relayed_batches(), 3);
+  EXPECT_EQ(hub->messages_sent(), 1);
+
+  // One list for the three: rank 2's own error reaches rank 2 alone.
+  v1::RelayedResponses relayed;
+  relayed.mutable_list()->set_job_id("job-1");
+  relayed.mutable_list()->set_seq(1);
+  relayed.mutable_list()->add_responses()->add_names("a");
+  for (int r : {0, 1, 2}) relayed.add_ranks(r);
+  v1::RelayedNotice* notice = relayed.add_notices();
+  notice->set_rank(2);
+  notice->mutable_part()->add_rank_errors()->set_error_message("rank 2's own");
+  std::optional<v1::ResponseList> own = hub->Deliver(relayed);
+  ASSERT_TRUE(own.has_value());
+  EXPECT_EQ(own->seq(), 1u);
+  EXPECT_EQ(own->rank_errors_size(), 0);
+  ASSERT_TRUE(one.AwaitLists(1));
+  ASSERT_TRUE(two.AwaitLists(1));
+  absl::MutexLock lock1(&one.mu);
+  absl::MutexLock lock2(&two.mu);
+  EXPECT_EQ(one.lists[0].responses(0).names(0), "a");
+  EXPECT_EQ(one.lists[0].rank_errors_size(), 0);
+  ASSERT_EQ(two.lists[0].rank_errors_size(), 1);
+  EXPECT_EQ(two.lists[0].rank_errors(0).error_message(), "rank 2's own");
+  EXPECT_FALSE(one.lost.HasBeenNotified());
+}
+
+TEST_F(RelayTest, ALotThatWaitsTheLingerGoesWithoutTheRanksThatSentNothing) {
+  std::unique_ptr<RelayHub> hub = StartHub({1, 2}, absl::Milliseconds(5));
+  Peer one, two;
+  one.Start(store_, 1, "secret");
+  two.Start(store_, 2, "secret");
+  ASSERT_TRUE(AwaitAttached(*hub, 2));
+  ASSERT_TRUE(hub->Submit(Batch(0, 1, "a")));
+  EXPECT_EQ(one.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kTaken);
+  ASSERT_TRUE(sent_.AwaitCount(1));
+  EXPECT_THAT(sent_.Ranks(0), UnorderedElementsAre(0, 1));
+  // Rank 2's comes alone later, and waits the linger too.
+  EXPECT_EQ(two.link->Send(Batch(2, 1, "a")), RelayLink::Sent::kTaken);
+  ASSERT_TRUE(sent_.AwaitCount(2));
+  EXPECT_THAT(sent_.Ranks(1), ElementsAre(2));
+}
+
+TEST_F(RelayTest, BatchesSentBeforeTheRelayIsFoundGoFirstInTheirOrder) {
+  Peer one;
+  one.Start(store_, 1, "secret");
+  EXPECT_EQ(one.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kTaken);
+  EXPECT_EQ(one.link->Send(Batch(1, 2, "b")), RelayLink::Sent::kTaken);
+  std::unique_ptr<RelayHub> hub = StartHub({1}, absl::Milliseconds(1));
+  EXPECT_THAT(sent_.AwaitBatches(2), ElementsAre(1, 2));
+  EXPECT_EQ(one.link->Send(Batch(1, 3, "c")), RelayLink::Sent::kTaken);
+  EXPECT_THAT(sent_.AwaitBatches(3), ElementsAre(1, 2, 3));
+}
+
+TEST_F(RelayTest, ALinkWithoutTheEpochsTokenIsRefusedAndItsRankGoesDirect) {
+  std::unique_ptr<RelayHub> hub = StartHub({1});
+  Peer intruder;
+  intruder.Start(store_, 1, "guess");
+  ASSERT_TRUE(intruder.lost.WaitForNotificationWithTimeout(kWait));
+  EXPECT_THAT(intruder.why, HasSubstr("closed"));
+  EXPECT_EQ(hub->attached(), 0);
+  // Its batches are held for the resume, then go on the session once it resumed.
+  EXPECT_EQ(intruder.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kHeld);
+  intruder.link->EndRelaying();
+  EXPECT_EQ(intruder.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kDirect);
+}
+
+TEST_F(RelayTest, ARankThatIsNotOnTheRelaysHostIsRefused) {
+  std::unique_ptr<RelayHub> hub = StartHub({1});
+  Peer other;
+  other.Start(store_, 3, "secret");  // rank 3 is not among the hub's peers
+  ASSERT_TRUE(other.lost.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(hub->attached(), 0);
+}
+
+TEST_F(RelayTest, ARelayThatIsNeverNamedIsGivenUpOnAtTheFindTimeout) {
+  Peer one;
+  const absl::Time start = absl::Now();
+  one.Start(store_, 1, "secret", absl::Milliseconds(300));
+  ASSERT_TRUE(one.lost.WaitForNotificationWithTimeout(kWait));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_THAT(one.why, HasSubstr("could not be found"));
+}
+
+TEST_F(RelayTest, AFailedHubLetsEveryPeerGoAndTakesNothingMore) {
+  std::unique_ptr<RelayHub> hub = StartHub({1, 2});
+  Peer one, two;
+  one.Start(store_, 1, "secret");
+  two.Start(store_, 2, "secret");
+  ASSERT_TRUE(AwaitAttached(*hub, 2));
+  hub->Fail("its session ended");
+  ASSERT_TRUE(one.lost.WaitForNotificationWithTimeout(kWait));
+  ASSERT_TRUE(two.lost.WaitForNotificationWithTimeout(kWait));
+  EXPECT_FALSE(hub->Submit(Batch(0, 1, "a")));
+  EXPECT_EQ(hub->attached(), 0);
+}
+
+TEST_F(RelayTest, AFailedSendFailsTheHub) {
+  sent_.result = absl::UnavailableError("not connected to the coordinator");
+  std::unique_ptr<RelayHub> hub = StartHub({1});
+  Peer one;
+  one.Start(store_, 1, "secret");
+  ASSERT_TRUE(AwaitAttached(*hub, 1));
+  ASSERT_TRUE(hub->Submit(Batch(0, 1, "a")));
+  EXPECT_EQ(one.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kTaken);
+  ASSERT_TRUE(one.lost.WaitForNotificationWithTimeout(kWait));
+  EXPECT_FALSE(hub->Submit(Batch(0, 2, "b")));
+}
+
+TEST(RelayPlanTest, TheLowestRankOnEachHostRelaysWhenTheKnobIsOn) {
+  v1::JobAssignment a;
+  a.mutable_job()->mutable_spec()->mutable_knobs()->set_negotiation_relay(true);
+  for (int r = 0; r < 5; ++r) {
+    v1::RankInfo* info = a.mutable_job()->add_ranks();
+    info->set_rank(r);
+    info->set_host(r == 4 ? "c" : (r % 2 == 0 ? "a" : "b"));
+  }
+  a.set_rank(3);
+  RelayPlan plan = PlanRelay(a);
+  EXPECT_EQ(plan.relay_rank, 1);
+  EXPECT_THAT(plan.host_ranks, ElementsAre(1, 3));
+  a.set_rank(4);  // alone on its host
+  EXPECT_EQ(PlanRelay(a).relay_rank, -1);
+  a.set_rank(2);
+  a.mutable_job()->mutable_spec()->mutable_knobs()->set_negotiation_relay(false);
+  EXPECT_EQ(PlanRelay(a).relay_rank, -1);
+}
+
+}  // namespace
+}  // namespace ringmaster

@@ -1,0 +1,459 @@
+#include "worker/negotiation_relay.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/framing.h"
+#include "spdlog/spdlog.h"
+
+namespace ringmaster {
+namespace {
+
+// A socket in the abstract namespace: `name` without its leading NUL.
+sockaddr_un AbstractAddress(const std::string& name, socklen_t* length) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const size_t n = std::min(name.size(), sizeof(addr.sun_path) - 1);
+  std::memcpy(addr.sun_path + 1, name.data(), n);
+  *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return addr;
+}
+
+// A write to a peer that does not read its link for this long closes the link (the peer then
+// resumes on its own session), rather than holding up the relay's session thread.
+void SetSendTimeout(int fd, absl::Duration d) {
+  timeval tv = absl::ToTimeval(d);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+// At most this many batches wait in a link before it is connected, or in the hub.
+constexpr size_t kMaxWaiting = 4096;
+
+}  // namespace
+
+RelayPlan PlanRelay(const v1::JobAssignment& assignment) {
+  RelayPlan plan;
+  const v1::Job& job = assignment.job();
+  if (!job.spec().knobs().negotiation_relay()) return plan;
+  const int32_t rank = assignment.rank();
+  if (rank < 0 || rank >= job.ranks_size()) return plan;
+  const std::string& host = job.ranks(rank).host();
+  for (const v1::RankInfo& r : job.ranks()) {
+    if (r.host() == host) plan.host_ranks.push_back(r.rank());
+  }
+  std::sort(plan.host_ranks.begin(), plan.host_ranks.end());
+  if (plan.host_ranks.size() >= 2) plan.relay_rank = plan.host_ranks.front();
+  return plan;
+}
+
+std::string RelayKey(int32_t rank) { return absl::StrCat("relay/", rank); }
+
+// ---- RelayHub ----
+
+RelayHub::RelayHub(Options options)
+    : options_(std::move(options)),
+      linger_(std::clamp(options_.linger, absl::Microseconds(100), absl::Seconds(1))) {}
+
+absl::StatusOr<std::unique_ptr<RelayHub>> RelayHub::Start(Options options) {
+  std::unique_ptr<RelayHub> hub(new RelayHub(std::move(options)));
+  std::random_device random;
+  hub->name_ = absl::StrCat("ringmaster-relay-", hub->options_.job_id, "-", hub->options_.epoch,
+                            "-", hub->options_.rank, "-", getpid(), "-", random());
+  hub->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (hub->listen_fd_ < 0) {
+    return absl::UnavailableError(absl::StrCat("relay socket: ", std::strerror(errno)));
+  }
+  socklen_t length;
+  sockaddr_un addr = AbstractAddress(hub->name_, &length);
+  if (bind(hub->listen_fd_, reinterpret_cast<sockaddr*>(&addr), length) != 0 ||
+      listen(hub->listen_fd_, 64) != 0) {
+    return absl::UnavailableError(absl::StrCat("relay socket: ", std::strerror(errno)));
+  }
+  hub->acceptor_ = std::thread([h = hub.get()] { h->AcceptLoop(); });
+  hub->flusher_ = std::thread([h = hub.get()] { h->FlushLoop(); });
+  if (absl::Status s = hub->options_.store->Set(RelayKey(hub->options_.rank), hub->name_);
+      !s.ok()) {
+    return s;  // the destructor stops the threads
+  }
+  return hub;
+}
+
+RelayHub::~RelayHub() {
+  std::vector<std::shared_ptr<Peer>> connections;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    connections = connections_;
+    spdlog::info(
+        "job {} relay rank {}: relayed {} request batches of its host's ranks in {} "
+        "messages",
+        options_.job_id, options_.rank, relayed_batches_, messages_sent_);
+  }
+  if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  if (flusher_.joinable()) flusher_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    connections = connections_;  // the acceptor added no more after stopping_
+  }
+  for (const auto& peer : connections) {
+    shutdown(peer->fd, SHUT_RDWR);
+    if (peer->reader.joinable()) peer->reader.join();
+    close(peer->fd);
+  }
+  if (listen_fd_ >= 0) close(listen_fd_);
+}
+
+void RelayHub::AcceptLoop() {
+  while (true) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;  // shut down
+    }
+    auto peer = std::make_shared<Peer>();
+    peer->fd = fd;
+    SetSendTimeout(fd, absl::Seconds(5));
+    absl::MutexLock lock(&mu_);
+    if (stopping_ || connections_.size() >= options_.peers.size() + 8) {
+      close(fd);  // more connections than the host has ranks: not peers
+      if (stopping_) return;
+      continue;
+    }
+    connections_.push_back(peer);
+    peer->reader = std::thread([this, peer] { ReadLoop(peer); });
+  }
+}
+
+void RelayHub::ReadLoop(std::shared_ptr<Peer> peer) {
+  v1::RelayLinkMessage m;
+  if (!ReadFrame(peer->fd, &m).ok()) return ClosePeer(peer);
+  const v1::RelayLinkOpen& open = m.open();
+  const bool a_peer =
+      std::find(options_.peers.begin(), options_.peers.end(), open.rank()) != options_.peers.end();
+  if (m.kind_case() != v1::RelayLinkMessage::kOpen || open.job_id() != options_.job_id ||
+      open.epoch() != options_.epoch || open.token() != options_.token || !a_peer) {
+    spdlog::warn("job {} relay rank {}: refused a link from rank {} of job {} epoch {}",
+                 options_.job_id, options_.rank, open.rank(), open.job_id(), open.epoch());
+    return ClosePeer(peer);
+  }
+  bool taken = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failed_ && !stopping_ && !peers_.contains(open.rank())) {
+      peer->rank = open.rank();
+      peers_[open.rank()] = peer;
+      taken = true;
+    }
+  }
+  if (!taken) return ClosePeer(peer);
+  spdlog::info("job {} relay rank {}: rank {} negotiates through this daemon", options_.job_id,
+               options_.rank, open.rank());
+  while (ReadFrame(peer->fd, &m).ok()) {
+    if (m.kind_case() != v1::RelayLinkMessage::kBatch || m.batch().rank() != peer->rank ||
+        m.batch().job_id() != options_.job_id || m.batch().epoch() != options_.epoch) {
+      spdlog::warn("job {} relay rank {}: rank {} sent a frame that is not its batch; link closed",
+                   options_.job_id, options_.rank, peer->rank);
+      break;
+    }
+    Add(peer->rank, std::move(*m.mutable_batch()));
+  }
+  ClosePeer(peer);
+}
+
+void RelayHub::ClosePeer(const std::shared_ptr<Peer>& peer) {
+  shutdown(peer->fd, SHUT_RDWR);  // the reader ends; the fd is closed when the hub goes
+  absl::MutexLock lock(&mu_);
+  if (peer->rank >= 0) {
+    auto it = peers_.find(peer->rank);
+    if (it != peers_.end() && it->second == peer) peers_.erase(it);
+  }
+}
+
+bool RelayHub::Submit(const v1::RequestBatch& batch) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (failed_) return false;
+  }
+  Add(options_.rank, batch);
+  return true;
+}
+
+void RelayHub::Add(int32_t rank, v1::RequestBatch batch) {
+  bool all_in;
+  {
+    absl::MutexLock lock(&mu_);
+    if (failed_ || pending_.size() >= kMaxWaiting) {
+      // Not relayed: the batch's rank resumes on its own session (its link closes below, or the
+      // relay's own session has broken), which sends it again.
+      if (!failed_) {
+        spdlog::warn("job {} relay rank {}: {} batches wait to be sent; rank {} goes direct",
+                     options_.job_id, options_.rank, pending_.size(), rank);
+      }
+      auto it = peers_.find(rank);
+      if (it != peers_.end()) shutdown(it->second->fd, SHUT_RDWR);
+      return;
+    }
+    if (pending_.empty()) first_pending_ = absl::Now();
+    pending_.push_back(std::move(batch));
+    ++pending_of_[rank];
+    // Every rank attached to this relay (itself and its open links) has a batch waiting.
+    all_in = pending_of_.contains(options_.rank);
+    for (const auto& [r, peer] : peers_) all_in = all_in && pending_of_.contains(r);
+  }
+  if (all_in) SendPending();
+}
+
+void RelayHub::FlushLoop() {
+  // Sends what waits once its first batch has waited the linger (the others' have not come).
+  struct Watch {
+    RelayHub* hub;
+    absl::Time seen;  // the first waiting batch's arrival when the wait began
+  };
+  auto changed = +[](Watch* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return w->hub->stopping_ || w->hub->first_pending_ != w->seen;
+  };
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    Watch watch{this, first_pending_};
+    if (first_pending_ == absl::InfiniteFuture()) {
+      mu_.Await(absl::Condition(changed, &watch));
+      continue;
+    }
+    const absl::Time due = first_pending_ + linger_;
+    if (mu_.AwaitWithDeadline(absl::Condition(changed, &watch), due)) continue;
+    mu_.Unlock();
+    SendPending();
+    mu_.Lock();
+  }
+}
+
+void RelayHub::SendPending() {
+  absl::MutexLock send_lock(&send_mu_);
+  v1::WorkerMessage m;
+  {
+    absl::MutexLock lock(&mu_);
+    if (pending_.empty() || failed_) return;
+    for (v1::RequestBatch& b : pending_) *m.mutable_relayed()->add_batches() = std::move(b);
+    relayed_batches_ += static_cast<int64_t>(pending_.size());
+    ++messages_sent_;
+    pending_.clear();
+    pending_of_.clear();
+    first_pending_ = absl::InfiniteFuture();
+  }
+  if (absl::Status s = options_.send(m); !s.ok()) {
+    Fail(absl::StrCat("the relay's session to the coordinator: ", s.message()));
+  }
+}
+
+std::optional<v1::ResponseList> RelayHub::Deliver(const v1::RelayedResponses& relayed) {
+  std::optional<v1::ResponseList> own;
+  std::map<int32_t, const v1::ResponseList*> notices;
+  for (const v1::RelayedNotice& n : relayed.notices()) notices[n.rank()] = &n.part();
+  for (int32_t rank : relayed.ranks()) {
+    v1::ResponseList list = relayed.list();
+    if (auto it = notices.find(rank); it != notices.end()) list.MergeFrom(*it->second);
+    if (rank == options_.rank) {
+      own = std::move(list);
+      continue;
+    }
+    std::shared_ptr<Peer> peer;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = peers_.find(rank);
+      if (it != peers_.end()) peer = it->second;
+    }
+    // A peer whose link closed resumes on its own session, which re-sends it what it lacks.
+    if (peer == nullptr) continue;
+    absl::MutexLock write_lock(&peer->write_mu);
+    if (!WriteFrame(peer->fd, list).ok()) ClosePeer(peer);
+  }
+  return own;
+}
+
+void RelayHub::Fail(const std::string& why) {
+  std::map<int32_t, std::shared_ptr<Peer>> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (failed_) return;
+    failed_ = true;
+    peers.swap(peers_);
+    pending_.clear();
+    pending_of_.clear();
+    first_pending_ = absl::InfiniteFuture();
+  }
+  spdlog::warn(
+      "job {} relay rank {}: relaying ends ({}); its host's {} other ranks negotiate on "
+      "their own sessions",
+      options_.job_id, options_.rank, why, peers.size());
+  for (const auto& [rank, peer] : peers) shutdown(peer->fd, SHUT_RDWR);
+}
+
+int RelayHub::attached() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(peers_.size());
+}
+
+int64_t RelayHub::relayed_batches() const {
+  absl::MutexLock lock(&mu_);
+  return relayed_batches_;
+}
+
+int64_t RelayHub::messages_sent() const {
+  absl::MutexLock lock(&mu_);
+  return messages_sent_;
+}
+
+// ---- RelayLink ----
+
+RelayLink::RelayLink(Options options) : options_(std::move(options)) {}
+
+std::unique_ptr<RelayLink> RelayLink::Start(Options options) {
+  std::unique_ptr<RelayLink> link(new RelayLink(std::move(options)));
+  link->thread_ = std::thread([l = link.get()] { l->Run(); });
+  return link;
+}
+
+RelayLink::~RelayLink() {
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+  }
+  if (thread_.joinable()) thread_.join();
+  absl::MutexLock lock(&mu_);
+  if (fd_ >= 0) close(fd_);
+}
+
+bool RelayLink::lost() const {
+  absl::MutexLock lock(&mu_);
+  return lost_;
+}
+
+void RelayLink::Lose(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (lost_) return;
+    lost_ = true;
+    queued_.clear();
+    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+    if (closing_) return;
+  }
+  if (options_.on_lost) options_.on_lost(why);
+}
+
+RelayLink::Sent RelayLink::Send(const v1::RequestBatch& batch) {
+  absl::MutexLock write_lock(&write_mu_);
+  int fd;
+  {
+    absl::MutexLock lock(&mu_);
+    if (lost_) return resumed_ ? Sent::kDirect : Sent::kHeld;
+    if (!connected_ && queued_.size() < kMaxWaiting) {
+      queued_.push_back(batch);
+      return Sent::kTaken;
+    }
+    fd = connected_ ? fd_ : -1;
+  }
+  if (fd < 0) {
+    Lose(absl::ResourceExhaustedError("has not connected and too many batches wait"));
+    return Sent::kHeld;
+  }
+  v1::RelayLinkMessage m;
+  *m.mutable_batch() = batch;
+  if (absl::Status s = WriteFrame(fd, m); !s.ok()) {
+    Lose(absl::UnavailableError(absl::StrCat("broke: ", s.message())));
+    return Sent::kHeld;
+  }
+  return Sent::kTaken;
+}
+
+void RelayLink::EndRelaying() {
+  absl::MutexLock lock(&mu_);
+  const bool was_lost = lost_;
+  lost_ = true;
+  resumed_ = true;
+  queued_.clear();
+  if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+  if (!was_lost) {
+    spdlog::info(
+        "job {} rank {}: its session resumed; it negotiates on it from now on, not "
+        "through relay rank {}",
+        options_.job_id, options_.rank, options_.relay_rank);
+  }
+}
+
+void RelayLink::Run() {
+  // In slices, so that a link destroyed meanwhile is not held up.
+  const absl::Time give_up = absl::Now() + options_.find_timeout;
+  absl::StatusOr<std::vector<std::string>> name;
+  while (true) {
+    name = options_.store->Wait({RelayKey(options_.relay_rank)},
+                                std::min(absl::Milliseconds(250), give_up - absl::Now()));
+    if (name.ok()) break;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closing_) return;
+    }
+    if (name.status().code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= give_up) {
+      return Lose(
+          absl::UnavailableError(absl::StrCat("could not be found: ", name.status().message())));
+    }
+  }
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  socklen_t length;
+  sockaddr_un addr = AbstractAddress((*name)[0], &length);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return Lose(absl::UnavailableError(absl::StrCat("could not be connected: ", why)));
+  }
+  SetSendTimeout(fd, absl::Seconds(5));
+  {
+    absl::MutexLock lock(&mu_);
+    fd_ = fd;
+    if (closing_) return;
+  }
+  absl::Status opened;
+  {
+    // Open, then what was queued meanwhile, in order, before any newer batch.
+    absl::MutexLock write_lock(&write_mu_);
+    v1::RelayLinkMessage open;
+    open.mutable_open()->set_job_id(options_.job_id);
+    open.mutable_open()->set_epoch(options_.epoch);
+    open.mutable_open()->set_rank(options_.rank);
+    open.mutable_open()->set_token(options_.token);
+    absl::Status s = WriteFrame(fd, open);
+    std::deque<v1::RequestBatch> queued;
+    {
+      absl::MutexLock lock(&mu_);
+      queued.swap(queued_);
+    }
+    for (const v1::RequestBatch& b : queued) {
+      if (!s.ok()) break;
+      v1::RelayLinkMessage m;
+      *m.mutable_batch() = b;
+      s = WriteFrame(fd, m);
+    }
+    opened = s;
+    absl::MutexLock lock(&mu_);
+    connected_ = s.ok();
+  }
+  if (!opened.ok()) return Lose(absl::UnavailableError(absl::StrCat("broke: ", opened.message())));
+  v1::ResponseList list;
+  absl::Status s;
+  while ((s = ReadFrame(fd, &list)).ok()) {
+    if (options_.on_list) options_.on_list(std::move(list));
+    list.Clear();
+  }
+  Lose(absl::UnavailableError(absl::StrCat("closed: ", s.message())));
+}
+
+}  // namespace ringmaster

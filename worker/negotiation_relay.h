@@ -1,0 +1,177 @@
+// The negotiation relay (the job knob negotiation_relay): the daemons of a job's ranks on one host
+// negotiate through the daemon of the job's lowest rank there, the relay. Each peer hands its
+// numbered request batches to the relay over a Unix socket (RelayLink); the relay sends what it has
+// of its host's ranks to the coordinator in one message (RelayedBatches) once every rank attached
+// to it has a batch there, or a cycle time after the first one came; the coordinator answers with
+// one RelayedResponses per cycle, which the relay splits into each rank's list (RelayHub::Deliver).
+// The coordinator thus handles a message per host and cycle, not per rank.
+//
+// The reliable session stays per rank: batches keep their ranks' numbers, and each rank's ledger
+// keeps what it sent until the coordinator acknowledges it. Anything that breaks the path (the
+// relay is not found in time, its link closes, the relay's own session breaks) ends relaying for
+// the peer for the rest of the epoch: the peer resumes on its own session (RelayLink's `on_lost`),
+// which re-sends what the coordinator lacks and takes the rank's lists from then on.
+//
+// The link is a socket in the abstract namespace (nothing left behind; one network namespace, one
+// host), named under the rendezvous key relay/<relay rank>. A peer proves itself with the epoch's
+// rendezvous token and may speak only for a rank of the job on the relay's host.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ringmaster/v1/worker.pb.h"
+#include "worker/key_value_store.h"
+
+namespace ringmaster {
+
+// Who relays for this daemon's rank: the job's ranks on its host (by RankInfo.host), the lowest of
+// them relaying. No relay (relay_rank -1) when the knob is off or the rank is alone on its host.
+struct RelayPlan {
+  int32_t relay_rank = -1;
+  std::vector<int32_t> host_ranks;  // in rank order, the relay first
+  bool relays(int32_t rank) const { return relay_rank == rank; }
+};
+RelayPlan PlanRelay(const v1::JobAssignment& assignment);
+
+// The rendezvous key under which relay `rank` names its socket.
+std::string RelayKey(int32_t rank);
+
+class RelayHub {
+ public:
+  struct Options {
+    std::string job_id;
+    int64_t epoch = 0;
+    int32_t rank = 0;            // the relay's own
+    std::vector<int32_t> peers;  // the other ranks on the host
+    std::string token;           // the epoch's rendezvous token
+    std::shared_ptr<KeyValueStore> store;
+    // Writes a message on this daemon's session to the coordinator.
+    std::function<absl::Status(const v1::WorkerMessage&)> send;
+    // How long the first batch waits for the host's other ranks' (bounded to 0.1 ms..1 s).
+    absl::Duration linger = absl::Milliseconds(1);
+  };
+  // Listens, and names the socket in the store. UNAVAILABLE when it cannot.
+  static absl::StatusOr<std::unique_ptr<RelayHub>> Start(Options options);
+  ~RelayHub();
+  RelayHub(const RelayHub&) = delete;
+  RelayHub& operator=(const RelayHub&) = delete;
+
+  // The relay's own numbered batch. False once the hub failed: send it on the session.
+  bool Submit(const v1::RequestBatch& batch);
+  // A RelayedResponses from the coordinator: each peer's list goes to its link; the relay's own
+  // rank's list, if the lot has one, is returned.
+  std::optional<v1::ResponseList> Deliver(const v1::RelayedResponses& relayed);
+  // The relay's session broke: what it carried for its peers may be lost, so their links close
+  // (each resumes on its own session) and the hub relays nothing more.
+  void Fail(const std::string& why);
+
+  // Peers attached now, and request batches relayed so far (for tests and logs).
+  int attached() const;
+  int64_t relayed_batches() const;
+  int64_t messages_sent() const;
+
+ private:
+  struct Peer {
+    int fd = -1;
+    int32_t rank = -1;  // once its link is open
+    absl::Mutex write_mu;
+    std::thread reader;
+  };
+  explicit RelayHub(Options options);
+  void AcceptLoop();
+  void ReadLoop(std::shared_ptr<Peer> peer);
+  // Takes a batch of `rank` (the relay's or a peer's); sends the lot when every attached rank has
+  // one waiting.
+  void Add(int32_t rank, v1::RequestBatch batch);
+  void FlushLoop();
+  // Sends what waits (under send_mu_, so lots go out in order).
+  void SendPending();
+  void ClosePeer(const std::shared_ptr<Peer>& peer);
+
+  const Options options_;
+  const absl::Duration linger_;
+  int listen_fd_ = -1;
+  std::string name_;  // the socket's abstract name, without its leading NUL
+  std::thread acceptor_;
+  std::thread flusher_;
+
+  absl::Mutex send_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::shared_ptr<Peer>> connections_ ABSL_GUARDED_BY(mu_);
+  std::map<int32_t, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);  // by rank, open links
+  std::vector<v1::RequestBatch> pending_ ABSL_GUARDED_BY(mu_);           // in arrival order
+  std::map<int32_t, int> pending_of_ ABSL_GUARDED_BY(mu_);               // batches waiting, by rank
+  absl::Time first_pending_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  int64_t relayed_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t messages_sent_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class RelayLink {
+ public:
+  struct Options {
+    std::string job_id;
+    int64_t epoch = 0;
+    int32_t rank = 0;
+    int32_t relay_rank = 0;
+    std::string token;
+    std::shared_ptr<KeyValueStore> store;
+    // How long to wait for the relay to name its socket.
+    absl::Duration find_timeout = absl::Seconds(10);
+    // A list from the relay (on the link's thread).
+    std::function<void(v1::ResponseList)> on_list;
+    // The link is down for good (not called after the link is destroyed): resume on the session.
+    // `why` says what happened to the link ("closed: ...", "could not be found: ...").
+    std::function<void(const absl::Status&)> on_lost;
+  };
+  // Finds and connects to the relay in the background; batches sent meanwhile wait.
+  static std::unique_ptr<RelayLink> Start(Options options);
+  ~RelayLink();
+  RelayLink(const RelayLink&) = delete;
+  RelayLink& operator=(const RelayLink&) = delete;
+
+  enum class Sent {
+    kTaken,   // sent, or queued until the link connects
+    kHeld,    // the link is down and the session has not resumed since: the rank's ledger keeps
+              // the batch, and the resume re-sends it
+    kDirect,  // relaying ended and the session resumed: send it on the session
+  };
+  // A numbered batch.
+  Sent Send(const v1::RequestBatch& batch);
+  // The rank's session resumed: relaying ends for it (the link closes, without on_lost), and
+  // batches go on the session from now on, after what the resume re-sent.
+  void EndRelaying();
+  bool lost() const;
+
+ private:
+  explicit RelayLink(Options options);
+  void Run();
+  void Lose(const absl::Status& why);
+
+  const Options options_;
+  std::thread thread_;
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable absl::Mutex mu_;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;
+  bool resumed_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<v1::RequestBatch> queued_ ABSL_GUARDED_BY(mu_);  // before the link connected
+};
+
+}  // namespace ringmaster
