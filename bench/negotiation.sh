@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Negotiation benchmark, as recorded in docs/benchmarks.md: the logic alone (N ranks in one process),
 # then N simulated workers against a coordinator in its own process, reporting the coordinator's own
-# CPU time per step in the steady state (from two runs of s and 2s steps, each against a coordinator
-# started for it) next to the wall-clock step time (client and server share this machine's cores,
+# CPU time over the measured steps (read from /proc by the benchmark; a coordinator is started for
+# each run) next to the wall-clock step time (client and server share this machine's cores,
 # unless --coordinator-cpus and --client-cpus give each its own: taskset lists such as 0-3).
 # The simulated ranks run on gRPC's callback client API (--clients callback, little client CPU), or
 # with two threads each (--clients threads, as bench/sim_worker.h). With callback clients each count
@@ -46,27 +46,24 @@ coordinator_taskset=()
 client_taskset=()
 [[ -n $coordinator_cpus ]] && coordinator_taskset=(taskset -c "$coordinator_cpus")
 [[ -n $client_cpus ]] && client_taskset=(taskset -c "$client_cpus")
-ticks=$(getconf CLK_TCK)
 IFS=, read -ra counts <<<"$ranks"
-# The CPU time of a coordinator of its own over one run of `s` measured steps (its start,
-# registration, placement and warmup included), and the run's line.
-cpu_of_run() {
+# One run of `s` measured steps against a coordinator started for it; the benchmark reads the
+# coordinator's CPU time (/proc/PID/stat) over the measured steps alone.
+run() {
   "${coordinator_taskset[@]}" "$bin/ringmaster-coordinator" --listen 127.0.0.1:0 >"$log" 2>&1 &
   pid=$!
-  local port="" before after line
+  local port=""
   for _ in $(seq 100); do
     port=$(sed -n 's/^ringmaster-coordinator listening on port \([0-9]*\)$/\1/p' "$log")
     [[ -n $port ]] && break
     sleep 0.1
   done
-  before=$(awk '{print $14 + $15}' /proc/$pid/stat)
-  line=$("${client_taskset[@]}" "$bin/ringmaster-negotiation-bench" --coordinator "127.0.0.1:$port" \
-    --mode grpc --clients "$clients" --profile "$profile" --ranks "$1" --steps "$2" --warmup 5 "${@:3}")
-  after=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  "${client_taskset[@]}" "$bin/ringmaster-negotiation-bench" --coordinator "127.0.0.1:$port" \
+    --coordinator-pid "$pid" --mode grpc --clients "$clients" --profile "$profile" --ranks "$1" \
+    --steps "$2" --warmup 5 "${@:3}"
   kill $pid
   wait $pid 2>/dev/null || true
   pid=""
-  echo "$((after - before))|$line"
 }
 # Each count twice: every rank with its own messages, then through a negotiation relay per host
 # of 8 ranks (--relay: one RelayedBatches and one RelayedResponses per host and step).
@@ -75,12 +72,6 @@ for relay in "" --relay; do
   for n in "${counts[@]}"; do
     s=$steps
     ((n > 128)) && s=$((steps / 5 > 5 ? steps / 5 : 5))
-    # Twice, with s and 2s measured steps: the difference is the coordinator's CPU for s steps in
-    # the steady state (registration, placement and warmup cancel out).
-    short=$(cpu_of_run "$n" "$s" $relay)
-    long=$(cpu_of_run "$n" $((2 * s)) $relay)
-    cpu_ms=$(awk -v d=$((${long%%|*} - ${short%%|*})) -v t="$ticks" -v k="$s" \
-      'BEGIN {printf "%.3f", d / t * 1000 / k}')
-    echo "${long#*|}  coordinator-cpu/step (steady)=${cpu_ms} ms"
+    run "$n" "$s" $relay
   done
 done

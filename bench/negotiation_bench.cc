@@ -9,8 +9,11 @@
 //
 // Reports steps/s, tensor-requests/s and per-step negotiation time p50/p99, one line (or JSON
 // object) per (mode, ranks).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,6 +22,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -44,6 +49,9 @@ ABSL_FLAG(
     bool, relay, false,
     "--clients callback: each simulated host's first worker relays its host's batches and "
     "lists (RelayedBatches / RelayedResponses), as worker daemons with a negotiation relay do");
+ABSL_FLAG(int, coordinator_pid, 0,
+          "--mode grpc --clients callback: the coordinator's process on this machine, whose CPU "
+          "time over the measured steps is reported per step");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
 ABSL_FLAG(int, cache_capacity, 1024, "response cache capacity (0: every request in full)");
 ABSL_FLAG(
@@ -58,7 +66,31 @@ struct Result {
   std::string mode;
   int ranks = 0;
   std::vector<double> step_seconds;
+  // The coordinator's CPU time over the measured steps, per step (--coordinator-pid); < 0: not
+  // measured.
+  double coordinator_cpu_ms_per_step = -1;
 };
+
+// The CPU time (user + system) process `pid` has used, in seconds; < 0 when it cannot be read.
+double ProcessCpuSeconds(int pid) {
+  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r");
+  if (f == nullptr) return -1;
+  char buffer[4096];
+  const size_t n = std::fread(buffer, 1, sizeof(buffer) - 1, f);
+  std::fclose(f);
+  buffer[n] = '\0';
+  // The fields after the command name (which may hold spaces): utime and stime are the 12th and
+  // 13th of them (fields 14 and 15 of the line).
+  const char* p = std::strrchr(buffer, ')');
+  if (p == nullptr || p[1] == '\0') return -1;
+  std::vector<std::string> fields = absl::StrSplit(p + 2, ' ');
+  unsigned long long utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
+      !absl::SimpleAtoi(fields[12], &stime)) {
+    return -1;
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
@@ -78,14 +110,19 @@ void Report(const Result& r, const ModelProfile& profile) {
         "{\"bench\":\"negotiation\",\"mode\":\"%s\",\"profile\":\"%s\",\"ranks\":%d,\"tensors\":%"
         "zu,"
         "\"steps\":%zu,\"steps_per_s\":%.2f,\"tensor_requests_per_s\":%.0f,\"step_ms_p50\":%.3f,"
-        "\"step_ms_p99\":%.3f}\n",
+        "\"step_ms_p99\":%.3f,\"coordinator_cpu_ms_per_step\":%.3f}\n",
         r.mode.c_str(), profile.model.c_str(), r.ranks, profile.tensors.size(),
-        r.step_seconds.size(), steps_per_s, requests_per_s, p50, p99);
+        r.step_seconds.size(), steps_per_s, requests_per_s, p50, p99,
+        r.coordinator_cpu_ms_per_step);
   } else {
     std::printf(
         "%-13s %-10s ranks=%5d  steps/s=%9.2f  tensor-requests/s=%11.0f  p50=%8.3f ms  "
-        "p99=%8.3f ms\n",
-        r.mode.c_str(), profile.model.c_str(), r.ranks, steps_per_s, requests_per_s, p50, p99);
+        "p99=%8.3f ms%s\n",
+        r.mode.c_str(), profile.model.c_str(), r.ranks, steps_per_s, requests_per_s, p50, p99,
+        r.coordinator_cpu_ms_per_step < 0
+            ? ""
+            : absl::StrFormat("  coordinator-cpu/step=%.3f ms", r.coordinator_cpu_ms_per_step)
+                  .c_str());
   }
   std::fflush(stdout);
 }
@@ -237,13 +274,20 @@ Result RunGrpcCallback(const ModelProfile& profile, int ranks, int warmup, int s
                              relay ? "-relay" : ""),
                 ranks,
                 {}};
+  const int pid = absl::GetFlag(FLAGS_coordinator_pid);
+  double cpu_start = -1;
   for (int step = 0; step < warmup + steps; ++step) {
+    if (step == warmup && pid > 0) cpu_start = ProcessCpuSeconds(pid);
     const absl::Time start = absl::Now();
     if (absl::Status s = sim.Step(tensors, absl::Seconds(60)); !s.ok()) {
       std::fprintf(stderr, "grpc: step %d: %s\n", step, s.ToString().c_str());
       std::exit(1);
     }
     if (step >= warmup) result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  const double cpu_end = pid > 0 ? ProcessCpuSeconds(pid) : -1;
+  if (cpu_start >= 0 && cpu_end >= 0 && steps > 0) {
+    result.coordinator_cpu_ms_per_step = (cpu_end - cpu_start) * 1e3 / steps;
   }
   sim.Close();
   absl::SleepFor(absl::Milliseconds(200));  // let the EXITED updates go out before the streams end
