@@ -610,12 +610,19 @@ void Daemon::StartRelay(const std::shared_ptr<Job>& job) {
     CoordinatorSession* session = session_.get();
     o.send = [session](const v1::WorkerMessage& m) { return session->Send(m); };
     o.linger = absl::Microseconds(static_cast<int64_t>(spec.spec().knobs().cycle_time_ms() * 1000));
+    // What the hub held is lost: the rank's own batches wait for a resume, which re-sends them.
+    Job* raw = job.get();
+    o.on_failed = [raw, session](const std::string&) {
+      raw->ledger->Lost();
+      if (!raw->proc->exited && !raw->stopped && !raw->epoch_ended) session->Interrupt();
+    };
     absl::StatusOr<std::unique_ptr<RelayHub>> hub = RelayHub::Start(std::move(o));
     if (!hub.ok()) {
       // Its peers find no relay at once and negotiate on their own sessions.
       spdlog::warn("job {} rank {}: cannot relay for its host's ranks: {}", spec.id(), rank,
                    hub.status().ToString());
-      store->Set(RelayKey(rank), "").IgnoreError();
+      // Said off this thread (a session's): the rendezvous may take a while.
+      finishers_.Start([store, rank] { store->Set(RelayKey(rank), "").IgnoreError(); });
       return;
     }
     job->relay_hub = *std::move(hub);
@@ -638,7 +645,7 @@ void Daemon::StartRelay(const std::shared_ptr<Job>& job) {
   o.on_lost = [raw, session](const absl::Status& why) {
     raw->ledger->Lost();
     // A rank whose process has exited negotiates nothing more (the relay's rank may end first).
-    if (raw->proc->exited || raw->stopped) return;
+    if (raw->proc->exited || raw->stopped || raw->epoch_ended) return;
     spdlog::warn(
         "job {} rank {}: negotiating on its own session from now on: the link to relay "
         "rank {} {}",
@@ -882,8 +889,14 @@ void Daemon::StopJob(const std::string& job_id, const absl::Status& reason, int6
   StopRank(job, reason);
 }
 
+void Daemon::EndRelay(Job& job, const std::string& why) {
+  if (job.relay_hub != nullptr) job.relay_hub->Fail(why);
+  if (job.relay_link != nullptr) job.relay_link->Stop();
+}
+
 void Daemon::StopRank(const std::shared_ptr<Job>& job, const absl::Status& reason) {
   if (job->stopped.exchange(true)) return;
+  EndRelay(*job, "its rank stops");
   spdlog::info("stopping job {} epoch {}: {}", job->assignment.job().id(), job->assignment.epoch(),
                reason.ToString());
   // A rank still meeting its peers stops waiting for the coordinator.
@@ -905,6 +918,7 @@ void Daemon::StopRank(const std::shared_ptr<Job>& job, const absl::Status& reaso
 
 void Daemon::EndEpoch(const std::shared_ptr<Job>& job, const absl::Status& reason) {
   job->epoch_ended = true;
+  EndRelay(*job, "its epoch ended");
   {
     absl::MutexLock lock(&job->attach_mu);
     job->closing = true;  // no welcome into it any more: its arena goes
@@ -939,6 +953,7 @@ void Daemon::FinishJob(std::shared_ptr<Job> job) {
   // Cleanup joins the engine and the waiter, so it runs on a thread of its own.
   finishers_.Start([this, job] {
     job->rendezvous->Cancel();  // its engine may still be meeting its peers
+    EndRelay(*job, "its rank finished");
     // A Gloo pair connecting to a peer that is gone cannot be cancelled (it gives up after the
     // collective timeout): the slot does not wait for it. The job, its arena included, stays
     // until the engine has stopped, on a thread of its own.

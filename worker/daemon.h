@@ -145,11 +145,6 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     // session's thread and on a relay link's, and must reach the engine in their order.
     absl::Mutex apply_mu;
     std::unique_ptr<Engine> engine;
-    // The negotiation relay (knob negotiation_relay): this daemon's hub when it relays for its
-    // host's other ranks, or its link to the daemon that does. Set before the engine starts;
-    // destroyed before the engine (a link's thread hands lists to it).
-    std::unique_ptr<RelayHub> relay_hub;
-    std::unique_ptr<RelayLink> relay_link;
     std::shared_ptr<Process> proc = std::make_shared<Process>();
     std::atomic<bool> started{false};
     std::atomic<bool> stopped{false};
@@ -171,6 +166,13 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
     // reserved but not served, and a stop is only requested.
     bool ready = false;
     bool stop_requested = false;
+    // The negotiation relay (knob negotiation_relay): this daemon's hub when it relays for its
+    // host's other ranks, or its link to the daemon that does. Set before the engine starts and
+    // never reset; made inert (EndRelay) when the rank stops, its epoch ends or it finishes.
+    // Declared last, so destroyed first: their threads (a link's hands lists to the engine, and
+    // reads proc and stopped) end while everything else still exists.
+    std::unique_ptr<RelayHub> relay_hub;
+    std::unique_ptr<RelayLink> relay_link;
 
     bool elastic() const {
       return assignment.job().spec().min_np() > 0 || assignment.job().spec().max_np() > 0;
@@ -183,6 +185,9 @@ class Daemon : public CoordinatorSession::Listener, public LocalServer::Handler 
   static void ApplyLists(Job& job, v1::ResponseList list);
   // Sets up `job`'s part in its host's negotiation relay, if it has one.
   void StartRelay(const std::shared_ptr<Job>& job);
+  // The rank is done with its relay: a hub closes its peers' links (they resume on their own
+  // sessions unless their ranks are done too), a link closes quietly.
+  static void EndRelay(Job& job, const std::string& why);
   // A launched rank, on its waiter thread: makes its directory (fetching and unpacking the job's
   // code), starts its process, waits for it, sends what it left in its output directory, and
   // reports its exit.

@@ -77,13 +77,20 @@ absl::StatusOr<std::unique_ptr<RelayHub>> RelayHub::Start(Options options) {
       listen(hub->listen_fd_, 64) != 0) {
     return absl::UnavailableError(absl::StrCat("relay socket: ", std::strerror(errno)));
   }
-  hub->acceptor_ = std::thread([h = hub.get()] { h->AcceptLoop(); });
+  hub->acceptor_ = std::thread([h = hub.get()] {
+    h->Publish();
+    h->AcceptLoop();
+  });
   hub->flusher_ = std::thread([h = hub.get()] { h->FlushLoop(); });
-  if (absl::Status s = hub->options_.store->Set(RelayKey(hub->options_.rank), hub->name_);
-      !s.ok()) {
-    return s;  // the destructor stops the threads
-  }
   return hub;
+}
+
+void RelayHub::Publish() {
+  if (absl::Status s = options_.store->Set(RelayKey(options_.rank), name_); !s.ok()) {
+    absl::MutexLock send_lock(&send_mu_);
+    FailLocked(absl::StrCat("its socket could not be named in the rendezvous store: ", s.message()),
+               true);
+  }
 }
 
 RelayHub::~RelayHub() {
@@ -135,7 +142,12 @@ void RelayHub::AcceptLoop() {
 
 void RelayHub::ReadLoop(std::shared_ptr<Peer> peer) {
   v1::RelayLinkMessage m;
+  // A connection that does not open its link within 10 s is closed (it holds a slot).
+  timeval open_within = absl::ToTimeval(absl::Seconds(10));
+  setsockopt(peer->fd, SOL_SOCKET, SO_RCVTIMEO, &open_within, sizeof(open_within));
   if (!ReadFrame(peer->fd, &m).ok()) return ClosePeer(peer);
+  timeval forever{};
+  setsockopt(peer->fd, SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof(forever));
   const v1::RelayLinkOpen& open = m.open();
   const bool a_peer =
       std::find(options_.peers.begin(), options_.peers.end(), open.rank()) != options_.peers.end();
@@ -189,19 +201,21 @@ bool RelayHub::Submit(const v1::RequestBatch& batch) {
 
 void RelayHub::Add(int32_t rank, v1::RequestBatch batch) {
   bool all_in;
+  bool overflow = false;
   {
     absl::MutexLock lock(&mu_);
-    if (failed_ || pending_.size() >= kMaxWaiting) {
-      // Not relayed: the batch's rank resumes on its own session (its link closes below, or the
-      // relay's own session has broken), which sends it again.
-      if (!failed_) {
-        spdlog::warn("job {} relay rank {}: {} batches wait to be sent; rank {} goes direct",
-                     options_.job_id, options_.rank, pending_.size(), rank);
-      }
-      auto it = peers_.find(rank);
-      if (it != peers_.end()) shutdown(it->second->fd, SHUT_RDWR);
-      return;
-    }
+    if (failed_) return;  // its rank resumes on its own session, which sends it again
+    overflow = pending_.size() >= kMaxWaiting;
+  }
+  if (overflow) {
+    // A batch dropped here would leave a gap in its rank's numbers: relaying ends, and every
+    // rank of the host resumes on its own session.
+    absl::MutexLock send_lock(&send_mu_);
+    return FailLocked(absl::StrCat(kMaxWaiting, " batches wait to be sent"), true);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (failed_) return;
     if (pending_.empty()) first_pending_ = absl::Now();
     pending_.push_back(std::move(batch));
     ++pending_of_[rank];
@@ -238,19 +252,25 @@ void RelayHub::FlushLoop() {
 
 void RelayHub::SendPending() {
   absl::MutexLock send_lock(&send_mu_);
-  v1::WorkerMessage m;
+  std::vector<v1::WorkerMessage> messages;
   {
     absl::MutexLock lock(&mu_);
     if (pending_.empty() || failed_) return;
-    for (v1::RequestBatch& b : pending_) *m.mutable_relayed()->add_batches() = std::move(b);
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (i % kMaxBatchesPerMessage == 0) messages.emplace_back();
+      *messages.back().mutable_relayed()->add_batches() = std::move(pending_[i]);
+    }
     relayed_batches_ += static_cast<int64_t>(pending_.size());
-    ++messages_sent_;
+    messages_sent_ += static_cast<int64_t>(messages.size());
     pending_.clear();
     pending_of_.clear();
     first_pending_ = absl::InfiniteFuture();
   }
-  if (absl::Status s = options_.send(m); !s.ok()) {
-    Fail(absl::StrCat("the relay's session to the coordinator: ", s.message()));
+  for (const v1::WorkerMessage& m : messages) {
+    if (absl::Status s = options_.send(m); !s.ok()) {
+      return FailLocked(absl::StrCat("the relay's session to the coordinator: ", s.message()),
+                        true);
+    }
   }
 }
 
@@ -280,6 +300,11 @@ std::optional<v1::ResponseList> RelayHub::Deliver(const v1::RelayedResponses& re
 }
 
 void RelayHub::Fail(const std::string& why) {
+  absl::MutexLock send_lock(&send_mu_);
+  FailLocked(why, false);
+}
+
+void RelayHub::FailLocked(const std::string& why, bool notify) {
   std::map<int32_t, std::shared_ptr<Peer>> peers;
   {
     absl::MutexLock lock(&mu_);
@@ -295,6 +320,7 @@ void RelayHub::Fail(const std::string& why) {
       "their own sessions",
       options_.job_id, options_.rank, why, peers.size());
   for (const auto& [rank, peer] : peers) shutdown(peer->fd, SHUT_RDWR);
+  if (notify && options_.on_failed) options_.on_failed(why);
 }
 
 int RelayHub::attached() const {
@@ -375,6 +401,15 @@ RelayLink::Sent RelayLink::Send(const v1::RequestBatch& batch) {
   return Sent::kTaken;
 }
 
+void RelayLink::Stop() {
+  absl::MutexLock lock(&mu_);
+  closing_ = true;
+  lost_ = true;
+  resumed_ = true;
+  queued_.clear();
+  if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+}
+
 void RelayLink::EndRelaying() {
   absl::MutexLock lock(&mu_);
   const bool was_lost = lost_;
@@ -407,6 +442,9 @@ void RelayLink::Run() {
           absl::UnavailableError(absl::StrCat("could not be found: ", name.status().message())));
     }
   }
+  if ((*name)[0].empty()) {
+    return Lose(absl::UnavailableError("could not be found: the relay could not listen"));
+  }
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   socklen_t length;
   sockaddr_un addr = AbstractAddress((*name)[0], &length);
@@ -419,7 +457,7 @@ void RelayLink::Run() {
   {
     absl::MutexLock lock(&mu_);
     fd_ = fd;
-    if (closing_) return;
+    if (closing_ || lost_) return;  // destroyed, or relaying ended (EndRelaying) meanwhile
   }
   absl::Status opened;
   {

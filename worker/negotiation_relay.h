@@ -62,8 +62,14 @@ class RelayHub {
     std::function<absl::Status(const v1::WorkerMessage&)> send;
     // How long the first batch waits for the host's other ranks' (bounded to 0.1 ms..1 s).
     absl::Duration linger = absl::Milliseconds(1);
+    // The hub failed by itself (a send failed, too many batches waited, its name could not be
+    // published): what it held is lost, so the relay's own rank must resume on its session.
+    std::function<void(const std::string& why)> on_failed;
   };
-  // Listens, and names the socket in the store. UNAVAILABLE when it cannot.
+  // At most this many batches go in one RelayedBatches (the coordinator's bound).
+  static constexpr int kMaxBatchesPerMessage = 512;
+  // Listens, and names the socket in the store (on a thread of its own: a slow rendezvous does
+  // not hold up the caller). UNAVAILABLE when it cannot listen.
   static absl::StatusOr<std::unique_ptr<RelayHub>> Start(Options options);
   ~RelayHub();
   RelayHub(const RelayHub&) = delete;
@@ -74,8 +80,10 @@ class RelayHub {
   // A RelayedResponses from the coordinator: each peer's list goes to its link; the relay's own
   // rank's list, if the lot has one, is returned.
   std::optional<v1::ResponseList> Deliver(const v1::RelayedResponses& relayed);
-  // The relay's session broke: what it carried for its peers may be lost, so their links close
-  // (each resumes on its own session) and the hub relays nothing more.
+  // Relaying ends: the peers' links close (each resumes on its own session, unless its rank is
+  // done) and the hub takes nothing more. Waits for a lot being sent, so none goes out after this
+  // returns (on the session's next stream, ahead of a resume). Called when the relay's session
+  // broke, and when its rank stops.
   void Fail(const std::string& why);
 
   // Peers attached now, and request batches relayed so far (for tests and logs).
@@ -99,6 +107,9 @@ class RelayHub {
   void FlushLoop();
   // Sends what waits (under send_mu_, so lots go out in order).
   void SendPending();
+  // Fail, with send_mu_ held; `notify`: call on_failed.
+  void FailLocked(const std::string& why, bool notify) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  void Publish();
   void ClosePeer(const std::shared_ptr<Peer>& peer);
 
   const Options options_;
@@ -155,6 +166,8 @@ class RelayLink {
   // The rank's session resumed: relaying ends for it (the link closes, without on_lost), and
   // batches go on the session from now on, after what the resume re-sent.
   void EndRelaying();
+  // The rank is done (stopped, or its epoch ended): the link closes without on_lost.
+  void Stop();
   bool lost() const;
 
  private:

@@ -122,7 +122,7 @@ def _mpi_options(text, environ):
                 raise ValueError(f"custom_mpi_options: -x {name} exports the caller's {name}, "
                                  f"which is not set")
             value = environ[name]
-        if name.startswith("HOROVOD_"):
+        if name.startswith("HOROVOD_") or name in HOROVOD_KNOBS:  # RINGMASTER_ ones too
             if name not in HOROVOD_KNOBS:
                 raise ValueError(
                     f"custom_mpi_options: {name} is not a Horovod knob Ringmaster supports; "
