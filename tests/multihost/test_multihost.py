@@ -150,6 +150,21 @@ def test_two_hosts_of_two_slots_pass_every_collectives_check_and_run_the_resnet5
         assert re.search(rf"^{rank} +{Cluster.host_name(h)} +{re.escape(h.address)} +cpu +worker-\d+"
                          rf" +{rank % 2}/2 +{rank // 2}/2 +EXITED +0$", status, re.M), status
 
+    # Through a negotiation relay on each host (its socket lives in the host's own network
+    # namespace): every check exact, and each host's lower rank relayed for the other.
+    job = c.submit("--np", "4", "--processes-per-host", "2", "--negotiation-relay", "--",
+                   str(BIN / "collectives_check"))
+    done = c.wait_state(job, TERMINAL, 180)
+    logs = c.cli("logs", job)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", f"{done.get('reason')}\n{logs}"
+    assert_collectives_passed(logs, 4)
+    for host, (relay, peer) in {"host-a": (0, 1), "host-b": (2, 3)}.items():
+        text = "".join(log.read_text() for log in c.workers[host])
+        assert f"job {job} rank {relay}: relays the negotiation of its host's 2 ranks" in text, \
+            text[-3000:]
+        assert f"job {job} relay rank {relay}: rank {peer} negotiates through this daemon" in text, \
+            text[-3000:]
+
     profile = REPO / "bench" / "profiles" / "resnet50.json"
     job = c.submit("--np", "4", "--processes-per-host", "2", "--", str(BIN / "ringmaster-bench"),
                    "--profile", str(profile), "--steps", "3", "--warmup", "1", "--json")
