@@ -53,6 +53,25 @@ struct EncodedCycle {
   std::shared_ptr<const std::string> list;
 };
 
+// The cycle's encoding, made by the first channel that sends it (with the list's bytes alone too,
+// when `list` is asked for: relays').
+std::shared_ptr<const EncodedCycle> EncodedLocked(CycleBroadcast& cycle, bool list)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(cycle.mu) {
+  if (cycle.encoded == nullptr) {
+    auto encoded = std::make_shared<EncodedCycle>();
+    ToProto(cycle, encoded->message.mutable_responses());
+    encoded->bytes = Serialize(encoded->message);
+    cycle.encoded = encoded;
+  }
+  auto encoded = std::const_pointer_cast<EncodedCycle>(
+      std::static_pointer_cast<const EncodedCycle>(cycle.encoded));
+  if (list && encoded->list == nullptr) {
+    encoded->list =
+        std::make_shared<const std::string>(encoded->message.responses().SerializeAsString());
+  }
+  return encoded;
+}
+
 // Relayed batches in one message, at most.
 constexpr int kMaxRelayedBatches = 512;
 
@@ -136,13 +155,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     std::shared_ptr<const EncodedCycle> shared;
     {
       absl::MutexLock lock(&cycle->mu);
-      if (cycle->encoded == nullptr) {
-        auto encoded = std::make_shared<EncodedCycle>();
-        ToProto(*cycle, encoded->message.mutable_responses());
-        encoded->bytes = Serialize(encoded->message);
-        cycle->encoded = encoded;
-      }
-      shared = std::static_pointer_cast<const EncodedCycle>(cycle->encoded);
+      shared = EncodedLocked(*cycle, false);
     }
     const RankNotice& notice = cycle->output.notices[rank];
     if (notice.empty()) {
@@ -159,19 +172,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
     std::shared_ptr<const std::string> list;
     {
       absl::MutexLock lock(&cycle->mu);
-      if (cycle->encoded == nullptr) {
-        auto encoded = std::make_shared<EncodedCycle>();
-        ToProto(*cycle, encoded->message.mutable_responses());
-        encoded->bytes = Serialize(encoded->message);
-        cycle->encoded = encoded;
-      }
-      auto encoded = std::const_pointer_cast<EncodedCycle>(
-          std::static_pointer_cast<const EncodedCycle>(cycle->encoded));
-      if (encoded->list == nullptr) {
-        encoded->list =
-            std::make_shared<const std::string>(encoded->message.responses().SerializeAsString());
-      }
-      list = encoded->list;
+      list = EncodedLocked(*cycle, true)->list;
     }
     std::vector<std::string> notices;
     for (int rank : ranks) {

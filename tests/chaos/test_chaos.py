@@ -117,13 +117,18 @@ def test_coordinator_kill_at_random_moments_loses_no_step(cluster, tmp_path):
            first_cycle_max_s=max(first_cycles, default=None))
 
 
-def test_session_resets_at_random_messages_lose_nothing(cluster, tmp_path):
-    rng = random.Random(SEED + 1)
+@pytest.mark.parametrize("relay", [False, True], ids=["direct", "relay"])
+def test_session_resets_at_random_messages_lose_nothing(cluster, tmp_path, relay):
+    # Through negotiation relays (2 hosts of 2 ranks): a relay's cut session sends its host's other
+    # rank back to its own session; half as many jobs and resets.
+    rng = random.Random(SEED + (7 if relay else 1))
+    jobs, wanted = (RESET_JOBS // 2, 50) if relay else (RESET_JOBS, 100)
+    relayed = 0
     c = cluster.coordinator()
     resets = 0
     trial = 0
-    # At least RESET_JOBS jobs, and on until 100 resets were injected (at most 3 times as many).
-    while trial < RESET_JOBS or (resets < 100 and trial < 3 * RESET_JOBS):
+    # At least `jobs` jobs, and on until `wanted` resets were injected (at most 3 times as many).
+    while trial < jobs or (resets < wanted and trial < 3 * jobs):
         # Fresh daemons, each dropping every N-th message it sends (N drawn per daemon).
         everies = [rng.randint(3, 20) for _ in range(4)]
         daemons = []
@@ -134,7 +139,8 @@ def test_session_resets_at_random_messages_lose_nothing(cluster, tmp_path):
         cluster.env = base
         wait_for(lambda: len(cluster.idle_workers(c)) >= 4, 30, "the workers")
         steps = 60
-        job = submit(cluster, c, "--np", "4", "--processes-per-host", "2", "--", TRAIN, str(steps))
+        job = submit(cluster, c, "--np", "4", "--processes-per-host", "2",
+                     *(["--negotiation-relay"] if relay else []), "--", TRAIN, str(steps))
         done = cluster.wait_state(c, job, TERMINAL, 90)  # a hang fails here
         logs = cluster.cli(c, "logs", job).stdout
         why = f"seed {SEED} trial {trial} (drop every {everies}): {done.get('reason')}\n{logs}"
@@ -143,14 +149,18 @@ def test_session_resets_at_random_messages_lose_nothing(cluster, tmp_path):
         dropped = sum(len(re.findall(r"fault injection: message \d+ to the coordinator dropped",
                                      d.stderr() + d.stdout())) for d in daemons)
         resets += dropped
-        report(kind="session_resets", trial=trial, every=everies, resets=dropped, state=done["state"])
+        relayed += sum(bool(re.search(rf"job {job} rank \d+: relays the negotiation",
+                                      d.stderr() + d.stdout())) for d in daemons)
+        report(kind="session_resets", trial=trial, every=everies, resets=dropped, state=done["state"],
+               relay=relay)
         for d in daemons:
             d.stop(signal.SIGTERM)
         wait_for(lambda: not cluster.idle_workers(c), 30, "the daemons to go")
         trial += 1
-    # 100 resets or more, at whatever message each one fell on, and every job exact.
-    assert resets >= 100, resets
-    report(kind="session_resets_summary", jobs=trial, resets=resets, hangs=0)
+    # `wanted` resets or more, at whatever message each one fell on, and every job exact.
+    assert resets >= wanted, resets
+    assert relayed > 0 if relay else relayed == 0, relayed
+    report(kind="session_resets_summary", jobs=trial, resets=resets, hangs=0, relay=relay)
 
 
 def test_a_daemon_kill_still_fails_the_job_within_10_s_naming_rank_and_host(cluster):
