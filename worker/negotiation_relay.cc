@@ -127,8 +127,28 @@ void RelayHub::AcceptLoop() {
       return;  // shut down
     }
     auto peer = std::make_shared<Peer>();
-    peer->fd = fd;
+    {
+      absl::MutexLock write_lock(&peer->write_mu);
+      peer->fd = fd;
+    }
     SetSendTimeout(fd, absl::Seconds(5));
+    // Connections whose readers returned (refused, or closed) give their slots back.
+    std::vector<std::shared_ptr<Peer>> finished;
+    {
+      absl::MutexLock lock(&mu_);
+      auto done = [](const std::shared_ptr<Peer>& p) { return p->done.load(); };
+      for (const auto& p : connections_) {
+        if (done(p)) finished.push_back(p);
+      }
+      connections_.erase(std::remove_if(connections_.begin(), connections_.end(), done),
+                         connections_.end());
+    }
+    for (const auto& p : finished) {
+      p->reader.join();
+      absl::MutexLock write_lock(&p->write_mu);
+      close(p->fd);
+      p->fd = -1;  // a Deliver that still holds it writes nothing
+    }
     absl::MutexLock lock(&mu_);
     if (stopping_ || connections_.size() >= options_.peers.size() + 8) {
       close(fd);  // more connections than the host has ranks: not peers
@@ -141,6 +161,11 @@ void RelayHub::AcceptLoop() {
 }
 
 void RelayHub::ReadLoop(std::shared_ptr<Peer> peer) {
+  // Marked when this returns (after its ClosePeer), so the acceptor may reap the connection.
+  struct MarkDone {
+    Peer* peer;
+    ~MarkDone() { peer->done.store(true); }
+  } mark{peer.get()};
   v1::RelayLinkMessage m;
   // A connection that does not open its link within 10 s is closed (it holds a slot).
   timeval open_within = absl::ToTimeval(absl::Seconds(10));
@@ -294,7 +319,7 @@ std::optional<v1::ResponseList> RelayHub::Deliver(const v1::RelayedResponses& re
     // A peer whose link closed resumes on its own session, which re-sends it what it lacks.
     if (peer == nullptr) continue;
     absl::MutexLock write_lock(&peer->write_mu);
-    if (!WriteFrame(peer->fd, list).ok()) ClosePeer(peer);
+    if (peer->fd < 0 || !WriteFrame(peer->fd, list).ok()) ClosePeer(peer);
   }
   return own;
 }
@@ -319,7 +344,10 @@ void RelayHub::FailLocked(const std::string& why, bool notify) {
       "job {} relay rank {}: relaying ends ({}); its host's {} other ranks negotiate on "
       "their own sessions",
       options_.job_id, options_.rank, why, peers.size());
-  for (const auto& [rank, peer] : peers) shutdown(peer->fd, SHUT_RDWR);
+  for (const auto& [rank, peer] : peers) {
+    absl::MutexLock write_lock(&peer->write_mu);
+    if (peer->fd >= 0) shutdown(peer->fd, SHUT_RDWR);
+  }
   if (notify && options_.on_failed) options_.on_failed(why);
 }
 

@@ -93,10 +93,13 @@ class RelayHub {
 
  private:
   struct Peer {
+    absl::Mutex write_mu;
+    // Closed (and set to -1) under write_mu when the connection is reaped; its reader, which
+    // has returned by then, reads it unlocked.
     int fd = -1;
     int32_t rank = -1;  // once its link is open
-    absl::Mutex write_mu;
     std::thread reader;
+    std::atomic<bool> done{false};  // its reader has returned: the connection may be reaped
   };
   explicit RelayHub(Options options);
   void AcceptLoop();

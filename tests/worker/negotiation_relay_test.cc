@@ -217,6 +217,20 @@ TEST_F(RelayTest, ALinkWithoutTheEpochsTokenIsRefusedAndItsRankGoesDirect) {
   EXPECT_EQ(intruder.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kDirect);
 }
 
+TEST_F(RelayTest, RefusedConnectionsGiveTheirSlotsBackSoTheRealPeerStillGetsIn) {
+  std::unique_ptr<RelayHub> hub = StartHub({1});
+  // Twice as many refused links as the hub has slots (its host's ranks and 8 more).
+  for (int i = 0; i < 20; ++i) {
+    Peer intruder;
+    intruder.Start(store_, 1, "guess");
+    ASSERT_TRUE(intruder.lost.WaitForNotificationWithTimeout(kWait)) << i;
+  }
+  Peer one;
+  one.Start(store_, 1, "secret");
+  ASSERT_TRUE(AwaitAttached(*hub, 1));
+  EXPECT_FALSE(one.lost.HasBeenNotified());
+}
+
 TEST_F(RelayTest, ARankThatIsNotOnTheRelaysHostIsRefused) {
   std::unique_ptr<RelayHub> hub = StartHub({1});
   Peer other;
