@@ -9,6 +9,7 @@
 # runs twice: every rank with messages of its own, then with a negotiation relay per host (grpc-relay).
 #   bench/negotiation.sh [--profile bench/profiles/resnet50.json] [--ranks 2,16,128,1024] [--steps 50]
 #                        [--clients callback|threads] [--coordinator-cpus LIST --client-cpus LIST]
+#                        [--per-host N]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${RINGMASTER_BIN_DIR:-$root/build/bin}
@@ -17,10 +18,12 @@ ranks="2,16,128,1024"
 steps=50
 clients=callback
 coordinator_cpus=""
+per_host=8
 client_cpus=""
 while (($#)); do
   case $1 in
     --coordinator-cpus) coordinator_cpus=$2; shift 2 ;;
+    --per-host) per_host=$2; shift 2 ;;
     --client-cpus) client_cpus=$2; shift 2 ;;
     --profile) profile=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
@@ -60,13 +63,14 @@ run() {
   done
   "${client_taskset[@]}" "$bin/ringmaster-negotiation-bench" --coordinator "127.0.0.1:$port" \
     --coordinator-pid "$pid" --mode grpc --clients "$clients" --profile "$profile" --ranks "$1" \
-    --steps "$2" --warmup 5 "${@:3}"
+    --steps "$2" --warmup 5 --processes-per-host "$per_host" "${@:3}"
   kill $pid
   wait $pid 2>/dev/null || true
   pid=""
 }
 # Each count twice: every rank with its own messages, then through a negotiation relay per host
-# of 8 ranks (--relay: one RelayedBatches and one RelayedResponses per host and step).
+# of --per-host ranks, 8 by default (--relay: one RelayedBatches and one RelayedResponses per host
+# and step).
 for relay in "" --relay; do
   [[ $clients == threads && -n $relay ]] && continue
   for n in "${counts[@]}"; do
