@@ -387,11 +387,6 @@ RelayLink::~RelayLink() {
   if (fd_ >= 0) close(fd_);
 }
 
-bool RelayLink::lost() const {
-  absl::MutexLock lock(&mu_);
-  return lost_;
-}
-
 void RelayLink::Lose(const absl::Status& why) {
   {
     absl::MutexLock lock(&mu_);

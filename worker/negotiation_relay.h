@@ -171,7 +171,6 @@ class RelayLink {
   void EndRelaying();
   // The rank is done (stopped, or its epoch ended): the link closes without on_lost.
   void Stop();
-  bool lost() const;
 
  private:
   explicit RelayLink(Options options);
