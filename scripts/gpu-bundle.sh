@@ -4,7 +4,8 @@
 # ringmaster-worker, gpu_collectives_check), stripped, with the shared libraries they use that a GPU
 # machine without Debian's build dependencies lacks (gRPC, protobuf, Abseil, Gloo, spdlog, the CUDA
 # runtime, ...), and the benchmark's profile. NCCL itself (over 200 MB) and the C/C++ runtime are
-# expected on the GPU machine. Builds the programs first when needed. About 35 MB.
+# expected on the GPU machine. Builds the programs first when needed. About 75 MB, and packed as
+# DIR.tar.xz too (about 20 MB).
 #
 # With a Python that has its development headers (RINGMASTER_BUNDLE_PYTHON, by default python3.12
 # from PATH or pyenv: the GPU machines' PyTorch runs on 3.12), the ringmaster Python package is built
@@ -64,3 +65,7 @@ for f in $needs; do ldd "$f"; done | awk '/=>/ {print $3}' | sort -u |
   grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libnccl|libpython[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
 du -sh "$out"
+# Packed too: about a quarter of the size, for a GPU machine that is sent at most 64 MiB
+# (scripts/gpu-check.sh --bundle DIR.tar.xz unpacks it).
+tar -C "$(dirname "$out")" -cJf "$out.tar.xz" "$(basename "$out")"
+du -sh "$out.tar.xz"

@@ -14,7 +14,8 @@
 #   scripts/gpu-check.sh --bundle DIR    run prebuilt binaries from DIR (scripts/gpu-bundle.sh made
 #                                        it on a build machine), for GPU machines without the build
 #                                        dependencies; NCCL comes from the machine (pip's nvidia-nccl
-#                                        or /usr/local/cuda)
+#                                        or /usr/local/cuda). DIR.tar.xz (gpu-bundle.sh packs it
+#                                        too) is unpacked beside itself first
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=""
@@ -27,6 +28,12 @@ done
 tests="nccl_mapping_test gpu_kernels_test nccl_backend_test fusion_layout_test watchdog_test"
 whole="ringmaster ringmaster-coordinator ringmaster-worker gpu_collectives_check"
 start=$(date +%s)
+if [[ $bundle == *.tar.xz ]]; then
+  packed=$bundle
+  bundle=${packed%.tar.xz}
+  tar -C "$(dirname "$packed")" -xJf "$packed" || { echo "gpu-check.sh: cannot unpack $packed" >&2; exit 1; }
+  [[ -d $bundle ]] || { echo "gpu-check.sh: $packed holds no $(basename "$bundle")/" >&2; exit 1; }
+fi
 if [[ -z $bundle ]]; then
   "$root/scripts/install-deps.sh" || exit 1
   arch=${CUDA_ARCHITECTURES:-native}
