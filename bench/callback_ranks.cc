@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/negotiation_wire.h"
 
 namespace ringmaster {
 
@@ -251,6 +252,7 @@ absl::Status CallbackRanks::Step(const std::vector<v1::TensorRequest>& tensors,
       for (size_t i = first; i < end; ++i) {
         ranks_[i]->Prepare(tensors, &remaining, &done, m.mutable_relayed()->add_batches());
       }
+      ShareCachedIds(m.mutable_relayed());  // as a worker daemon's relay does
       ranks_[first]->Write(std::move(m));
     }
   }

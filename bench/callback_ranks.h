@@ -9,8 +9,9 @@
 // job.
 //
 // With `relay`, the first rank registered on each simulated host relays its host's batches
-// (RelayedBatches: one message per host and step) and receives one RelayedResponses per host and
-// cycle, which it hands to its host's ranks, as a worker daemon relaying for its host does.
+// (RelayedBatches: one message per host and step, the cache ids that all of them hold sent once)
+// and receives one RelayedResponses per host and cycle, which it hands to its host's ranks, as a
+// worker daemon relaying for its host does.
 #pragma once
 
 #include <memory>

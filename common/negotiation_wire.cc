@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
+
 namespace ringmaster {
 
 void FromProto(const v1::TensorRequest& in, TensorRequest* out) {
@@ -109,6 +111,44 @@ void ToProto(const ExecutionSpan& in, v1::ExecutionSpan* out) {
   for (const auto& [activity, end] : in.activities) {
     out->add_activities(activity);
     out->add_activity_end_unix_us(end);
+  }
+}
+
+void ShareCachedIds(v1::RelayedBatches* message) {
+  const int batches = message->batches_size();
+  if (batches < 2) return;
+  struct Seen {
+    int batches = 0;     // how many batches hold the id
+    int last = -1;       // the last batch that did
+    bool twice = false;  // some batch holds it twice (an error the coordinator names per rank)
+  };
+  absl::flat_hash_map<uint32_t, Seen> seen;
+  seen.reserve(static_cast<size_t>(message->batches(0).cached_ids_size()));
+  for (int b = 0; b < batches; ++b) {
+    for (uint32_t id : message->batches(b).cached_ids()) {
+      // Only ids of the first batch can be in all of them.
+      auto it = b == 0 ? seen.try_emplace(id).first : seen.find(id);
+      if (it == seen.end()) continue;
+      Seen& s = it->second;
+      if (s.last == b) {
+        s.twice = true;
+        continue;
+      }
+      s.last = b;
+      ++s.batches;
+    }
+  }
+  auto shared = [&](uint32_t id) {
+    auto it = seen.find(id);
+    return it != seen.end() && it->second.batches == batches && !it->second.twice;
+  };
+  for (uint32_t id : message->batches(0).cached_ids()) {
+    if (shared(id)) message->add_shared_cached_ids(id);
+  }
+  if (message->shared_cached_ids_size() == 0) return;
+  for (v1::RequestBatch& batch : *message->mutable_batches()) {
+    auto* ids = batch.mutable_cached_ids();
+    ids->erase(std::remove_if(ids->begin(), ids->end(), shared), ids->end());
   }
 }
 

@@ -20,4 +20,9 @@ void FromProto(const v1::RequestBatch& in, RequestBatch* out);
 void ToProto(const RequestBatch& in, v1::RequestBatch* out);
 void ToProto(const ExecutionSpan& in, v1::ExecutionSpan* out);
 
+// A negotiation relay's message: moves the cache ids that every batch holds exactly once into
+// shared_cached_ids (in the first batch's order), out of each batch's cached_ids (the rest keep
+// their order). With fewer than two batches, nothing moves.
+void ShareCachedIds(v1::RelayedBatches* message);
+
 }  // namespace ringmaster

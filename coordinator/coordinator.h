@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/executor.h"
 #include "common/metrics.h"
@@ -201,9 +202,12 @@ class Coordinator {
   // as its rank's own worker's (SubmitRequests) when that worker registered the relay's host name
   // and identity and the relay serves a rank of the same job epoch, and the rank's lists then go
   // back through the relay; the others are dropped, and the first such error is returned
-  // (PERMISSION_DENIED naming the rank and both hosts; as SubmitRequests otherwise). One flush
-  // follows the whole lot.
-  absl::Status SubmitRelayed(const std::string& relay_id, std::vector<RequestBatch> batches);
+  // (PERMISSION_DENIED naming the rank and both hosts; as SubmitRequests otherwise).
+  // `shared_cached_ids` (RelayedBatches.shared_cached_ids) count as part of every batch: they are
+  // submitted, after the batches, for the ranks whose batches were taken. One flush follows the
+  // whole lot.
+  absl::Status SubmitRelayed(const std::string& relay_id, std::vector<RequestBatch> batches,
+                             absl::Span<const uint32_t> shared_cached_ids = {});
   absl::Status UpdateRank(const std::string& worker_id, const RankUpdate& update);
   // Elastic jobs: rank `rank` of epoch `epoch` reset (its training process left the epoch and waits
   // for the next): the job starts a new epoch (after CoordinatorOptions::failure_settle, so that a

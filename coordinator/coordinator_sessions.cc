@@ -219,11 +219,15 @@ bool Coordinator::Submit(JobRuntime& runtime, const std::string& worker_id, Requ
 }
 
 absl::Status Coordinator::SubmitRelayed(const std::string& relay_id,
-                                        std::vector<RequestBatch> batches) {
+                                        std::vector<RequestBatch> batches,
+                                        absl::Span<const uint32_t> shared_cached_ids) {
   absl::StatusOr<Worker> relay = workers_.Get(relay_id);
   if (!relay.ok()) return relay.status();
   absl::Status first_error;
   std::vector<std::shared_ptr<JobRuntime>> touched;
+  // The ranks whose batches were taken, by runtime (in `touched`'s order): the shared ids are
+  // theirs.
+  std::vector<std::vector<int32_t>> taken;
   const absl::Time now = clock_->Now();
   for (RequestBatch& batch : batches) {
     std::shared_ptr<JobRuntime> runtime = RuntimeOf(batch.job_id);
@@ -245,11 +249,18 @@ absl::Status Coordinator::SubmitRelayed(const std::string& relay_id,
       const int32_t rank = batch.rank;
       if (Submit(*runtime, worker_id, std::move(batch), now)) {
         runtime->RouteVia(rank, relay_id);
-        if (touched.empty() || touched.back() != runtime) touched.push_back(runtime);
+        if (touched.empty() || touched.back() != runtime) {
+          touched.push_back(runtime);
+          taken.emplace_back();
+        }
+        taken.back().push_back(rank);
       }
       continue;
     }
     if (first_error.ok()) first_error = why;
+  }
+  for (size_t i = 0; i < touched.size(); ++i) {
+    touched[i]->SubmitShared(taken[i], shared_cached_ids, now);
   }
   for (const std::shared_ptr<JobRuntime>& runtime : touched) {
     Flush(*runtime, now);

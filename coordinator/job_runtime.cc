@@ -165,6 +165,13 @@ bool JobRuntime::Submit(int32_t rank, std::vector<TensorRequest> requests,
   return true;
 }
 
+void JobRuntime::SubmitShared(absl::Span<const int32_t> ranks,
+                              absl::Span<const uint32_t> cached_ids, absl::Time now) {
+  if (ranks.empty() || cached_ids.empty()) return;
+  absl::MutexLock submit_lock(&submit_mu_);
+  negotiator_->SubmitShared(ranks, cached_ids, now);
+}
+
 void JobRuntime::RouteVia(int32_t rank, const std::string& relay) {
   absl::MutexLock lock(&routes_mu_);
   const size_t r = static_cast<size_t>(rank);

@@ -23,6 +23,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/executor.h"
 #include "common/metrics.h"
 #include "coordinator/artifact_store.h"
@@ -68,6 +69,10 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   bool Submit(int32_t rank, std::vector<TensorRequest> requests,
               const std::vector<uint32_t>& cached_ids, absl::Time now, uint64_t seq = 0,
               uint64_t ack_responses = 0, uint64_t cache_generation = 0);
+  // Requests by cache id that each of `ranks` sent in a batch Submit() took (a relay's shared
+  // ids; see Negotiator::SubmitShared).
+  void SubmitShared(absl::Span<const int32_t> ranks, absl::Span<const uint32_t> cached_ids,
+                    absl::Time now);
   // The last request batch the runtime has of `rank` (0: none numbered).
   uint64_t LastRequestSeq(int32_t rank) const;
   // A reconnected rank that received the lists up to `after` in order: hands every later list

@@ -76,6 +76,13 @@ class Negotiator {
   void Submit(int rank, std::vector<TensorRequest> requests, absl::Span<const uint32_t> cached_ids,
               absl::Time now);
 
+  // Requests by cache id that every rank of `ranks` sent (a negotiation relay's shared ids): what
+  // Submit(rank, {}, cached_ids) would do for each rank, one id at a time across the ranks, each
+  // id's pending tensor found once.
+  // REQUIRES: 0 <= each rank < size().
+  void SubmitShared(absl::Span<const int32_t> ranks, absl::Span<const uint32_t> cached_ids,
+                    absl::Time now);
+
   // The cycle's output when one is due at `now`: when there are notices, or ready tensors and
   // either nothing is partially submitted, the cycle time has passed since the first became ready,
   // or a full fusion buffer is ready. nullopt otherwise.
@@ -143,6 +150,8 @@ class Negotiator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A request by cache id for a tensor in pending_by_id_ (`p`): what SubmitOne does for it.
   void SubmitCached(int rank, Pending& p, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A request by cache id whose tensor is not in pending_by_id_: from the cache, or a resend.
+  void SubmitUnindexed(int rank, uint32_t id, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes ids that left the cache from pending_by_id_.
   void ForgetIds(absl::Span<const uint32_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool DueLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/framing.h"
+#include "common/negotiation_wire.h"
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
@@ -291,6 +292,7 @@ void RelayHub::SendPending() {
     pending_of_.clear();
     first_pending_ = absl::InfiniteFuture();
   }
+  for (v1::WorkerMessage& m : messages) ShareCachedIds(m.mutable_relayed());
   for (const v1::WorkerMessage& m : messages) {
     if (absl::Status s = options_.send(m); !s.ok()) {
       return FailLocked(absl::StrCat("the relay's session to the coordinator: ", s.message()),

@@ -370,7 +370,11 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
         for (int i = 0; i < relayed.batches_size(); ++i) FromProto(relayed.batches(i), &batches[i]);
         // A batch this relay may not carry is dropped (its rank's own worker hears of its job's
         // end on its own session); the session goes on.
-        if (absl::Status s = coordinator_.SubmitRelayed(worker_id_, std::move(batches)); !s.ok()) {
+        if (absl::Status s = coordinator_.SubmitRelayed(
+                worker_id_, std::move(batches),
+                absl::MakeConstSpan(relayed.shared_cached_ids().data(),
+                                    static_cast<size_t>(relayed.shared_cached_ids_size())));
+            !s.ok()) {
           spdlog::log(s.code() == absl::StatusCode::kPermissionDenied ||
                               s.code() == absl::StatusCode::kInvalidArgument
                           ? spdlog::level::warn

@@ -1302,6 +1302,79 @@ TEST_F(CoordinatorTest, ARelayCarriesItsHostsBatchesAndGetsOneListForThemUntilAR
   EXPECT_EQ(own.deliveries[0].cycle->seq, 3u);
 }
 
+TEST_F(CoordinatorTest, ARelaysSharedCacheIdsCountForTheRanksWhoseBatchesItTookAlone) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
+  const std::string w0 = Connect("host-a", "cpu");
+  const std::string w1 = Connect("host-a", "cpu");
+  const std::string w2 = Connect("host-b", "cpu");
+  const std::string w3 = Connect("host-b", "cpu");
+  const std::string id = coordinator_.RegisterJob(Spec(4, 2))->id;
+  ASSERT_EQ(GetJob(id).ranks[2].worker_id, w2);
+
+  // Step 1 in full: the list gives "a" and "b" their cache ids.
+  ASSERT_TRUE(
+      coordinator_.SubmitRelayed(w0, Batches(id, {0, 1}, 1, {Allreduce("a"), Allreduce("b")}))
+          .ok());
+  ASSERT_TRUE(
+      coordinator_.SubmitRelayed(w2, Batches(id, {2, 3}, 1, {Allreduce("a"), Allreduce("b")}))
+          .ok());
+  ASSERT_THAT(Channel(w0).relayed, SizeIs(1));
+  uint32_t a = 0, b = 0;
+  for (const CacheAssignment& c : Channel(w0).relayed[0].cycle->output.cache_assignments) {
+    (c.name == "a" ? a : b) = c.id;
+  }
+  ASSERT_NE(a, 0u);
+  ASSERT_NE(b, 0u);
+
+  // Step 2 by id: host-a's relay sends both ids once for its two ranks, host-b's relay in each
+  // batch. One list answers them all, as if every batch had held both ids.
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w0, Batches(id, {0, 1}, 2, {}), {a, b}).ok());
+  EXPECT_THAT(Channel(w0).relayed, SizeIs(1));
+  std::vector<RequestBatch> host_b = Batches(id, {2, 3}, 2, {});
+  for (RequestBatch& batch : host_b) batch.cached_ids = {a, b};
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w2, std::move(host_b)).ok());
+  ASSERT_THAT(Channel(w0).relayed, SizeIs(2));
+  const CycleOutput& step2 = Channel(w0).relayed[1].cycle->output;
+  EXPECT_THAT(Describe(step2),
+              ElementsAre(absl::StrCat("allreduce [,] ids [", a, ",", b, "] sizes [4,4]")));
+  for (const RankNotice& n : step2.notices) {
+    EXPECT_TRUE(n.resend_ids.empty());
+    EXPECT_TRUE(n.errors.empty());
+  }
+
+  // Step 3. Host-a's relay sends batch 2 of ranks 0 and 1 again (a resend after a reconnect)
+  // with "a" shared, and rank 2's batch 3, which it may not carry: none of those batches is
+  // taken, so neither is their share of "a". Had it been, rank 2's own "a" below would be a
+  // second submission (an error), and ranks 0 and 1 would have submitted "a" without a batch.
+  std::vector<RequestBatch> stale = Batches(id, {0, 1}, 2, {});
+  stale.push_back(Batches(id, {2}, 3, {})[0]);
+  EXPECT_EQ(coordinator_.SubmitRelayed(w0, std::move(stale), {a}).code(),
+            absl::StatusCode::kPermissionDenied);
+  std::vector<RequestBatch> late = Batches(id, {2, 3}, 3, {});
+  for (RequestBatch& batch : late) batch.cached_ids = {a};
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w2, std::move(late)).ok());
+  EXPECT_THAT(Channel(w0).relayed, SizeIs(2));  // "a" waits for ranks 0 and 1
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w0, Batches(id, {0, 1}, 3, {}), {a}).ok());
+  ASSERT_THAT(Channel(w0).relayed, SizeIs(3));
+  const CycleOutput& step3 = Channel(w0).relayed[2].cycle->output;
+  EXPECT_THAT(Describe(step3), ElementsAre(absl::StrCat("allreduce [] ids [", a, "] sizes [4]")));
+  for (const RankNotice& n : step3.notices) {
+    EXPECT_TRUE(n.resend_ids.empty());
+    EXPECT_TRUE(n.errors.empty());
+  }
+
+  // An id the coordinator does not know: each rank that shared it is told to send it in full.
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w0, Batches(id, {0, 1}, 4, {}), {999}).ok());
+  ASSERT_THAT(Channel(w0).relayed, SizeIs(4));
+  const CycleOutput& step4 = Channel(w0).relayed[3].cycle->output;
+  EXPECT_THAT(step4.responses, IsEmpty());
+  ASSERT_THAT(step4.notices, SizeIs(4));
+  EXPECT_THAT(step4.notices[0].resend_ids, ElementsAre(999u));
+  EXPECT_THAT(step4.notices[1].resend_ids, ElementsAre(999u));
+  EXPECT_THAT(step4.notices[2].resend_ids, IsEmpty());
+  EXPECT_THAT(step4.notices[3].resend_ids, IsEmpty());
+}
+
 TEST_F(CoordinatorTest, ShutdownEndsEverySessionUnavailableAndFailsRendezvousWaits) {
   const std::string w0 = Connect("host-a", "cuda:0");
   const std::string w1 = Connect("host-a", "cuda:1");

@@ -254,6 +254,29 @@ TEST_F(ServiceTest, AHostsRelaySendsItsRanksBatchesInOneMessageAndGetsOneListFor
   ASSERT_TRUE(h.ok()) << h.status();
   ASSERT_EQ(h->list().responses_size(), 1);
   EXPECT_THAT(h->list().responses(0).tensor_sizes(), ::testing::ElementsAre(1));
+  ASSERT_TRUE(w[0]->WaitRelayed(kWait).ok());
+
+  // By cache id: each relay sends g's id once for both of its ranks (shared_cached_ids), and
+  // one list answers the four ranks.
+  uint32_t g = 0;
+  for (const v1::CacheAssignment& c : b->list().cache_assignments()) {
+    if (c.name() == "g") g = c.id();
+  }
+  ASSERT_NE(g, 0u);
+  v1::WorkerMessage shared_a = relayed({0, 1}, 4, {});
+  shared_a.mutable_relayed()->add_shared_cached_ids(g);
+  v1::WorkerMessage shared_b = relayed({2, 3}, 3, {});
+  shared_b.mutable_relayed()->add_shared_cached_ids(g);
+  ASSERT_TRUE(w[0]->Send(shared_a).ok());
+  ASSERT_TRUE(w[2]->Send(shared_b).ok());
+  for (int relay : {0, 2}) {
+    absl::StatusOr<v1::RelayedResponses> by_id = w[relay]->WaitRelayed(kWait);
+    ASSERT_TRUE(by_id.ok()) << by_id.status();
+    EXPECT_EQ(by_id->notices_size(), 0);
+    ASSERT_EQ(by_id->list().responses_size(), 1);
+    EXPECT_THAT(by_id->list().responses(0).cache_ids(), ::testing::ElementsAre(g));
+    EXPECT_THAT(by_id->list().responses(0).tensor_sizes(), ::testing::ElementsAre(3));
+  }
 }
 
 TEST_F(ServiceTest, MismatchedShapesReachEveryRankWithTheCoordinatorsMessage) {

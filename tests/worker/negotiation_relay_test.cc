@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/negotiation_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -175,6 +176,71 @@ TEST_F(RelayTest, AHostsBatchesGoInOneMessageAndEachRankGetsItsOwnList) {
   ASSERT_EQ(two.lists[0].rank_errors_size(), 1);
   EXPECT_EQ(two.lists[0].rank_errors(0).error_message(), "rank 2's own");
   EXPECT_FALSE(one.lost.HasBeenNotified());
+}
+
+v1::RequestBatch ByIds(int rank, uint64_t seq, std::vector<uint32_t> ids) {
+  v1::RequestBatch b;
+  b.set_job_id("job-1");
+  b.set_epoch(1);
+  b.set_rank(rank);
+  b.set_seq(seq);
+  for (uint32_t id : ids) b.add_cached_ids(id);
+  return b;
+}
+
+std::vector<uint32_t> Ids(const google::protobuf::RepeatedField<uint32_t>& ids) {
+  return {ids.begin(), ids.end()};
+}
+
+TEST_F(RelayTest, CacheIdsThatEveryBatchHoldsGoOnceForTheWholeLot) {
+  std::unique_ptr<RelayHub> hub = StartHub({1, 2}, absl::Seconds(5));
+  Peer one, two;
+  one.Start(store_, 1, "secret");
+  two.Start(store_, 2, "secret");
+  ASSERT_TRUE(AwaitAttached(*hub, 2));
+  ASSERT_TRUE(hub->Submit(ByIds(0, 1, {7, 3, 9, 4})));
+  EXPECT_EQ(one.link->Send(ByIds(1, 1, {9, 7, 4})), RelayLink::Sent::kTaken);
+  EXPECT_EQ(two.link->Send(ByIds(2, 1, {4, 5, 7, 9})), RelayLink::Sent::kTaken);
+  ASSERT_TRUE(sent_.AwaitCount(1));
+  absl::MutexLock lock(&sent_.mu);
+  const v1::RelayedBatches& m = sent_.messages[0].relayed();
+  EXPECT_THAT(Ids(m.shared_cached_ids()), ElementsAre(7, 9, 4));  // in the first batch's order
+  ASSERT_EQ(m.batches_size(), 3);
+  for (const v1::RequestBatch& b : m.batches()) {
+    if (b.rank() == 0) EXPECT_THAT(Ids(b.cached_ids()), ElementsAre(3));
+    if (b.rank() == 1) EXPECT_THAT(Ids(b.cached_ids()), ElementsAre());
+    if (b.rank() == 2) EXPECT_THAT(Ids(b.cached_ids()), ElementsAre(5));
+    EXPECT_EQ(b.seq(), 1u);
+  }
+}
+
+TEST(ShareCachedIdsTest, OnlyIdsEveryBatchHoldsOnceAreShared) {
+  // One batch: nothing moves.
+  v1::RelayedBatches one;
+  *one.add_batches() = ByIds(0, 1, {1, 2});
+  ShareCachedIds(&one);
+  EXPECT_THAT(Ids(one.shared_cached_ids()), ElementsAre());
+  EXPECT_THAT(Ids(one.batches(0).cached_ids()), ElementsAre(1, 2));
+
+  // An id a batch holds twice stays in the batches (the coordinator names the error per rank);
+  // so does one a batch lacks. Two batches of one rank share nothing they do not both hold.
+  v1::RelayedBatches m;
+  *m.add_batches() = ByIds(0, 1, {1, 2, 2, 3, 6});
+  *m.add_batches() = ByIds(1, 1, {3, 2, 1, 6});
+  *m.add_batches() = ByIds(1, 2, {6, 1, 2, 3});
+  ShareCachedIds(&m);
+  EXPECT_THAT(Ids(m.shared_cached_ids()), ElementsAre(1, 3, 6));
+  EXPECT_THAT(Ids(m.batches(0).cached_ids()), ElementsAre(2, 2));
+  EXPECT_THAT(Ids(m.batches(1).cached_ids()), ElementsAre(2));
+  EXPECT_THAT(Ids(m.batches(2).cached_ids()), ElementsAre(2));
+
+  // A batch with no ids: nothing is shared.
+  v1::RelayedBatches none;
+  *none.add_batches() = ByIds(0, 1, {1});
+  *none.add_batches() = ByIds(1, 1, {});
+  ShareCachedIds(&none);
+  EXPECT_THAT(Ids(none.shared_cached_ids()), ElementsAre());
+  EXPECT_THAT(Ids(none.batches(0).cached_ids()), ElementsAre(1));
 }
 
 TEST_F(RelayTest, ALotThatWaitsTheLingerGoesWithoutTheRanksThatSentNothing) {
