@@ -1,6 +1,7 @@
 #include "common/negotiation_wire.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 
@@ -114,33 +115,33 @@ void ToProto(const ExecutionSpan& in, v1::ExecutionSpan* out) {
   }
 }
 
-void ShareCachedIds(v1::RelayedBatches* message) {
+namespace {
+
+struct Seen {
+  int batches = 0;     // how many batches hold the id
+  int last = -1;       // the last batch that did
+  bool twice = false;  // some batch holds it twice (an error the coordinator names per rank)
+};
+
+// `find(id, insert)`: the id's Seen (made when `insert`), or nullptr.
+template <typename Find>
+void Share(v1::RelayedBatches* message, Find find) {
   const int batches = message->batches_size();
-  if (batches < 2) return;
-  struct Seen {
-    int batches = 0;     // how many batches hold the id
-    int last = -1;       // the last batch that did
-    bool twice = false;  // some batch holds it twice (an error the coordinator names per rank)
-  };
-  absl::flat_hash_map<uint32_t, Seen> seen;
-  seen.reserve(static_cast<size_t>(message->batches(0).cached_ids_size()));
   for (int b = 0; b < batches; ++b) {
     for (uint32_t id : message->batches(b).cached_ids()) {
-      // Only ids of the first batch can be in all of them.
-      auto it = b == 0 ? seen.try_emplace(id).first : seen.find(id);
-      if (it == seen.end()) continue;
-      Seen& s = it->second;
-      if (s.last == b) {
-        s.twice = true;
+      Seen* s = find(id, b == 0);  // only ids of the first batch can be in all of them
+      if (s == nullptr) continue;
+      if (s->last == b) {
+        s->twice = true;
         continue;
       }
-      s.last = b;
-      ++s.batches;
+      s->last = b;
+      ++s->batches;
     }
   }
   auto shared = [&](uint32_t id) {
-    auto it = seen.find(id);
-    return it != seen.end() && it->second.batches == batches && !it->second.twice;
+    const Seen* s = find(id, false);
+    return s != nullptr && s->batches == batches && !s->twice;
   };
   for (uint32_t id : message->batches(0).cached_ids()) {
     if (shared(id)) message->add_shared_cached_ids(id);
@@ -150,6 +151,33 @@ void ShareCachedIds(v1::RelayedBatches* message) {
     auto* ids = batch.mutable_cached_ids();
     ids->erase(std::remove_if(ids->begin(), ids->end(), shared), ids->end());
   }
+}
+
+}  // namespace
+
+void ShareCachedIds(v1::RelayedBatches* message) {
+  if (message->batches_size() < 2 || message->batches(0).cached_ids().empty()) return;
+  const auto& first = message->batches(0).cached_ids();
+  const uint32_t top = *std::max_element(first.begin(), first.end());
+  // Cache ids count up from 1, so a steady state's are small: a table indexed by id (a hub of a
+  // large job, or the negotiation benchmark that plays every host's hub, runs this per lot).
+  if (top < (uint32_t{1} << 16)) {
+    std::vector<Seen> table(size_t{top} + 1);
+    std::vector<uint8_t> known(size_t{top} + 1, 0);
+    Share(message, [&](uint32_t id, bool insert) -> Seen* {
+      if (id > top) return nullptr;
+      if (insert) known[id] = 1;
+      return known[id] ? &table[id] : nullptr;
+    });
+    return;
+  }
+  absl::flat_hash_map<uint32_t, Seen> seen;
+  seen.reserve(static_cast<size_t>(first.size()));
+  Share(message, [&](uint32_t id, bool insert) -> Seen* {
+    if (insert) return &seen[id];
+    auto it = seen.find(id);
+    return it == seen.end() ? nullptr : &it->second;
+  });
 }
 
 }  // namespace ringmaster

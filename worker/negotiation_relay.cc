@@ -342,10 +342,11 @@ void RelayHub::FailLocked(const std::string& why, bool notify) {
     pending_of_.clear();
     first_pending_ = absl::InfiniteFuture();
   }
-  spdlog::warn(
-      "job {} relay rank {}: relaying ends ({}); its host's {} other ranks negotiate on "
-      "their own sessions",
-      options_.job_id, options_.rank, why, peers.size());
+  // Fail() is the daemon's own end of relaying (its rank stopped or finished): no fault.
+  spdlog::log(notify ? spdlog::level::warn : spdlog::level::info,
+              "job {} relay rank {}: relaying ends ({}); its host's {} other ranks negotiate on "
+              "their own sessions",
+              options_.job_id, options_.rank, why, peers.size());
   for (const auto& [rank, peer] : peers) {
     absl::MutexLock write_lock(&peer->write_mu);
     if (peer->fd >= 0) shutdown(peer->fd, SHUT_RDWR);

@@ -234,6 +234,15 @@ TEST(ShareCachedIdsTest, OnlyIdsEveryBatchHoldsOnceAreShared) {
   EXPECT_THAT(Ids(m.batches(1).cached_ids()), ElementsAre(2));
   EXPECT_THAT(Ids(m.batches(2).cached_ids()), ElementsAre(2));
 
+  // Ids past the table's reach (a job whose cache turned over many times) are shared alike.
+  v1::RelayedBatches large;
+  *large.add_batches() = ByIds(0, 1, {70000, 5, 70001, 70001});
+  *large.add_batches() = ByIds(1, 1, {70001, 5, 70000});
+  ShareCachedIds(&large);
+  EXPECT_THAT(Ids(large.shared_cached_ids()), ElementsAre(70000, 5));
+  EXPECT_THAT(Ids(large.batches(0).cached_ids()), ElementsAre(70001, 70001));
+  EXPECT_THAT(Ids(large.batches(1).cached_ids()), ElementsAre(70001));
+
   // A batch with no ids: nothing is shared.
   v1::RelayedBatches none;
   *none.add_batches() = ByIds(0, 1, {1});
