@@ -305,7 +305,7 @@ void Negotiator::SubmitCached(int rank, Pending& p, absl::Time now) {
     return;
   }
   // Cached requests are never allgathers (no first dimensions) nor a process set's.
-  p.submitted[rank] = 1;
+  p.submitted.Set(rank);
   ++p.count;
   RecordTimeline(NegotiationEvent::Kind::kRankReady, p.request, rank, now);
   // Every rank has submitted or joined only once the two add up to the job's size (the hot path:
@@ -351,7 +351,7 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
       p.indexed_id = cache_id;
       pending_by_id_[cache_id] = &p;
     }
-    p.submitted.assign(size_, 0);
+    p.submitted.Reset(size_);
     p.first_submit = now;
     if (request.type == RequestType::kAllgather) p.first_dims.assign(size_, 0);
     ++waiting_;
@@ -365,7 +365,7 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
   } else if (p.error.empty() && !(cache_id != 0 && cache_id == p.cache_id)) {
     p.error = Mismatch(p, request, rank);
   }
-  p.submitted[rank] = 1;
+  p.submitted.Set(rank);
   ++p.count;
   RecordTimeline(NegotiationEvent::Kind::kRankReady, request, rank, now);
   // first_dims exists only when the first rank asked for an allgather; a rank that asks for an

@@ -112,12 +112,26 @@ class Negotiator {
   absl::Duration cycle_time() const;
 
  private:
+  // One bit per rank: a tensor's "submitted" flags, 128 bytes a tensor at 1024 ranks instead of
+  // a kilobyte (every rank's request for every tensor of a step marks them).
+  class RankBits {
+   public:
+    void Reset(int ranks) { words_.assign((static_cast<size_t>(ranks) + 63) / 64, 0); }
+    bool operator[](int rank) const { return (words_[Word(rank)] >> Bit(rank)) & 1; }
+    void Set(int rank) { words_[Word(rank)] |= uint64_t{1} << Bit(rank); }
+
+   private:
+    static size_t Word(int rank) { return static_cast<size_t>(rank) / 64; }
+    static int Bit(int rank) { return rank % 64; }
+    std::vector<uint64_t> words_;
+  };
+
   struct Pending {
     TensorRequest request;  // as the first rank submitted it
     int first_rank = 0;
-    uint32_t cache_id = 0;           // nonzero: `request` equals this cache entry
-    uint32_t indexed_id = 0;         // nonzero: its key in pending_by_id_
-    std::vector<uint8_t> submitted;  // per rank
+    uint32_t cache_id = 0;    // nonzero: `request` equals this cache entry
+    uint32_t indexed_id = 0;  // nonzero: its key in pending_by_id_
+    RankBits submitted;
     int count = 0;
     std::vector<int64_t> first_dims;  // allgather: each rank's first dimension
     absl::Time first_submit;
