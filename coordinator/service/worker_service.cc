@@ -74,6 +74,9 @@ std::shared_ptr<const EncodedCycle> EncodedLocked(CycleBroadcast& cycle, bool li
 
 // Relayed batches in one message, at most.
 constexpr int kMaxRelayedBatches = 512;
+// Shared cache ids times batches in one relayed message, at most
+// (RelayedBatches.shared_cached_ids).
+constexpr int64_t kMaxRelayedSharedIds = int64_t{1} << 20;
 
 // CoordinatorMessage{relayed: RelayedResponses{list, ranks, notices}}, written field by field so
 // that the list's bytes, the same for every relay, are not encoded again for each.
@@ -365,6 +368,15 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
           return absl::InvalidArgumentError(absl::StrCat("relayed.batches has ",
                                                          relayed.batches_size(),
                                                          " batches; at most ", kMaxRelayedBatches));
+        }
+        // Shared ids count once per batch: at most as many in all as one message's worth of ids
+        // in the batches themselves.
+        if (const int64_t shared =
+                int64_t{relayed.shared_cached_ids_size()} * relayed.batches_size();
+            shared > kMaxRelayedSharedIds) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "relayed.shared_cached_ids has ", relayed.shared_cached_ids_size(), " ids for ",
+              relayed.batches_size(), " batches; at most ", kMaxRelayedSharedIds, " in all"));
         }
         std::vector<RequestBatch> batches(relayed.batches_size());
         for (int i = 0; i < relayed.batches_size(); ++i) FromProto(relayed.batches(i), &batches[i]);

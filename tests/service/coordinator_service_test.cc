@@ -279,6 +279,27 @@ TEST_F(ServiceTest, AHostsRelaySendsItsRanksBatchesInOneMessageAndGetsOneListFor
   }
 }
 
+TEST_F(ServiceTest, ARelayedMessageOverItsBoundsEndsTheSessionNamingTheField) {
+  // Shared ids count once per batch: no more in all than a message's worth of ids in the batches.
+  SimWorker& relay = AddWorker("host-a");
+  v1::WorkerMessage m;
+  for (int i = 0; i < 2; ++i) m.mutable_relayed()->add_batches()->set_rank(i);
+  for (uint32_t id = 1; id <= (1u << 19) + 1; ++id) m.mutable_relayed()->add_shared_cached_ids(id);
+  ASSERT_TRUE(relay.Send(m).ok());
+  grpc::Status s = relay.Close();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(),
+            "relayed.shared_cached_ids has 524289 ids for 2 batches; at most 1048576 in all");
+
+  SimWorker& other = AddWorker("host-b");
+  v1::WorkerMessage many;
+  for (int i = 0; i < 513; ++i) many.mutable_relayed()->add_batches()->set_rank(i);
+  ASSERT_TRUE(other.Send(many).ok());
+  s = other.Close();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "relayed.batches has 513 batches; at most 512");
+}
+
 TEST_F(ServiceTest, MismatchedShapesReachEveryRankWithTheCoordinatorsMessage) {
   SimWorker& w0 = AddWorker("h0");
   SimWorker& w1 = AddWorker("h1");
