@@ -170,6 +170,18 @@ class CoordinatorTest : public ::testing::Test {
 
   RecordingChannel& Channel(const std::string& worker_id) { return *channels_.at(worker_id); }
 
+  // Workers w[0], w[1] on host-a and w[2], w[3] on host-b, and a job of 4 ranks, 2 per host,
+  // rank i on w[i]. Returns the job's id.
+  std::string TwoHostJob(std::vector<std::string>* w) {
+    for (const char* host : {"host-a", "host-a", "host-b", "host-b"}) {
+      w->push_back(Connect(host, "cpu"));
+    }
+    const std::string id = coordinator_.RegisterJob(Spec(4, 2))->id;
+    const Job job = GetJob(id);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(job.ranks[i].worker_id, (*w)[i]) << i;
+    return id;
+  }
+
   Job GetJob(const std::string& id) {
     absl::StatusOr<Job> job = coordinator_.GetJob(id);
     EXPECT_TRUE(job.ok()) << job.status();
@@ -1237,16 +1249,9 @@ std::vector<RequestBatch> Batches(const std::string& job_id, std::vector<int> ra
 
 TEST_F(CoordinatorTest, ARelayCarriesItsHostsBatchesAndGetsOneListForThemUntilARankGoesDirect) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
-  const std::string w0 = Connect("host-a", "cpu");
-  const std::string w1 = Connect("host-a", "cpu");
-  const std::string w2 = Connect("host-b", "cpu");
-  const std::string w3 = Connect("host-b", "cpu");
-  const std::string id = coordinator_.RegisterJob(Spec(4, 2))->id;
-  const Job job = GetJob(id);
-  ASSERT_EQ(job.ranks[0].worker_id, w0);
-  ASSERT_EQ(job.ranks[1].worker_id, w1);
-  ASSERT_EQ(job.ranks[2].worker_id, w2);
-  ASSERT_EQ(job.ranks[3].worker_id, w3);
+  std::vector<std::string> w;
+  const std::string id = TwoHostJob(&w);
+  const std::string &w0 = w[0], &w1 = w[1], &w2 = w[2], &w3 = w[3];
 
   // Each host's relay sends its ranks' batches in one message; each gets one list for them.
   ASSERT_TRUE(coordinator_.SubmitRelayed(w0, Batches(id, {0, 1}, 1, {Allreduce("a")})).ok());
@@ -1304,12 +1309,9 @@ TEST_F(CoordinatorTest, ARelayCarriesItsHostsBatchesAndGetsOneListForThemUntilAR
 
 TEST_F(CoordinatorTest, ARelaysSharedCacheIdsCountForTheRanksWhoseBatchesItTookAlone) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
-  const std::string w0 = Connect("host-a", "cpu");
-  const std::string w1 = Connect("host-a", "cpu");
-  const std::string w2 = Connect("host-b", "cpu");
-  const std::string w3 = Connect("host-b", "cpu");
-  const std::string id = coordinator_.RegisterJob(Spec(4, 2))->id;
-  ASSERT_EQ(GetJob(id).ranks[2].worker_id, w2);
+  std::vector<std::string> w;
+  const std::string id = TwoHostJob(&w);
+  const std::string &w0 = w[0], &w2 = w[2];
 
   // Step 1 in full: the list gives "a" and "b" their cache ids.
   ASSERT_TRUE(
