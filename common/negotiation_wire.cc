@@ -160,8 +160,9 @@ void ShareCachedIds(v1::RelayedBatches* message) {
   const auto& first = message->batches(0).cached_ids();
   const uint32_t top = *std::max_element(first.begin(), first.end());
   // Cache ids count up from 1, so a steady state's are small: a table indexed by id (a hub of a
-  // large job, or the negotiation benchmark that plays every host's hub, runs this per lot).
-  if (top < (uint32_t{1} << 16)) {
+  // large job, or the negotiation benchmark that plays every host's hub, runs this per lot). Ids
+  // are never reused, so a job whose cache turns over has large ones: a hash map then.
+  if (top < 4096 || (top < (uint32_t{1} << 16) && top < 16 * static_cast<uint32_t>(first.size()))) {
     std::vector<Seen> table(size_t{top} + 1);
     std::vector<uint8_t> known(size_t{top} + 1, 0);
     Share(message, [&](uint32_t id, bool insert) -> Seen* {
