@@ -384,6 +384,10 @@ class Coordinator {
   // lacks).
   bool Submit(JobRuntime& runtime, const std::string& worker_id, RequestBatch batch,
               absl::Time now);
+  // A batch the runtime dropped: when it was of an old cache generation, the rank is sent the
+  // lists after `acked` on its own session.
+  void ResendIfStale(JobRuntime& runtime, const std::string& worker_id, int32_t rank,
+                     uint64_t acked, uint64_t generation);
   void Housekeeping(absl::Time now);
   // Fails the jobs STARTING for longer than the start timeout, naming the ranks that never started.
   void FailJobsThatDidNotStart(absl::Time now);

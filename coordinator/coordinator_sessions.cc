@@ -200,6 +200,12 @@ bool Coordinator::Submit(JobRuntime& runtime, const std::string& worker_id, Requ
                      batch.ack_responses, batch.cache_generation)) {
     return true;
   }
+  ResendIfStale(runtime, worker_id, rank, acked, generation);
+  return false;
+}
+
+void Coordinator::ResendIfStale(JobRuntime& runtime, const std::string& worker_id, int32_t rank,
+                                uint64_t acked, uint64_t generation) {
   // Encoded in an old cache generation after a restore: the rank has not seen the new
   // generation's first list (its rank started late, or its worker dropped lists meant for a job
   // it had not started yet). It gets the lists after the last one it acknowledged again, on its
@@ -215,7 +221,6 @@ bool Coordinator::Submit(JobRuntime& runtime, const std::string& worker_id, Requ
                 })
         .IgnoreError();
   }
-  return false;
 }
 
 absl::Status Coordinator::SubmitRelayed(const std::string& relay_id,
@@ -224,13 +229,12 @@ absl::Status Coordinator::SubmitRelayed(const std::string& relay_id,
   absl::StatusOr<Worker> relay = workers_.Get(relay_id);
   if (!relay.ok()) return relay.status();
   absl::Status first_error;
-  std::vector<std::shared_ptr<JobRuntime>> touched;
-  // The ranks whose batches were taken, by runtime (in `touched`'s order): the shared ids are
-  // theirs.
-  std::vector<std::vector<int32_t>> taken;
-  const absl::Time now = clock_->Now();
+  // A relay carries the ranks of the one job it serves a rank of.
+  const std::shared_ptr<JobRuntime> runtime =
+      relay->job_id.empty() ? nullptr : RuntimeOf(relay->job_id);
+  std::vector<RequestBatch> carried;
+  std::vector<std::string> worker_ids;  // of `carried`, by index
   for (RequestBatch& batch : batches) {
-    std::shared_ptr<JobRuntime> runtime = RuntimeOf(batch.job_id);
     absl::Status why;
     if (runtime == nullptr || runtime->epoch() != batch.epoch || relay->job_id != batch.job_id) {
       why = absl::FailedPreconditionError(absl::StrCat("relay ", relay_id, " does not serve epoch ",
@@ -245,28 +249,26 @@ absl::Status Coordinator::SubmitRelayed(const std::string& relay_id,
           " of job ", batch.job_id, ", whose worker is on host ", info.host,
           info.worker_identity != relay->identity ? " under another identity" : ""));
     } else {
-      const std::string worker_id = info.worker_id;
-      const int32_t rank = batch.rank;
-      if (Submit(*runtime, worker_id, std::move(batch), now)) {
-        runtime->RouteVia(rank, relay_id);
-        if (touched.empty() || touched.back() != runtime) {
-          touched.push_back(runtime);
-          taken.emplace_back();
-        }
-        taken.back().push_back(rank);
-      }
+      worker_ids.push_back(info.worker_id);
+      carried.push_back(std::move(batch));
       continue;
     }
     if (first_error.ok()) first_error = why;
   }
-  for (size_t i = 0; i < touched.size(); ++i) {
-    touched[i]->SubmitShared(taken[i], shared_cached_ids, now);
-  }
-  for (const std::shared_ptr<JobRuntime>& runtime : touched) {
-    Flush(*runtime, now);
-    if (const absl::Time next = runtime->NextDeadline(); next != absl::InfiniteFuture()) {
-      WakeTicker(next);
+  if (carried.empty()) return first_error;
+  const absl::Time now = clock_->Now();
+  const std::vector<char> taken = runtime->SubmitRelayed(carried, shared_cached_ids, now);
+  for (size_t i = 0; i < carried.size(); ++i) {
+    if (taken[i]) {
+      runtime->RouteVia(carried[i].rank, relay_id);
+    } else {
+      ResendIfStale(*runtime, worker_ids[i], carried[i].rank, carried[i].ack_responses,
+                    carried[i].cache_generation);
     }
+  }
+  Flush(*runtime, now);
+  if (const absl::Time next = runtime->NextDeadline(); next != absl::InfiniteFuture()) {
+    WakeTicker(next);
   }
   return first_error;
 }

@@ -134,42 +134,64 @@ std::shared_ptr<JobRuntime> JobRuntime::Open(const Job& job, const ArtifactStore
   return runtime;
 }
 
+bool JobRuntime::Accept(int32_t rank, uint64_t seq, uint64_t ack_responses,
+                        uint64_t cache_generation) {
+  absl::MutexLock lock(&mu_);
+  const size_t r = static_cast<size_t>(rank);
+  if (r >= last_request_.size()) return false;
+  if (ack_responses > acked_cycles_[r]) {
+    acked_cycles_[r] = std::min(ack_responses, last_cycle_);
+    ForgetAcknowledged();
+  }
+  if (restoring_ || cache_generation != generation_) {
+    // Encoded for a cache the coordinator no longer has (or not yet negotiable): the worker
+    // sends its requests again in the new generation.
+    last_request_[r] = std::max(last_request_[r], seq);
+    return false;
+  }
+  if (seq != 0) {
+    if (seq <= last_request_[r]) return false;  // a re-sent batch we have
+    if (seq != last_request_[r] + 1) {
+      spdlog::warn("job {} rank {}: request batch {} follows batch {}: batches between were lost",
+                   job_id_, rank, seq, last_request_[r]);
+    }
+    last_request_[r] = seq;
+  }
+  return true;
+}
+
 bool JobRuntime::Submit(int32_t rank, std::vector<TensorRequest> requests,
                         const std::vector<uint32_t>& cached_ids, absl::Time now, uint64_t seq,
                         uint64_t ack_responses, uint64_t cache_generation) {
   absl::MutexLock submit_lock(&submit_mu_);
-  {
-    absl::MutexLock lock(&mu_);
-    const size_t r = static_cast<size_t>(rank);
-    if (r >= last_request_.size()) return false;
-    if (ack_responses > acked_cycles_[r]) {
-      acked_cycles_[r] = std::min(ack_responses, last_cycle_);
-      ForgetAcknowledged();
-    }
-    if (restoring_ || cache_generation != generation_) {
-      // Encoded for a cache the coordinator no longer has (or not yet negotiable): the worker
-      // sends its requests again in the new generation.
-      last_request_[r] = std::max(last_request_[r], seq);
-      return false;
-    }
-    if (seq != 0) {
-      if (seq <= last_request_[r]) return false;  // a re-sent batch we have
-      if (seq != last_request_[r] + 1) {
-        spdlog::warn("job {} rank {}: request batch {} follows batch {}: batches between were lost",
-                     job_id_, rank, seq, last_request_[r]);
-      }
-      last_request_[r] = seq;
-    }
-  }
+  if (!Accept(rank, seq, ack_responses, cache_generation)) return false;
   negotiator_->Submit(rank, std::move(requests), cached_ids, now);
   return true;
 }
 
-void JobRuntime::SubmitShared(absl::Span<const int32_t> ranks,
-                              absl::Span<const uint32_t> cached_ids, absl::Time now) {
-  if (ranks.empty() || cached_ids.empty()) return;
+std::vector<char> JobRuntime::SubmitRelayed(std::vector<RequestBatch>& batches,
+                                            absl::Span<const uint32_t> shared_cached_ids,
+                                            absl::Time now) {
   absl::MutexLock submit_lock(&submit_mu_);
-  negotiator_->SubmitShared(ranks, cached_ids, now);
+  std::vector<char> taken(batches.size(), 0);
+  std::vector<int32_t> ranks;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const RequestBatch& b = batches[i];
+    taken[i] = Accept(b.rank, b.seq, b.ack_responses, b.cache_generation);
+    if (taken[i]) ranks.push_back(b.rank);
+  }
+  // The shared ids are each batch's first requests by id, as the relay took them out of its
+  // cached_ids: ahead of the batch's full requests (a join among them, which makes every later
+  // request of its rank an error).
+  if (!ranks.empty() && !shared_cached_ids.empty()) {
+    negotiator_->SubmitShared(ranks, shared_cached_ids, now);
+  }
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (!taken[i]) continue;
+    RequestBatch& b = batches[i];
+    negotiator_->Submit(b.rank, std::move(b.requests), b.cached_ids, now);
+  }
+  return taken;
 }
 
 void JobRuntime::RouteVia(int32_t rank, const std::string& relay) {

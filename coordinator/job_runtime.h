@@ -69,10 +69,12 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   bool Submit(int32_t rank, std::vector<TensorRequest> requests,
               const std::vector<uint32_t>& cached_ids, absl::Time now, uint64_t seq = 0,
               uint64_t ack_responses = 0, uint64_t cache_generation = 0);
-  // Requests by cache id that each of `ranks` sent in a batch Submit() took (a relay's shared
-  // ids; see Negotiator::SubmitShared).
-  void SubmitShared(absl::Span<const int32_t> ranks, absl::Span<const uint32_t> cached_ids,
-                    absl::Time now);
+  // A negotiation relay's batches of this job, each taken or dropped as Submit() would (the
+  // result, by batch), and the cache ids the relay shared among them
+  // (RelayedBatches.shared_cached_ids), submitted for the ranks whose batches were taken as the
+  // first requests of each. One rank's batches are negotiated in order, as Submit()'s are.
+  std::vector<char> SubmitRelayed(std::vector<RequestBatch>& batches,
+                                  absl::Span<const uint32_t> shared_cached_ids, absl::Time now);
   // The last request batch the runtime has of `rank` (0: none numbered).
   uint64_t LastRequestSeq(int32_t rank) const;
   // A reconnected rank that received the lists up to `after` in order: hands every later list
@@ -225,6 +227,10 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::optional<Gathered>> gathered_ ABSL_GUARDED_BY(mu_);
   void ForgetAcknowledged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Submit()'s checks of a batch (acknowledgements noted; its generation, and its number against
+  // the last one taken); whether it is taken.
+  bool Accept(int32_t rank, uint64_t seq, uint64_t ack_responses, uint64_t cache_generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_);
   // Held while a batch is checked and submitted, so a rank's batches (an old session's and the
   // new one's may overlap for a moment) are deduplicated and negotiated in order.
   absl::Mutex submit_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -1375,6 +1375,26 @@ TEST_F(CoordinatorTest, ARelaysSharedCacheIdsCountForTheRanksWhoseBatchesItTookA
   EXPECT_THAT(step4.notices[1].resend_ids, ElementsAre(999u));
   EXPECT_THAT(step4.notices[2].resend_ids, IsEmpty());
   EXPECT_THAT(step4.notices[3].resend_ids, IsEmpty());
+
+  // A batch's shared ids come before its full requests, as its own ids do: rank 1 joins in the
+  // batch that shares "a", having submitted "a" first, so "a" is reduced with rank 1's data and
+  // no error reaches rank 1 (a rank's requests after its join would be errors).
+  std::vector<RequestBatch> joining = Batches(id, {0, 1}, 5, {});
+  TensorRequest join;
+  join.name = "join";
+  join.type = RequestType::kJoin;
+  joining[1].requests = {join};
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w0, std::move(joining), {a}).ok());
+  std::vector<RequestBatch> others = Batches(id, {2, 3}, 4, {});
+  for (RequestBatch& batch : others) batch.cached_ids = {a};
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w2, std::move(others)).ok());
+  ASSERT_THAT(Channel(w0).relayed, SizeIs(5));
+  const CycleOutput& step5 = Channel(w0).relayed[4].cycle->output;
+  EXPECT_THAT(Describe(step5), ElementsAre(absl::StrCat("allreduce [] ids [", a, "] sizes [4]")));
+  for (const RankNotice& n : step5.notices) {
+    EXPECT_TRUE(n.resend_ids.empty());
+    EXPECT_TRUE(n.errors.empty()) << Describe(n.errors[0]);
+  }
 }
 
 TEST_F(CoordinatorTest, ShutdownEndsEverySessionUnavailableAndFailsRendezvousWaits) {
