@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Negotiation benchmark, as recorded in docs/benchmarks.md: the logic alone (N ranks in one process),
 # then N simulated workers against a coordinator in its own process, reporting the coordinator's own
-# CPU time over the measured steps (read from /proc by the benchmark; a coordinator is started for
-# each run) next to the wall-clock step time (client and server share this machine's cores,
+# CPU time and its threads' context switches over the measured steps (read from /proc by the
+# benchmark; a coordinator is started for each run) next to the wall-clock step time (client and server share this machine's cores,
 # unless --coordinator-cpus and --client-cpus give each its own: taskset lists such as 0-3).
 # The simulated ranks run on gRPC's callback client API (--clients callback, little client CPU), or
 # with two threads each (--clients threads, as bench/sim_worker.h). With callback clients each count

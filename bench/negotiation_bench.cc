@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +23,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -69,6 +73,9 @@ struct Result {
   // The coordinator's CPU time over the measured steps, per step (--coordinator-pid); < 0: not
   // measured.
   double coordinator_cpu_ms_per_step = -1;
+  // Its threads' context switches (voluntary and not) over those steps, per step; < 0 when not
+  // measured. A thread that ends during the steps takes its count with it.
+  double coordinator_switches_per_step = -1;
 };
 
 // The CPU time (user + system) process `pid` has used, in seconds; < 0 when it cannot be read.
@@ -92,6 +99,28 @@ double ProcessCpuSeconds(int pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// The context switches of process `pid`'s threads so far (the sum over /proc/PID/task/*/status);
+// < 0 when they cannot be read.
+double ProcessContextSwitches(int pid) {
+  std::error_code error;
+  std::filesystem::directory_iterator tasks(absl::StrCat("/proc/", pid, "/task"), error);
+  if (error) return -1;
+  double total = 0;
+  for (const std::filesystem::directory_entry& task : tasks) {
+    std::ifstream status(task.path() / "status");
+    std::string line;
+    while (std::getline(status, line)) {
+      // voluntary_ctxt_switches:	N and nonvoluntary_ctxt_switches:	N
+      if (!absl::StrContains(line, "ctxt_switches:")) continue;
+      double n = 0;
+      if (absl::SimpleAtod(absl::StripAsciiWhitespace(line.substr(line.find(':') + 1)), &n)) {
+        total += n;
+      }
+    }
+  }
+  return total;
+}
+
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   size_t i = static_cast<size_t>(p * (v.size() - 1) + 0.5);
@@ -110,18 +139,23 @@ void Report(const Result& r, const ModelProfile& profile) {
         "{\"bench\":\"negotiation\",\"mode\":\"%s\",\"profile\":\"%s\",\"ranks\":%d,\"tensors\":%"
         "zu,"
         "\"steps\":%zu,\"steps_per_s\":%.2f,\"tensor_requests_per_s\":%.0f,\"step_ms_p50\":%.3f,"
-        "\"step_ms_p99\":%.3f,\"coordinator_cpu_ms_per_step\":%.3f}\n",
+        "\"step_ms_p99\":%.3f,\"coordinator_cpu_ms_per_step\":%.3f,"
+        "\"coordinator_switches_per_step\":%.1f}\n",
         r.mode.c_str(), profile.model.c_str(), r.ranks, profile.tensors.size(),
-        r.step_seconds.size(), steps_per_s, requests_per_s, p50, p99,
-        r.coordinator_cpu_ms_per_step);
+        r.step_seconds.size(), steps_per_s, requests_per_s, p50, p99, r.coordinator_cpu_ms_per_step,
+        r.coordinator_switches_per_step);
   } else {
     std::printf(
         "%-13s %-10s ranks=%5d  steps/s=%9.2f  tensor-requests/s=%11.0f  p50=%8.3f ms  "
-        "p99=%8.3f ms%s\n",
+        "p99=%8.3f ms%s%s\n",
         r.mode.c_str(), profile.model.c_str(), r.ranks, steps_per_s, requests_per_s, p50, p99,
         r.coordinator_cpu_ms_per_step < 0
             ? ""
             : absl::StrFormat("  coordinator-cpu/step=%.3f ms", r.coordinator_cpu_ms_per_step)
+                  .c_str(),
+        r.coordinator_switches_per_step < 0
+            ? ""
+            : absl::StrFormat("  coordinator-switches/step=%.0f", r.coordinator_switches_per_step)
                   .c_str());
   }
   std::fflush(stdout);
@@ -275,9 +309,12 @@ Result RunGrpcCallback(const ModelProfile& profile, int ranks, int warmup, int s
                 ranks,
                 {}};
   const int pid = absl::GetFlag(FLAGS_coordinator_pid);
-  double cpu_start = -1;
+  double cpu_start = -1, switches_start = -1;
   for (int step = 0; step < warmup + steps; ++step) {
-    if (step == warmup && pid > 0) cpu_start = ProcessCpuSeconds(pid);
+    if (step == warmup && pid > 0) {
+      cpu_start = ProcessCpuSeconds(pid);
+      switches_start = ProcessContextSwitches(pid);
+    }
     const absl::Time start = absl::Now();
     if (absl::Status s = sim.Step(tensors, absl::Seconds(60)); !s.ok()) {
       std::fprintf(stderr, "grpc: step %d: %s\n", step, s.ToString().c_str());
@@ -286,8 +323,12 @@ Result RunGrpcCallback(const ModelProfile& profile, int ranks, int warmup, int s
     if (step >= warmup) result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
   }
   const double cpu_end = pid > 0 ? ProcessCpuSeconds(pid) : -1;
+  const double switches_end = pid > 0 ? ProcessContextSwitches(pid) : -1;
   if (cpu_start >= 0 && cpu_end >= 0 && steps > 0) {
     result.coordinator_cpu_ms_per_step = (cpu_end - cpu_start) * 1e3 / steps;
+  }
+  if (switches_start >= 0 && switches_end >= switches_start && steps > 0) {
+    result.coordinator_switches_per_step = (switches_end - switches_start) / steps;
   }
   sim.Close();
   absl::SleepFor(absl::Milliseconds(200));  // let the EXITED updates go out before the streams end
