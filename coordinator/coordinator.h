@@ -204,8 +204,8 @@ class Coordinator {
   // back through the relay; the others are dropped, and the first such error is returned
   // (PERMISSION_DENIED naming the rank and both hosts; as SubmitRequests otherwise).
   // `shared_cached_ids` (RelayedBatches.shared_cached_ids) count as part of every batch: they are
-  // submitted, after the batches, for the ranks whose batches were taken. One flush follows the
-  // whole lot.
+  // submitted for the ranks whose batches were taken, ahead of those batches' full requests (see
+  // JobRuntime::SubmitRelayed). One flush follows the whole lot.
   absl::Status SubmitRelayed(const std::string& relay_id, std::vector<RequestBatch> batches,
                              absl::Span<const uint32_t> shared_cached_ids = {});
   absl::Status UpdateRank(const std::string& worker_id, const RankUpdate& update);
