@@ -129,6 +129,13 @@ class RelayTest : public ::testing::Test {
     return hub.attached() == n;
   }
 
+  // Links peers 1 and 2 to `hub` (with the epoch's token) and waits until both are attached.
+  void Attach(const RelayHub& hub, Peer& one, Peer& two) {
+    one.Start(store_, 1, "secret");
+    two.Start(store_, 2, "secret");
+    ASSERT_TRUE(AwaitAttached(hub, 2));
+  }
+
   std::shared_ptr<KeyValueStore> store_ = KeyValueStore::InMemory();
   Sent sent_;
 };
@@ -136,9 +143,7 @@ class RelayTest : public ::testing::Test {
 TEST_F(RelayTest, AHostsBatchesGoInOneMessageAndEachRankGetsItsOwnList) {
   std::unique_ptr<RelayHub> hub = StartHub({1, 2}, absl::Seconds(5));
   Peer one, two;
-  one.Start(store_, 1, "secret");
-  two.Start(store_, 2, "secret");
-  ASSERT_TRUE(AwaitAttached(*hub, 2));
+  ASSERT_NO_FATAL_FAILURE(Attach(*hub, one, two));
 
   // The lot goes once every attached rank has a batch in it, whatever the linger.
   EXPECT_EQ(one.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kTaken);
@@ -195,9 +200,7 @@ std::vector<uint32_t> Ids(const google::protobuf::RepeatedField<uint32_t>& ids) 
 TEST_F(RelayTest, CacheIdsThatEveryBatchHoldsGoOnceForTheWholeLot) {
   std::unique_ptr<RelayHub> hub = StartHub({1, 2}, absl::Seconds(5));
   Peer one, two;
-  one.Start(store_, 1, "secret");
-  two.Start(store_, 2, "secret");
-  ASSERT_TRUE(AwaitAttached(*hub, 2));
+  ASSERT_NO_FATAL_FAILURE(Attach(*hub, one, two));
   ASSERT_TRUE(hub->Submit(ByIds(0, 1, {7, 3, 9, 4})));
   EXPECT_EQ(one.link->Send(ByIds(1, 1, {9, 7, 4})), RelayLink::Sent::kTaken);
   EXPECT_EQ(two.link->Send(ByIds(2, 1, {4, 5, 7, 9})), RelayLink::Sent::kTaken);
@@ -255,9 +258,7 @@ TEST(ShareCachedIdsTest, OnlyIdsEveryBatchHoldsOnceAreShared) {
 TEST_F(RelayTest, ALotThatWaitsTheLingerGoesWithoutTheRanksThatSentNothing) {
   std::unique_ptr<RelayHub> hub = StartHub({1, 2}, absl::Milliseconds(5));
   Peer one, two;
-  one.Start(store_, 1, "secret");
-  two.Start(store_, 2, "secret");
-  ASSERT_TRUE(AwaitAttached(*hub, 2));
+  ASSERT_NO_FATAL_FAILURE(Attach(*hub, one, two));
   ASSERT_TRUE(hub->Submit(Batch(0, 1, "a")));
   EXPECT_EQ(one.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kTaken);
   ASSERT_TRUE(sent_.AwaitCount(1));
@@ -327,9 +328,7 @@ TEST_F(RelayTest, ARelayThatIsNeverNamedIsGivenUpOnAtTheFindTimeout) {
 TEST_F(RelayTest, AFailedHubLetsEveryPeerGoAndTakesNothingMore) {
   std::unique_ptr<RelayHub> hub = StartHub({1, 2});
   Peer one, two;
-  one.Start(store_, 1, "secret");
-  two.Start(store_, 2, "secret");
-  ASSERT_TRUE(AwaitAttached(*hub, 2));
+  ASSERT_NO_FATAL_FAILURE(Attach(*hub, one, two));
   hub->Fail("its session ended");
   ASSERT_TRUE(one.lost.WaitForNotificationWithTimeout(kWait));
   ASSERT_TRUE(two.lost.WaitForNotificationWithTimeout(kWait));
