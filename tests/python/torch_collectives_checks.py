@@ -398,6 +398,9 @@ def three_hundred_ops():
                 first = hvd.allreduce_async(torch.ones(2), name=f"e{i}.{RANK}", op=hvd.Sum)
                 raises(ValueError, lambda: hvd.allreduce_async(torch.ones(2), name=f"e{i}.{RANK}"),
                        f"Tensor 'e{i}.{RANK}' is already in flight on this rank")
+                # No rank submits another's name before every rank has tried its duplicate: a
+                # rank's first allreduce cannot complete (and leave flight) before its own try.
+                hvd.barrier()
                 rest = [hvd.allreduce_async(torch.ones(2), name=f"e{i}.{r}", op=hvd.Sum)
                         for r in range(SIZE) if r != RANK]
                 for h in [first] + rest:
