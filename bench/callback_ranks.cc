@@ -2,12 +2,15 @@
 
 #include <atomic>
 #include <deque>
+#include <map>
+#include <string_view>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/negotiation_wire.h"
+#include "common/relay_plan.h"
 
 namespace ringmaster {
 
@@ -182,10 +185,11 @@ class CallbackRanks::Rank
 
 absl::StatusOr<std::unique_ptr<CallbackRanks>> CallbackRanks::Connect(
     std::shared_ptr<grpc::Channel> channel, int ranks, int per_host, absl::Duration timeout,
-    bool relay) {
+    bool relay, int relay_hosts) {
   auto stub = v1::WorkerService::NewStub(channel);
   std::unique_ptr<CallbackRanks> out(new CallbackRanks);
   out->relay_ = relay;
+  out->relay_hosts_ = std::max(1, relay_hosts);
   out->per_host_ = std::max(1, per_host);
   for (int r = 0; r < ranks; ++r) {
     v1::RegisterWorkerRequest request;
@@ -224,16 +228,34 @@ CallbackRanks::~CallbackRanks() {
 
 absl::Status CallbackRanks::WaitAssignments(absl::Duration timeout) {
   by_rank_.assign(ranks_.size(), nullptr);
-  for (auto& r : ranks_) {
+  std::vector<std::string> host_names(ranks_.size());
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    auto& r = ranks_[i];
     if (absl::Status s = r->WaitAssigned(timeout); !s.ok()) return s;
     const int rank = r->rank();
     if (rank < 0 || rank >= static_cast<int>(by_rank_.size())) {
       return absl::InternalError(absl::StrCat("assigned rank ", rank, " of ", by_rank_.size()));
     }
     by_rank_[rank] = r.get();
+    host_names[rank] = absl::StrCat("sim-", i / per_host_);
   }
-  for (size_t first = 0; relay_ && first < ranks_.size(); first += per_host_) {
-    ranks_[first]->SetRelayTargets(&by_rank_);
+  if (!relay_) return absl::OkStatus();
+  // The job's relays, as its worker daemons would work them out.
+  const std::vector<std::string_view> hosts(host_names.begin(), host_names.end());
+  const std::vector<int32_t> relay_of = PlanRelays(hosts, relay_hosts_);
+  std::map<int32_t, std::vector<int>> groups;
+  direct_.clear();
+  for (int rank = 0; rank < static_cast<int>(relay_of.size()); ++rank) {
+    if (relay_of[rank] < 0) {
+      direct_.push_back(rank);  // alone in its group: on its own session
+    } else {
+      groups[relay_of[rank]].push_back(rank);  // the relay comes first
+    }
+  }
+  groups_.clear();
+  for (auto& [relay, members] : groups) {
+    by_rank_[relay]->SetRelayTargets(&by_rank_);
+    groups_.push_back(std::move(members));
   }
   return absl::OkStatus();
 }
@@ -245,15 +267,15 @@ absl::Status CallbackRanks::Step(const std::vector<v1::TensorRequest>& tensors,
   if (!relay_) {
     for (auto& r : ranks_) r->Submit(tensors, &remaining, &done);
   } else {
-    // Each simulated host's first rank sends the host's batches in one message.
-    for (size_t first = 0; first < ranks_.size(); first += per_host_) {
+    for (int rank : direct_) by_rank_[rank]->Submit(tensors, &remaining, &done);
+    // Each relay sends its group's batches in one message.
+    for (const std::vector<int>& group : groups_) {
       v1::WorkerMessage m;
-      const size_t end = std::min(ranks_.size(), first + per_host_);
-      for (size_t i = first; i < end; ++i) {
-        ranks_[i]->Prepare(tensors, &remaining, &done, m.mutable_relayed()->add_batches());
+      for (int rank : group) {
+        by_rank_[rank]->Prepare(tensors, &remaining, &done, m.mutable_relayed()->add_batches());
       }
       ShareCachedIds(m.mutable_relayed());  // as a worker daemon's relay does
-      ranks_[first]->Write(std::move(m));
+      by_rank_[group.front()]->Write(std::move(m));
     }
   }
   if (!done.WaitForNotificationWithTimeout(timeout)) {

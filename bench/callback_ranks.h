@@ -31,10 +31,12 @@ namespace ringmaster {
 class CallbackRanks {
  public:
   // Registers `ranks` workers (host names sim-0, sim-1, ... of `per_host` each) and opens their
-  // sessions.
+  // sessions. With `relay`, the ranks negotiate through relays as the job's plan has them
+  // (common/relay_plan.h), a relay for every `relay_hosts` hosts: the job must be registered with
+  // the same negotiation_relay_hosts.
   static absl::StatusOr<std::unique_ptr<CallbackRanks>> Connect(
       std::shared_ptr<grpc::Channel> channel, int ranks, int per_host, absl::Duration timeout,
-      bool relay = false);
+      bool relay = false, int relay_hosts = 1);
   ~CallbackRanks();
 
   // Waits for every worker's assignment (after a job of `ranks` ranks was registered) and reports
@@ -59,6 +61,10 @@ class CallbackRanks {
   absl::Duration heartbeat_interval_ = absl::Seconds(2);
   bool relay_ = false;
   int per_host_ = 1;
+  int relay_hosts_ = 1;
+  // With relay_: each relay's group of job ranks, the relay first (set by WaitAssignments).
+  std::vector<std::vector<int>> groups_;
+  std::vector<int> direct_;  // ranks alone in their groups
   // By job rank, once assigned (the relays hand lists to these).
   std::vector<Rank*> by_rank_;
 };

@@ -9,7 +9,9 @@
 # runs twice: every rank with messages of its own, then with a negotiation relay per host (grpc-relay).
 #   bench/negotiation.sh [--profile bench/profiles/resnet50.json] [--ranks 2,16,128,1024] [--steps 50]
 #                        [--clients callback|threads] [--coordinator-cpus LIST --client-cpus LIST]
-#                        [--per-host N]
+#                        [--per-host N] [--relay-hosts H]
+# --relay-hosts H: the relayed runs have one relay for every H simulated hosts (the job knob
+# negotiation_relay_hosts), reported as grpc-relay-hH.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${RINGMASTER_BIN_DIR:-$root/build/bin}
@@ -19,11 +21,13 @@ steps=50
 clients=callback
 coordinator_cpus=""
 per_host=8
+relay_hosts=1
 client_cpus=""
 while (($#)); do
   case $1 in
     --coordinator-cpus) coordinator_cpus=$2; shift 2 ;;
     --per-host) per_host=$2; shift 2 ;;
+    --relay-hosts) relay_hosts=$2; shift 2 ;;
     --client-cpus) client_cpus=$2; shift 2 ;;
     --profile) profile=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
@@ -76,6 +80,10 @@ for relay in "" --relay; do
   for n in "${counts[@]}"; do
     s=$steps
     ((n > 128)) && s=$((steps / 5 > 5 ? steps / 5 : 5))
-    run "$n" "$s" $relay
+    if [[ -n $relay ]]; then
+      run "$n" "$s" --relay --relay-hosts "$relay_hosts"
+    else
+      run "$n" "$s"
+    fi
   done
 done

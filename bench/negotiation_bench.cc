@@ -51,8 +51,12 @@ ABSL_FLAG(std::string, coordinator, "", "coordinator address; empty: start one i
 ABSL_FLAG(int, processes_per_host, 8, "simulated workers per host name");
 ABSL_FLAG(
     bool, relay, false,
-    "--clients callback: each simulated host's first worker relays its host's batches and "
-    "lists (RelayedBatches / RelayedResponses), as worker daemons with a negotiation relay do");
+    "--clients callback: the lowest rank of each simulated host (or group of --relay-hosts "
+    "hosts) relays its ranks' batches and lists (RelayedBatches / RelayedResponses), as worker "
+    "daemons with a negotiation relay do");
+ABSL_FLAG(int, relay_hosts, 1,
+          "with --relay: one relay for every N simulated hosts (the job knob "
+          "negotiation_relay_hosts), as worker daemons relaying over TCP do");
 ABSL_FLAG(int, coordinator_pid, 0,
           "--mode grpc --clients callback: the coordinator's process on this machine, whose CPU "
           "time over the measured steps is reported per step");
@@ -262,6 +266,9 @@ void RegisterBenchJob(const std::shared_ptr<grpc::Channel>& channel, const Model
   request.mutable_spec()->set_np(ranks);
   request.mutable_spec()->add_command("(simulated)");
   request.mutable_spec()->mutable_knobs()->set_cache_capacity(absl::GetFlag(FLAGS_cache_capacity));
+  request.mutable_spec()->mutable_knobs()->set_negotiation_relay(absl::GetFlag(FLAGS_relay));
+  request.mutable_spec()->mutable_knobs()->set_negotiation_relay_hosts(
+      absl::GetFlag(FLAGS_relay_hosts));
   v1::RegisterJobResponse response;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -292,7 +299,7 @@ Result RunGrpcCallback(const ModelProfile& profile, int ranks, int warmup, int s
   const bool relay = absl::GetFlag(FLAGS_relay);
   auto connected =
       CallbackRanks::Connect(channel, ranks, std::max(1, absl::GetFlag(FLAGS_processes_per_host)),
-                             absl::Seconds(30), relay);
+                             absl::Seconds(30), relay, absl::GetFlag(FLAGS_relay_hosts));
   if (!connected.ok()) {
     std::fprintf(stderr, "grpc: %s\n", connected.status().ToString().c_str());
     std::exit(1);
@@ -305,7 +312,10 @@ Result RunGrpcCallback(const ModelProfile& profile, int ranks, int warmup, int s
   }
   const std::vector<v1::TensorRequest> tensors = ProfileRequests(profile);
   Result result{absl::StrCat(absl::GetFlag(FLAGS_cache_capacity) > 0 ? "grpc" : "grpc-nocache",
-                             relay ? "-relay" : ""),
+                             relay ? "-relay" : "",
+                             relay && absl::GetFlag(FLAGS_relay_hosts) > 1
+                                 ? absl::StrCat("-h", absl::GetFlag(FLAGS_relay_hosts))
+                                 : ""),
                 ranks,
                 {}};
   const int pid = absl::GetFlag(FLAGS_coordinator_pid);

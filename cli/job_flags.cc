@@ -94,6 +94,9 @@ const char kJobOptionsHelp[] = R"(job options:
   --negotiation-relay             each host's ranks negotiate through one of its daemons: one message
                                   per host and cycle to the coordinator, for jobs of hundreds of
                                   ranks (default off; RINGMASTER_NEGOTIATION_RELAY=1)
+  --negotiation-relay-hosts N     with --negotiation-relay, one relay for every N hosts (their
+                                  ranks reach it over TCP): one message per N hosts and cycle
+                                  (default 1: a relay per host; RINGMASTER_NEGOTIATION_RELAY_HOSTS)
 Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...),
 and the elastic options HOROVOD_MIN_NP, HOROVOD_MAX_NP, HOROVOD_RESET_LIMIT and
 HOROVOD_ELASTIC_TIMEOUT (RINGMASTER_* alike); flags win over the environment.
@@ -242,6 +245,8 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
       knobs.negotiation_relay = true;
     } else if (flag == "--no-negotiation-relay") {
       knobs.negotiation_relay = false;
+    } else if (flag == "--negotiation-relay-hosts") {
+      knobs.negotiation_relay_hosts = Number<int32_t>(flag, args.Value(flag));
     } else if (flag == "--no-stall-check") {
       knobs.stall_check_seconds = 0;
     } else if (flag == "--stall-shutdown-seconds") {
@@ -300,6 +305,7 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
   k->set_hierarchical_allreduce(knobs.hierarchical_allreduce);
   k->set_hierarchical_allgather(knobs.hierarchical_allgather);
   k->set_negotiation_relay(knobs.negotiation_relay);
+  k->set_negotiation_relay_hosts(knobs.negotiation_relay_hosts);
   if (!start_from_given) {
     if (given_fusion) k->add_autotune_fixed("fusion_threshold_bytes");
     if (given_cycle) k->add_autotune_fixed("cycle_time_ms");

@@ -109,6 +109,9 @@ absl::Status ValidateKnobs(const Knobs& k) {
   if (k.cache_capacity < 0 || k.cache_capacity > kMaxCacheCapacity) {
     return OutOfBounds("cache_capacity", k.cache_capacity, "[0, 1048576]");
   }
+  if (k.negotiation_relay_hosts < 1 || k.negotiation_relay_hosts > kMaxNegotiationRelayHosts) {
+    return OutOfBounds("negotiation_relay_hosts", k.negotiation_relay_hosts, "[1, 64]");
+  }
   if (k.autotune_warmup_samples < 0 || k.autotune_warmup_samples > 1000) {
     return OutOfBounds("autotune_warmup_samples", k.autotune_warmup_samples, "[0, 1000]");
   }
@@ -183,6 +186,7 @@ absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* k) {
            ReadBool(env, "HIERARCHICAL_ALLREDUCE", &k->hierarchical_allreduce),
            ReadBool(env, "HIERARCHICAL_ALLGATHER", &k->hierarchical_allgather),
            ReadBool(env, "NEGOTIATION_RELAY", &k->negotiation_relay),
+           ReadInt32(env, "NEGOTIATION_RELAY_HOSTS", &k->negotiation_relay_hosts),
        }) {
     if (!s.ok()) return s;
   }

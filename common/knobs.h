@@ -40,6 +40,8 @@ struct Knobs {
   bool hierarchical_allgather = true;
   // A host's ranks negotiate through one of its daemons (the negotiation relay).
   bool negotiation_relay = false;
+  // ... with a relay for this many hosts (their ranks' links cross hosts over TCP when above 1).
+  int32_t negotiation_relay_hosts = 1;
   // Knobs autotune leaves alone (kTunableKnobs names).
   std::vector<std::string> autotune_fixed;
 };
@@ -53,6 +55,7 @@ inline constexpr int64_t kMaxFusionThresholdBytes = int64_t{16} << 30;
 inline constexpr double kMaxCycleTimeMs = 10'000;
 inline constexpr int32_t kMaxCacheCapacity = 1 << 20;
 inline constexpr double kMaxStallSeconds = 86'400;
+inline constexpr int32_t kMaxNegotiationRelayHosts = 64;
 
 // INVALID_ARGUMENT naming the first knob out of bounds, e.g. "knobs.cycle_time_ms = -1 is out of
 // bounds (0, 10000]".

@@ -2,6 +2,7 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <sys/random.h>
 
 #include <cerrno>
@@ -33,6 +34,14 @@ std::string Sha256Hex(absl::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int size = 0;
   EVP_Digest(data.data(), data.size(), digest, &size, EVP_sha256(), nullptr);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), size));
+}
+
+std::string HmacSha256Hex(absl::string_view key, absl::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest, &size);
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), size));
 }
 

@@ -198,11 +198,13 @@ class Coordinator {
   // FAILED_PRECONDITION when the worker does not serve that rank of that job; ABORTED for a stale
   // epoch.
   absl::Status SubmitRequests(const std::string& worker_id, RequestBatch batch);
-  // Negotiation relay: batches of ranks on the host of worker `relay_id`, sent by it. Each is taken
-  // as its rank's own worker's (SubmitRequests) when that worker registered the relay's host name
-  // and identity and the relay serves a rank of the same job epoch, and the rank's lists then go
-  // back through the relay; the others are dropped, and the first such error is returned
-  // (PERMISSION_DENIED naming the rank and both hosts; as SubmitRequests otherwise).
+  // Negotiation relay: batches of ranks relayed by worker `relay_id`, sent by it. Each is taken as
+  // its rank's own worker's (SubmitRequests) when the relay serves a rank of the same job epoch,
+  // the job's relay plan (common/relay_plan.h: its host's lowest rank, or its group of hosts' with
+  // negotiation_relay_hosts) names that rank the batch's rank's relay, and the batch's rank's
+  // worker registered the relay's identity; the rank's lists then go back through the relay. The
+  // others are dropped, and the first such error is returned (PERMISSION_DENIED naming the ranks
+  // and both hosts; as SubmitRequests otherwise).
   // `shared_cached_ids` (RelayedBatches.shared_cached_ids) count as part of every batch: they are
   // submitted for the ranks whose batches were taken, ahead of those batches' full requests (see
   // JobRuntime::SubmitRelayed). One flush follows the whole lot.

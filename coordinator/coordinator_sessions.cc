@@ -232,6 +232,12 @@ absl::Status Coordinator::SubmitRelayed(const std::string& relay_id,
   // A relay carries the ranks of the one job it serves a rank of.
   const std::shared_ptr<JobRuntime> runtime =
       relay->job_id.empty() ? nullptr : RuntimeOf(relay->job_id);
+  // The relay's rank in this epoch, -1 when it holds none.
+  const int32_t relay_rank = runtime != nullptr && relay->rank >= 0 &&
+                                     relay->rank < static_cast<int32_t>(runtime->ranks().size()) &&
+                                     runtime->ranks()[relay->rank].worker_id == relay_id
+                                 ? relay->rank
+                                 : -1;
   std::vector<RequestBatch> carried;
   std::vector<std::string> worker_ids;  // of `carried`, by index
   for (RequestBatch& batch : batches) {
@@ -243,11 +249,17 @@ absl::Status Coordinator::SubmitRelayed(const std::string& relay_id,
       why = absl::InvalidArgumentError(absl::StrCat("relayed.batches.rank ", batch.rank,
                                                     " is not a rank of job ", batch.job_id));
     } else if (const RankInfo& info = runtime->ranks()[batch.rank];
-               info.host != relay->host || info.worker_identity != relay->identity) {
-      why = absl::PermissionDeniedError(absl::StrCat(
-          "relay ", relay_id, " on host ", relay->host, " may not relay rank ", batch.rank,
-          " of job ", batch.job_id, ", whose worker is on host ", info.host,
-          info.worker_identity != relay->identity ? " under another identity" : ""));
+               relay_rank < 0 || runtime->RelayOf(batch.rank) != relay_rank ||
+               info.worker_identity != relay->identity) {
+      // Only the rank the job's plan names relays a rank (its host's lowest, or its group of
+      // hosts' with negotiation_relay_hosts), and only for a worker of its own identity.
+      why = absl::PermissionDeniedError(
+          absl::StrCat("relay ", relay_id, " (rank ", relay->rank, ", host ", relay->host,
+                       ") may not relay rank ", batch.rank, " of job ", batch.job_id,
+                       ", whose worker is on host ", info.host,
+                       info.worker_identity != relay->identity
+                           ? " under another identity"
+                           : absl::StrCat(" and relayed by rank ", runtime->RelayOf(batch.rank))));
     } else {
       worker_ids.push_back(info.worker_id);
       carried.push_back(std::move(batch));

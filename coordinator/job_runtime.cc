@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/relay_plan.h"
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
@@ -33,6 +34,13 @@ bool Fixed(const Knobs& k, absl::string_view knob) {
          k.autotune_fixed.end();
 }
 
+std::vector<int32_t> RelayOfRanks(const Job& job) {
+  std::vector<std::string_view> hosts;
+  hosts.reserve(job.ranks.size());
+  for (const RankInfo& r : job.ranks) hosts.push_back(r.host);
+  return PlanRelays(hosts, job.spec.knobs.negotiation_relay_hosts);
+}
+
 // Autotune turns a disabled cache on with Horovod's default capacity.
 constexpr int kDefaultCacheCapacity = 1024;
 
@@ -42,6 +50,7 @@ JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics, Executor& io)
     : job_id_(job.id),
       epoch_(job.epoch),
       ranks_(job.ranks),
+      relay_of_(RelayOfRanks(job)),
       io_(io),
       cycles_(&metrics.GetCounter("ringmaster_negotiation_cycles_total",
                                   "Negotiation cycles that produced responses.",

@@ -59,6 +59,9 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   const std::string& job_id() const { return job_id_; }
   int64_t epoch() const { return epoch_; }
   const std::vector<RankInfo>& ranks() const { return ranks_; }
+  // The rank that may relay `rank`'s negotiation (common/relay_plan.h, with the job's
+  // negotiation_relay_hosts), -1 for none. REQUIRES: 0 <= rank < ranks().size().
+  int32_t RelayOf(int32_t rank) const { return relay_of_[rank]; }
 
   // One rank's request batch (see Negotiator::Submit). The reliable session: a numbered batch
   // (`seq` > 0) the runtime already has is dropped (false), one re-sent after a reconnect;
@@ -177,6 +180,7 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   const std::string job_id_;
   const int64_t epoch_;
   const std::vector<RankInfo> ranks_;
+  const std::vector<int32_t> relay_of_;  // by rank
   Executor& io_;
   std::unique_ptr<Negotiator> negotiator_;
   // The job's series (owned by the registry).

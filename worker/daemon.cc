@@ -604,9 +604,20 @@ void Daemon::StartRelay(const std::shared_ptr<Job>& job) {
     o.job_id = spec.id();
     o.epoch = assignment.epoch();
     o.rank = rank;
-    o.peers.assign(plan.host_ranks.begin() + 1, plan.host_ranks.end());
+    o.peers.assign(plan.ranks.begin() + 1, plan.ranks.end());
     o.token = assignment.rendezvous_token();
     o.store = store;
+    if (plan.spans_hosts) {
+      // Its group's other hosts reach it where they reach its data plane.
+      absl::StatusOr<LocalAddress> address = DataAddress();
+      if (!address.ok()) {
+        spdlog::warn("job {} rank {}: cannot relay for its group's ranks: {}", spec.id(), rank,
+                     address.status().ToString());
+        finishers_.Start([store, rank] { store->Set(RelayKey(rank), "").IgnoreError(); });
+        return;
+      }
+      o.tcp_address = address->address;
+    }
     CoordinatorSession* session = session_.get();
     o.send = [session](const v1::WorkerMessage& m) { return session->Send(m); };
     o.linger = absl::Microseconds(static_cast<int64_t>(spec.spec().knobs().cycle_time_ms() * 1000));
@@ -619,15 +630,17 @@ void Daemon::StartRelay(const std::shared_ptr<Job>& job) {
     absl::StatusOr<std::unique_ptr<RelayHub>> hub = RelayHub::Start(std::move(o));
     if (!hub.ok()) {
       // Its peers find no relay at once and negotiate on their own sessions.
-      spdlog::warn("job {} rank {}: cannot relay for its host's ranks: {}", spec.id(), rank,
+      spdlog::warn("job {} rank {}: cannot relay for its group's ranks: {}", spec.id(), rank,
                    hub.status().ToString());
       // Said off this thread (a session's): the rendezvous may take a while.
       finishers_.Start([store, rank] { store->Set(RelayKey(rank), "").IgnoreError(); });
       return;
     }
     job->relay_hub = *std::move(hub);
-    spdlog::info("job {} rank {}: relays the negotiation of its host's {} ranks", spec.id(), rank,
-                 plan.host_ranks.size());
+    spdlog::info("job {} rank {}: relays the negotiation of {} ranks{}", spec.id(), rank,
+                 plan.ranks.size(),
+                 plan.spans_hosts ? absl::StrCat(" of its hosts, at ", job->relay_hub->name())
+                                  : " of its host");
     return;
   }
   RelayLink::Options o;

@@ -1,5 +1,10 @@
 #include "worker/negotiation_relay.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -9,10 +14,15 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/framing.h"
 #include "common/negotiation_wire.h"
+#include "common/relay_plan.h"
+#include "common/secret.h"
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
@@ -38,6 +48,100 @@ void SetSendTimeout(int fd, absl::Duration d) {
 // At most this many batches wait in a link before it is connected, or in the hub.
 constexpr size_t kMaxWaiting = 4096;
 
+// How long each side waits for the other's first frame (the challenge, the open).
+constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+
+void SetReceiveTimeout(int fd, absl::Duration d) {
+  timeval tv = d == absl::InfiniteDuration() ? timeval{} : absl::ToTimeval(d);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+// Batches and lists are small and answered at once: no Nagle delay on a TCP link.
+void SetNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// What a peer's proof is an HMAC of (RelayLinkOpen.proof).
+std::string ProofText(const std::string& job_id, int64_t epoch, int32_t rank,
+                      const std::string& nonce) {
+  return absl::StrCat("ringmaster relay link\n", job_id, "\n", epoch, "\n", rank, "\n", nonce);
+}
+
+// A numeric IPv4 or IPv6 address and a port, as a socket address.
+bool TcpAddress(const std::string& host, uint16_t port, sockaddr_storage* out, socklen_t* length) {
+  *out = {};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(out);
+  if (inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    *length = sizeof(sockaddr_in);
+    return true;
+  }
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(out);
+  if (inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    *length = sizeof(sockaddr_in6);
+    return true;
+  }
+  return false;
+}
+
+// Connects to what a relay named: "tcp:ADDRESS:PORT" ("tcp:[V6]:PORT"), else an abstract Unix
+// name; a TCP connect gives up at `deadline`. The connected socket, or why not.
+absl::StatusOr<int> ConnectToRelay(const std::string& name, absl::Time deadline) {
+  absl::string_view rest = name;
+  if (!absl::ConsumePrefix(&rest, "tcp:")) {
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    socklen_t length;
+    sockaddr_un addr = AbstractAddress(name, &length);
+    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0) {
+      const std::string why = std::strerror(errno);
+      if (fd >= 0) close(fd);
+      return absl::UnavailableError(absl::StrCat("could not be connected: ", why));
+    }
+    return fd;
+  }
+  const size_t colon = rest.rfind(':');
+  uint32_t port = 0;
+  std::string host(rest.substr(0, colon == absl::string_view::npos ? 0 : colon));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  sockaddr_storage addr;
+  socklen_t length;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &port) ||
+      port == 0 || port > 65535 || !TcpAddress(host, static_cast<uint16_t>(port), &addr, &length)) {
+    return absl::UnavailableError(
+        absl::StrCat("could not be connected: its name '", name, "' is not tcp:ADDRESS:PORT"));
+  }
+  const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), length);
+  if (rc != 0 && errno == EINPROGRESS) {
+    // A host that does not answer is given up at the deadline, not after the kernel's retries.
+    pollfd p{fd, POLLOUT, 0};
+    const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+    rc = poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 60'000)));
+    int error = 0;
+    socklen_t size = sizeof(error);
+    if (rc == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size);
+    if (rc == 0) error = ETIMEDOUT;
+    if (rc < 0) error = errno;
+    rc = error == 0 ? 0 : -1;
+    errno = error;
+  }
+  if (rc != 0) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("could not be connected at ", name, ": ", why));
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  SetNoDelay(fd);
+  return fd;
+}
+
 }  // namespace
 
 RelayPlan PlanRelay(const v1::JobAssignment& assignment) {
@@ -46,12 +150,20 @@ RelayPlan PlanRelay(const v1::JobAssignment& assignment) {
   if (!job.spec().knobs().negotiation_relay()) return plan;
   const int32_t rank = assignment.rank();
   if (rank < 0 || rank >= job.ranks_size()) return plan;
-  const std::string& host = job.ranks(rank).host();
+  const int32_t n = job.ranks_size();
+  std::vector<std::string_view> hosts(n);
   for (const v1::RankInfo& r : job.ranks()) {
-    if (r.host() == host) plan.host_ranks.push_back(r.rank());
+    if (r.rank() >= 0 && r.rank() < n) hosts[r.rank()] = r.host();
   }
-  std::sort(plan.host_ranks.begin(), plan.host_ranks.end());
-  if (plan.host_ranks.size() >= 2) plan.relay_rank = plan.host_ranks.front();
+  const std::vector<int32_t> relays =
+      PlanRelays(hosts, job.spec().knobs().negotiation_relay_hosts());
+  plan.relay_rank = relays[rank];
+  if (plan.relay_rank < 0) return plan;
+  for (int32_t r = 0; r < n; ++r) {
+    if (relays[r] != plan.relay_rank) continue;
+    plan.ranks.push_back(r);
+    plan.spans_hosts = plan.spans_hosts || hosts[r] != hosts[plan.relay_rank];
+  }
   return plan;
 }
 
@@ -65,18 +177,41 @@ RelayHub::RelayHub(Options options)
 
 absl::StatusOr<std::unique_ptr<RelayHub>> RelayHub::Start(Options options) {
   std::unique_ptr<RelayHub> hub(new RelayHub(std::move(options)));
-  std::random_device random;
-  hub->name_ = absl::StrCat("ringmaster-relay-", hub->options_.job_id, "-", hub->options_.epoch,
-                            "-", hub->options_.rank, "-", getpid(), "-", random());
-  hub->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (hub->listen_fd_ < 0) {
-    return absl::UnavailableError(absl::StrCat("relay socket: ", std::strerror(errno)));
-  }
-  socklen_t length;
-  sockaddr_un addr = AbstractAddress(hub->name_, &length);
-  if (bind(hub->listen_fd_, reinterpret_cast<sockaddr*>(&addr), length) != 0 ||
-      listen(hub->listen_fd_, 64) != 0) {
-    return absl::UnavailableError(absl::StrCat("relay socket: ", std::strerror(errno)));
+  const std::string& tcp = hub->options_.tcp_address;
+  if (tcp.empty()) {
+    std::random_device random;
+    hub->name_ = absl::StrCat("ringmaster-relay-", hub->options_.job_id, "-", hub->options_.epoch,
+                              "-", hub->options_.rank, "-", getpid(), "-", random());
+    hub->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (hub->listen_fd_ < 0) {
+      return absl::UnavailableError(absl::StrCat("relay socket: ", std::strerror(errno)));
+    }
+    socklen_t length;
+    sockaddr_un addr = AbstractAddress(hub->name_, &length);
+    if (bind(hub->listen_fd_, reinterpret_cast<sockaddr*>(&addr), length) != 0 ||
+        listen(hub->listen_fd_, 64) != 0) {
+      return absl::UnavailableError(absl::StrCat("relay socket: ", std::strerror(errno)));
+    }
+  } else {
+    sockaddr_storage addr;
+    socklen_t length;
+    if (!TcpAddress(tcp, 0, &addr, &length)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("relay address '", tcp, "' is not a numeric address"));
+    }
+    hub->listen_fd_ = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (hub->listen_fd_ < 0 ||
+        bind(hub->listen_fd_, reinterpret_cast<sockaddr*>(&addr), length) != 0 ||
+        listen(hub->listen_fd_, 128) != 0 ||
+        getsockname(hub->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("relay socket on ", tcp, ": ", std::strerror(errno)));
+    }
+    const uint16_t port =
+        ntohs(addr.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&addr)->sin_port
+                                        : reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    hub->name_ = addr.ss_family == AF_INET ? absl::StrCat("tcp:", tcp, ":", port)
+                                           : absl::StrCat("tcp:[", tcp, "]:", port);
   }
   hub->acceptor_ = std::thread([h = hub.get()] {
     h->Publish();
@@ -100,10 +235,8 @@ RelayHub::~RelayHub() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     connections = connections_;
-    spdlog::info(
-        "job {} relay rank {}: relayed {} request batches of its host's ranks in {} "
-        "messages",
-        options_.job_id, options_.rank, relayed_batches_, messages_sent_);
+    spdlog::info("job {} relay rank {}: relayed {} request batches of its ranks in {} messages",
+                 options_.job_id, options_.rank, relayed_batches_, messages_sent_);
   }
   if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
@@ -133,6 +266,7 @@ void RelayHub::AcceptLoop() {
       peer->fd = fd;
     }
     SetSendTimeout(fd, absl::Seconds(5));
+    if (!options_.tcp_address.empty()) SetNoDelay(fd);
     // Connections whose readers returned (refused, or closed) give their slots back.
     std::vector<std::shared_ptr<Peer>> finished;
     {
@@ -167,18 +301,25 @@ void RelayHub::ReadLoop(std::shared_ptr<Peer> peer) {
     Peer* peer;
     ~MarkDone() { peer->done.store(true); }
   } mark{peer.get()};
+  // The peer proves that it holds the token with an HMAC of a nonce, so the token never travels.
+  v1::RelayLinkChallenge challenge;
+  challenge.set_nonce(RandomSecret());
+  {
+    absl::MutexLock write_lock(&peer->write_mu);
+    if (!WriteFrame(peer->fd, challenge).ok()) return ClosePeer(peer);
+  }
   v1::RelayLinkMessage m;
   // A connection that does not open its link within 10 s is closed (it holds a slot).
-  timeval open_within = absl::ToTimeval(absl::Seconds(10));
-  setsockopt(peer->fd, SOL_SOCKET, SO_RCVTIMEO, &open_within, sizeof(open_within));
+  SetReceiveTimeout(peer->fd, kHandshakeTimeout);
   if (!ReadFrame(peer->fd, &m).ok()) return ClosePeer(peer);
-  timeval forever{};
-  setsockopt(peer->fd, SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof(forever));
+  SetReceiveTimeout(peer->fd, absl::InfiniteDuration());
   const v1::RelayLinkOpen& open = m.open();
   const bool a_peer =
       std::find(options_.peers.begin(), options_.peers.end(), open.rank()) != options_.peers.end();
+  const std::string proof = HmacSha256Hex(
+      options_.token, ProofText(open.job_id(), open.epoch(), open.rank(), challenge.nonce()));
   if (m.kind_case() != v1::RelayLinkMessage::kOpen || open.job_id() != options_.job_id ||
-      open.epoch() != options_.epoch || open.token() != options_.token || !a_peer) {
+      open.epoch() != options_.epoch || !ConstantTimeEquals(open.proof(), proof) || !a_peer) {
     spdlog::warn("job {} relay rank {}: refused a link from rank {} of job {} epoch {}",
                  options_.job_id, options_.rank, open.rank(), open.job_id(), open.epoch());
     return ClosePeer(peer);
@@ -344,8 +485,8 @@ void RelayHub::FailLocked(const std::string& why, bool notify) {
   }
   // Fail() is the daemon's own end of relaying (its rank stopped or finished): no fault.
   spdlog::log(notify ? spdlog::level::warn : spdlog::level::info,
-              "job {} relay rank {}: relaying ends ({}); its host's {} other ranks negotiate on "
-              "their own sessions",
+              "job {} relay rank {}: relaying ends ({}); the {} other ranks it relayed for "
+              "negotiate on their own sessions",
               options_.job_id, options_.rank, why, peers.size());
   for (const auto& [rank, peer] : peers) {
     absl::MutexLock write_lock(&peer->write_mu);
@@ -471,20 +612,22 @@ void RelayLink::Run() {
   if ((*name)[0].empty()) {
     return Lose(absl::UnavailableError("could not be found: the relay could not listen"));
   }
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  socklen_t length;
-  sockaddr_un addr = AbstractAddress((*name)[0], &length);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0) {
-    const std::string why = std::strerror(errno);
-    if (fd >= 0) close(fd);
-    return Lose(absl::UnavailableError(absl::StrCat("could not be connected: ", why)));
-  }
+  absl::StatusOr<int> connected =
+      ConnectToRelay((*name)[0], std::max(give_up, absl::Now() + absl::Seconds(5)));
+  if (!connected.ok()) return Lose(connected.status());
+  const int fd = *connected;
   SetSendTimeout(fd, absl::Seconds(5));
   {
     absl::MutexLock lock(&mu_);
     fd_ = fd;
     if (closing_ || lost_) return;  // destroyed, or relaying ended (EndRelaying) meanwhile
   }
+  v1::RelayLinkChallenge challenge;
+  SetReceiveTimeout(fd, kHandshakeTimeout);
+  if (absl::Status s = ReadFrame(fd, &challenge); !s.ok()) {
+    return Lose(absl::UnavailableError(absl::StrCat("sent no challenge: ", s.message())));
+  }
+  SetReceiveTimeout(fd, absl::InfiniteDuration());
   absl::Status opened;
   {
     // Open, then what was queued meanwhile, in order, before any newer batch.
@@ -493,7 +636,9 @@ void RelayLink::Run() {
     open.mutable_open()->set_job_id(options_.job_id);
     open.mutable_open()->set_epoch(options_.epoch);
     open.mutable_open()->set_rank(options_.rank);
-    open.mutable_open()->set_token(options_.token);
+    open.mutable_open()->set_proof(HmacSha256Hex(
+        options_.token,
+        ProofText(options_.job_id, options_.epoch, options_.rank, challenge.nonce())));
     absl::Status s = WriteFrame(fd, open);
     std::deque<v1::RequestBatch> queued;
     {

@@ -13,8 +13,10 @@
 // which re-sends what the coordinator lacks and takes the rank's lists from then on.
 //
 // The link is a socket in the abstract namespace (nothing left behind; one network namespace, one
-// host), named under the rendezvous key relay/<relay rank>. A peer proves itself with the epoch's
-// rendezvous token and may speak only for a rank of the job on the relay's host.
+// host) when the relay serves its own host alone, else a TCP connection to the relay's data plane
+// address; either is named under the rendezvous key relay/<relay rank>. A peer proves that it holds
+// the epoch's rendezvous token (an HMAC of the relay's challenge: the token never travels) and may
+// speak only for a rank of the relay's group.
 #pragma once
 
 #include <atomic>
@@ -37,11 +39,14 @@
 
 namespace ringmaster {
 
-// Who relays for this daemon's rank: the job's ranks on its host (by RankInfo.host), the lowest of
-// them relaying. No relay (relay_rank -1) when the knob is off or the rank is alone on its host.
+// Who relays for this daemon's rank (common/relay_plan.h): the job's ranks on its host, or on its
+// group of negotiation_relay_hosts hosts (by RankInfo.host), the lowest of them relaying. No relay
+// (relay_rank -1) when the knob is off or the rank is alone in its group.
 struct RelayPlan {
   int32_t relay_rank = -1;
-  std::vector<int32_t> host_ranks;  // in rank order, the relay first
+  std::vector<int32_t> ranks;  // the group's, in rank order, the relay first
+  // The group has ranks on other hosts than the relay's: its links go over TCP.
+  bool spans_hosts = false;
   bool relays(int32_t rank) const { return relay_rank == rank; }
 };
 RelayPlan PlanRelay(const v1::JobAssignment& assignment);
@@ -58,6 +63,9 @@ class RelayHub {
     std::vector<int32_t> peers;  // the other ranks on the host
     std::string token;           // the epoch's rendezvous token
     std::shared_ptr<KeyValueStore> store;
+    // Empty: a socket in the abstract namespace, for peers on this host. Else a numeric address
+    // to listen on with TCP (port chosen by the kernel), for peers on other hosts too.
+    std::string tcp_address;
     // Writes a message on this daemon's session to the coordinator.
     std::function<absl::Status(const v1::WorkerMessage&)> send;
     // How long the first batch waits for the host's other ranks' (bounded to 0.1 ms..1 s).
@@ -86,6 +94,8 @@ class RelayHub {
   // broke, and when its rank stops.
   void Fail(const std::string& why);
 
+  // Where peers reach it, as the store names it: an abstract socket name, or "tcp:ADDRESS:PORT".
+  const std::string& name() const { return name_; }
   // Peers attached now, and request batches relayed so far (for tests and logs).
   int attached() const;
   int64_t relayed_batches() const;
@@ -118,7 +128,7 @@ class RelayHub {
   const Options options_;
   const absl::Duration linger_;
   int listen_fd_ = -1;
-  std::string name_;  // the socket's abstract name, without its leading NUL
+  std::string name_;  // what the store names: the abstract name (no NUL), or "tcp:ADDRESS:PORT"
   std::thread acceptor_;
   std::thread flusher_;
 

@@ -60,6 +60,7 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
   if (k.has_hierarchical_allreduce()) o.hierarchical_allreduce = k.hierarchical_allreduce();
   if (k.has_hierarchical_allgather()) o.hierarchical_allgather = k.hierarchical_allgather();
   o.negotiation_relay = k.negotiation_relay();
+  if (k.negotiation_relay_hosts() != 0) o.negotiation_relay_hosts = k.negotiation_relay_hosts();
   return absl::OkStatus();
 }
 
@@ -104,6 +105,7 @@ void ToProto(const JobSpec& in, v1::JobSpec* out) {
   o->set_hierarchical_allreduce(k.hierarchical_allreduce);
   o->set_hierarchical_allgather(k.hierarchical_allgather);
   o->set_negotiation_relay(k.negotiation_relay);
+  o->set_negotiation_relay_hosts(k.negotiation_relay_hosts);
 }
 
 v1::JobState ToProto(JobState state) { return static_cast<v1::JobState>(state); }

@@ -86,6 +86,7 @@ HOROVOD_KNOBS = {
     "HOROVOD_HIERARCHICAL_ALLREDUCE": ("hierarchical_allreduce", _flag),
     "HOROVOD_HIERARCHICAL_ALLGATHER": ("hierarchical_allgather", _flag),
     "RINGMASTER_NEGOTIATION_RELAY": ("negotiation_relay", _flag),
+    "RINGMASTER_NEGOTIATION_RELAY_HOSTS": ("negotiation_relay_hosts", int),
 }
 
 # mpirun options that only change what mpirun prints: nothing to map, so they are ignored (with a

@@ -171,12 +171,15 @@ class CoordinatorTest : public ::testing::Test {
   RecordingChannel& Channel(const std::string& worker_id) { return *channels_.at(worker_id); }
 
   // Workers w[0], w[1] on host-a and w[2], w[3] on host-b, and a job of 4 ranks, 2 per host,
-  // rank i on w[i]. Returns the job's id.
-  std::string TwoHostJob(std::vector<std::string>* w) {
+  // rank i on w[i], with a negotiation relay for every `relay_hosts` hosts. Returns the job's id.
+  std::string TwoHostJob(std::vector<std::string>* w, int relay_hosts = 1) {
     for (const char* host : {"host-a", "host-a", "host-b", "host-b"}) {
       w->push_back(Connect(host, "cpu"));
     }
-    const std::string id = coordinator_.RegisterJob(Spec(4, 2))->id;
+    JobSpec spec = Spec(4, 2);
+    spec.knobs.negotiation_relay = true;
+    spec.knobs.negotiation_relay_hosts = relay_hosts;
+    const std::string id = coordinator_.RegisterJob(spec)->id;
     const Job job = GetJob(id);
     for (int i = 0; i < 4; ++i) EXPECT_EQ(job.ranks[i].worker_id, (*w)[i]) << i;
     return id;
@@ -1267,12 +1270,18 @@ TEST_F(CoordinatorTest, ARelayCarriesItsHostsBatchesAndGetsOneListForThemUntilAR
   for (const std::string& w : {w0, w1, w2, w3}) EXPECT_THAT(Channel(w).deliveries, IsEmpty()) << w;
 
   // A relay may carry only its own host's ranks: another host's batch is refused, naming both
-  // hosts, and taken nowhere (rank 2's own batch 2 is still to come, and counts).
+  // hosts, and taken nowhere (rank 2's own batch 2 is still to come, and counts). Nor may a
+  // daemon of the host that is not its relay carry its host's ranks.
   absl::Status refused = coordinator_.SubmitRelayed(w0, Batches(id, {2}, 2, {Allreduce("x")}));
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(refused.message(),
-            absl::StrCat("relay ", w0, " on host host-a may not relay rank 2 of job ", id,
-                         ", whose worker is on host host-b"));
+            absl::StrCat("relay ", w0, " (rank 0, host host-a) may not relay rank 2 of job ", id,
+                         ", whose worker is on host host-b and relayed by rank 2"));
+  refused = coordinator_.SubmitRelayed(w1, Batches(id, {0}, 2, {Allreduce("x")}));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.message(),
+            absl::StrCat("relay ", w1, " (rank 1, host host-a) may not relay rank 0 of job ", id,
+                         ", whose worker is on host host-a and relayed by rank 0"));
   EXPECT_EQ(coordinator_.SubmitRelayed(w0, Batches("no-such-job", {0}, 2, {})).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(coordinator_.SubmitRelayed(w0, Batches(id, {7}, 2, {})).code(),
@@ -1305,6 +1314,32 @@ TEST_F(CoordinatorTest, ARelayCarriesItsHostsBatchesAndGetsOneListForThemUntilAR
   EXPECT_EQ(own.deliveries[0].rank, 1);
   EXPECT_EQ(own.deliveries[0].cycle.get(), Channel(w0).relayed[2].cycle.get());
   EXPECT_EQ(own.deliveries[0].cycle->seq, 3u);
+}
+
+TEST_F(CoordinatorTest, WithRelayHostsOneRelayCarriesItsGroupOfHostsAndGetsOneListForAll) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
+  std::vector<std::string> w;
+  const std::string id = TwoHostJob(&w, /*relay_hosts=*/2);
+  const std::string &w0 = w[0], &w2 = w[2];
+
+  // Host-b's own relay is not the group's: its batches are refused and taken nowhere.
+  absl::Status refused = coordinator_.SubmitRelayed(w2, Batches(id, {2, 3}, 1, {Allreduce("a")}));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.message(),
+            absl::StrCat("relay ", w2, " (rank 2, host host-b) may not relay rank 2 of job ", id,
+                         ", whose worker is on host host-b and relayed by rank 0"));
+  EXPECT_THAT(Channel(w2).relayed, IsEmpty());
+
+  // Rank 0 relays both hosts' ranks: one message in, one list out for the four.
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w0, Batches(id, {0, 1, 2, 3}, 1, {Allreduce("a")})).ok());
+  ASSERT_THAT(Channel(w0).relayed, SizeIs(1));
+  EXPECT_THAT(Channel(w0).relayed[0].ranks, ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(Describe(Channel(w0).relayed[0].cycle->output),
+              ElementsAre("allreduce [] ids [1] sizes [4]"));
+  for (const std::string& worker : w) {
+    EXPECT_THAT(Channel(worker).deliveries, IsEmpty()) << worker;
+  }
+  EXPECT_THAT(Channel(w2).relayed, IsEmpty());
 }
 
 TEST_F(CoordinatorTest, ARelaysSharedCacheIdsCountForTheRanksWhoseBatchesItTookAlone) {

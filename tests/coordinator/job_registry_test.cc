@@ -190,7 +190,11 @@ INSTANTIATE_TEST_SUITE_P(
         SpecCase{"StallCheck", [](JobSpec& s) { s.knobs.stall_check_seconds = 86401; },
                  "spec.knobs.stall_check_seconds = 86401 is out of bounds [0, 86400]"},
         SpecCase{"StallShutdown", [](JobSpec& s) { s.knobs.stall_shutdown_seconds = -1; },
-                 "spec.knobs.stall_shutdown_seconds = -1 is out of bounds [0, 86400]"}),
+                 "spec.knobs.stall_shutdown_seconds = -1 is out of bounds [0, 86400]"},
+        SpecCase{"RelayHostsZero", [](JobSpec& s) { s.knobs.negotiation_relay_hosts = 0; },
+                 "spec.knobs.negotiation_relay_hosts = 0 is out of bounds [1, 64]"},
+        SpecCase{"RelayHostsTooMany", [](JobSpec& s) { s.knobs.negotiation_relay_hosts = 65; },
+                 "spec.knobs.negotiation_relay_hosts = 65 is out of bounds [1, 64]"}),
     [](const ::testing::TestParamInfo<SpecCase>& info) { return info.param.label; });
 
 TEST(ValidateJobSpecTest, AcceptsTheBoundaries) {

@@ -160,10 +160,31 @@ def test_two_hosts_of_two_slots_pass_every_collectives_check_and_run_the_resnet5
     assert_collectives_passed(logs, 4)
     for host, (relay, peer) in {"host-a": (0, 1), "host-b": (2, 3)}.items():
         text = "".join(log.read_text() for log in c.workers[host])
-        assert f"job {job} rank {relay}: relays the negotiation of its host's 2 ranks" in text, \
+        assert f"job {job} rank {relay}: relays the negotiation of 2 ranks of its host" in text, \
             text[-3000:]
         assert f"job {job} relay rank {relay}: rank {peer} negotiates through this daemon" in text, \
             text[-3000:]
+
+    # One relay for both hosts (--negotiation-relay-hosts 2): rank 0's daemon listens on host-a's
+    # address, and host-b's ranks reach it over TCP across the bridge.
+    job = c.submit("--np", "4", "--processes-per-host", "2", "--negotiation-relay",
+                   "--negotiation-relay-hosts", "2", "--", str(BIN / "collectives_check"))
+    done = c.wait_state(job, TERMINAL, 180)
+    logs = c.cli("logs", job)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", f"{done.get('reason')}\n{logs}"
+    assert_collectives_passed(logs, 4)
+    text_a = "".join(log.read_text() for log in c.workers["host-a"])
+    text_b = "".join(log.read_text() for log in c.workers["host-b"])
+    assert re.search(rf"job {job} rank 0: relays the negotiation of 4 ranks of its hosts, at "
+                     rf"tcp:{re.escape(hosts[1].address)}:\d+", text_a), text_a[-3000:]
+    for peer in (1, 2, 3):
+        assert f"job {job} relay rank 0: rank {peer} negotiates through this daemon" in text_a, \
+            text_a[-3000:]
+    assert f"job {job} rank 2: relays" not in text_b, text_b[-3000:]
+    # The batches of the four ranks went in fewer messages than batches.
+    relayed = re.search(rf"job {job} relay rank 0: relayed (\d+) request batches of its ranks in "
+                        rf"(\d+) messages", text_a)
+    assert relayed and int(relayed[1]) > int(relayed[2]), text_a[-3000:]
 
     profile = REPO / "bench" / "profiles" / "resnet50.json"
     job = c.submit("--np", "4", "--processes-per-host", "2", "--", str(BIN / "ringmaster-bench"),

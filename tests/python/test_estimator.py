@@ -220,12 +220,13 @@ def test_the_sagemaker_distribution_form_maps_to_the_native_spec(tmp_path):
                               "-x HOROVOD_TIMELINE=/opt/ml/output/timeline.json "
                               "-x HOROVOD_AUTOTUNE=1 -x HOROVOD_HIERARCHICAL_ALLREDUCE=0 "
                               "-x HOROVOD_HIERARCHICAL_ALLGATHER=1 -x NCCL_DEBUG=INFO "
-                              "-x RINGMASTER_NEGOTIATION_RELAY=1"}})
+                              "-x RINGMASTER_NEGOTIATION_RELAY=1 "
+                              "-x RINGMASTER_NEGOTIATION_RELAY_HOSTS=4"}})
     native = Estimator(**common, environment={"NCCL_DEBUG": "INFO"}, distribution={
         "ringmaster": {"processes_per_host": 8, "fusion_threshold_bytes": 33554432,
                        "cycle_time_ms": 5.0, "timeline": "timeline.json", "autotune": True,
                        "hierarchical_allreduce": False, "hierarchical_allgather": True,
-                       "negotiation_relay": True}})
+                       "negotiation_relay": True, "negotiation_relay_hosts": 4}})
     a, b = sagemaker.job_spec({"train": "/d"}), native.job_spec({"train": "/d"})
     assert a == b
     assert (a.np, a.processes_per_host) == (16, 8)
@@ -233,7 +234,7 @@ def test_the_sagemaker_distribution_form_maps_to_the_native_spec(tmp_path):
     assert a.knobs.timeline == "timeline.json" and a.knobs.autotune
     assert a.knobs.HasField("hierarchical_allreduce") and not a.knobs.hierarchical_allreduce
     assert a.knobs.hierarchical_allgather
-    assert a.knobs.negotiation_relay
+    assert a.knobs.negotiation_relay and a.knobs.negotiation_relay_hosts == 4
     assert dict(a.env) == {"NCCL_DEBUG": "INFO", "RINGMASTER_CHANNEL_TRAIN": "/d",
                            "SM_CHANNEL_TRAIN": "/d", "SM_CHANNELS": '["train"]',
                            "SM_HPS": '{"epochs": 3}'}

@@ -3,11 +3,17 @@
 // be trusted or reached fall back; a failed hub lets its peers go.
 #include "worker/negotiation_relay.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/framing.h"
 #include "common/negotiation_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -100,7 +106,9 @@ struct Peer {
   }
 };
 
-class RelayTest : public ::testing::Test {
+// Each case runs over both links: the abstract Unix socket of a relay for its own host, and TCP
+// (on loopback) of a relay for a group of hosts.
+class RelayTest : public ::testing::TestWithParam<std::string> {
  protected:
   std::unique_ptr<RelayHub> StartHub(std::vector<int32_t> peers,
                                      absl::Duration linger = absl::Milliseconds(5)) {
@@ -117,6 +125,7 @@ class RelayTest : public ::testing::Test {
       return sent_.result;
     };
     o.linger = linger;
+    o.tcp_address = GetParam();
     absl::StatusOr<std::unique_ptr<RelayHub>> hub = RelayHub::Start(std::move(o));
     EXPECT_TRUE(hub.ok()) << hub.status();
     return hub.ok() ? *std::move(hub) : nullptr;
@@ -140,7 +149,7 @@ class RelayTest : public ::testing::Test {
   Sent sent_;
 };
 
-TEST_F(RelayTest, AHostsBatchesGoInOneMessageAndEachRankGetsItsOwnList) {
+TEST_P(RelayTest, AHostsBatchesGoInOneMessageAndEachRankGetsItsOwnList) {
   std::unique_ptr<RelayHub> hub = StartHub({1, 2}, absl::Seconds(5));
   Peer one, two;
   ASSERT_NO_FATAL_FAILURE(Attach(*hub, one, two));
@@ -197,7 +206,7 @@ std::vector<uint32_t> Ids(const google::protobuf::RepeatedField<uint32_t>& ids) 
   return {ids.begin(), ids.end()};
 }
 
-TEST_F(RelayTest, CacheIdsThatEveryBatchHoldsGoOnceForTheWholeLot) {
+TEST_P(RelayTest, CacheIdsThatEveryBatchHoldsGoOnceForTheWholeLot) {
   std::unique_ptr<RelayHub> hub = StartHub({1, 2}, absl::Seconds(5));
   Peer one, two;
   ASSERT_NO_FATAL_FAILURE(Attach(*hub, one, two));
@@ -255,7 +264,7 @@ TEST(ShareCachedIdsTest, OnlyIdsEveryBatchHoldsOnceAreShared) {
   EXPECT_THAT(Ids(none.batches(0).cached_ids()), ElementsAre(1));
 }
 
-TEST_F(RelayTest, ALotThatWaitsTheLingerGoesWithoutTheRanksThatSentNothing) {
+TEST_P(RelayTest, ALotThatWaitsTheLingerGoesWithoutTheRanksThatSentNothing) {
   std::unique_ptr<RelayHub> hub = StartHub({1, 2}, absl::Milliseconds(5));
   Peer one, two;
   ASSERT_NO_FATAL_FAILURE(Attach(*hub, one, two));
@@ -269,7 +278,7 @@ TEST_F(RelayTest, ALotThatWaitsTheLingerGoesWithoutTheRanksThatSentNothing) {
   EXPECT_THAT(sent_.Ranks(1), ElementsAre(2));
 }
 
-TEST_F(RelayTest, BatchesSentBeforeTheRelayIsFoundGoFirstInTheirOrder) {
+TEST_P(RelayTest, BatchesSentBeforeTheRelayIsFoundGoFirstInTheirOrder) {
   Peer one;
   one.Start(store_, 1, "secret");
   EXPECT_EQ(one.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kTaken);
@@ -280,7 +289,7 @@ TEST_F(RelayTest, BatchesSentBeforeTheRelayIsFoundGoFirstInTheirOrder) {
   EXPECT_THAT(sent_.AwaitBatches(3), ElementsAre(1, 2, 3));
 }
 
-TEST_F(RelayTest, ALinkWithoutTheEpochsTokenIsRefusedAndItsRankGoesDirect) {
+TEST_P(RelayTest, ALinkWithoutTheEpochsTokenIsRefusedAndItsRankGoesDirect) {
   std::unique_ptr<RelayHub> hub = StartHub({1});
   Peer intruder;
   intruder.Start(store_, 1, "guess");
@@ -293,7 +302,7 @@ TEST_F(RelayTest, ALinkWithoutTheEpochsTokenIsRefusedAndItsRankGoesDirect) {
   EXPECT_EQ(intruder.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kDirect);
 }
 
-TEST_F(RelayTest, RefusedConnectionsGiveTheirSlotsBackSoTheRealPeerStillGetsIn) {
+TEST_P(RelayTest, RefusedConnectionsGiveTheirSlotsBackSoTheRealPeerStillGetsIn) {
   std::unique_ptr<RelayHub> hub = StartHub({1});
   // Twice as many refused links as the hub has slots (its host's ranks and 8 more).
   for (int i = 0; i < 20; ++i) {
@@ -307,7 +316,7 @@ TEST_F(RelayTest, RefusedConnectionsGiveTheirSlotsBackSoTheRealPeerStillGetsIn) 
   EXPECT_FALSE(one.lost.HasBeenNotified());
 }
 
-TEST_F(RelayTest, ARankThatIsNotOnTheRelaysHostIsRefused) {
+TEST_P(RelayTest, ARankThatIsNotOnTheRelaysHostIsRefused) {
   std::unique_ptr<RelayHub> hub = StartHub({1});
   Peer other;
   other.Start(store_, 3, "secret");  // rank 3 is not among the hub's peers
@@ -315,7 +324,7 @@ TEST_F(RelayTest, ARankThatIsNotOnTheRelaysHostIsRefused) {
   EXPECT_EQ(hub->attached(), 0);
 }
 
-TEST_F(RelayTest, ARelayThatIsNeverNamedIsGivenUpOnAtTheFindTimeout) {
+TEST_P(RelayTest, ARelayThatIsNeverNamedIsGivenUpOnAtTheFindTimeout) {
   Peer one;
   const absl::Time start = absl::Now();
   one.Start(store_, 1, "secret", absl::Milliseconds(300));
@@ -325,7 +334,7 @@ TEST_F(RelayTest, ARelayThatIsNeverNamedIsGivenUpOnAtTheFindTimeout) {
   EXPECT_THAT(one.why, HasSubstr("could not be found"));
 }
 
-TEST_F(RelayTest, AFailedHubLetsEveryPeerGoAndTakesNothingMore) {
+TEST_P(RelayTest, AFailedHubLetsEveryPeerGoAndTakesNothingMore) {
   std::unique_ptr<RelayHub> hub = StartHub({1, 2});
   Peer one, two;
   ASSERT_NO_FATAL_FAILURE(Attach(*hub, one, two));
@@ -336,7 +345,7 @@ TEST_F(RelayTest, AFailedHubLetsEveryPeerGoAndTakesNothingMore) {
   EXPECT_EQ(hub->attached(), 0);
 }
 
-TEST_F(RelayTest, AFailedSendFailsTheHub) {
+TEST_P(RelayTest, AFailedSendFailsTheHub) {
   sent_.result = absl::UnavailableError("not connected to the coordinator");
   std::unique_ptr<RelayHub> hub = StartHub({1});
   Peer one;
@@ -346,6 +355,50 @@ TEST_F(RelayTest, AFailedSendFailsTheHub) {
   EXPECT_EQ(one.link->Send(Batch(1, 1, "a")), RelayLink::Sent::kTaken);
   ASSERT_TRUE(one.lost.WaitForNotificationWithTimeout(kWait));
   EXPECT_FALSE(hub->Submit(Batch(0, 2, "b")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Links, RelayTest, ::testing::Values("", "127.0.0.1"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param.empty() ? "Unix" : "Tcp";
+                         });
+
+TEST_P(RelayTest, TheRelayIsNamedForItsLinkAndChallengesEachConnectionAnew) {
+  std::unique_ptr<RelayHub> hub = StartHub({1});
+  absl::StatusOr<std::vector<std::string>> name = store_->Wait({RelayKey(0)}, kWait);
+  ASSERT_TRUE(name.ok()) << name.status();
+  EXPECT_EQ((*name)[0], hub->name());
+  if (GetParam().empty()) {
+    EXPECT_THAT(hub->name(), ::testing::StartsWith("ringmaster-relay-job-1-1-0-"));
+    return;
+  }
+  ASSERT_THAT(hub->name(), ::testing::StartsWith("tcp:127.0.0.1:"));
+  const int port = std::stoi(hub->name().substr(std::string("tcp:127.0.0.1:").size()));
+  // Two raw connections: each is sent a fresh 64-hex-digit nonce first, before it says anything.
+  std::vector<std::string> nonces;
+  for (int i = 0; i < 2; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    v1::RelayLinkChallenge challenge;
+    ASSERT_TRUE(ReadFrame(fd, &challenge).ok());
+    EXPECT_THAT(challenge.nonce(), ::testing::MatchesRegex("[0-9a-f]{64}"));
+    nonces.push_back(challenge.nonce());
+    // The old form (the token itself) opens nothing.
+    v1::RelayLinkMessage open;
+    open.mutable_open()->set_job_id("job-1");
+    open.mutable_open()->set_epoch(1);
+    open.mutable_open()->set_rank(1);
+    open.mutable_open()->set_proof("secret");
+    ASSERT_TRUE(WriteFrame(fd, open).ok());
+    v1::ResponseList list;
+    EXPECT_FALSE(ReadFrame(fd, &list).ok());  // closed
+    close(fd);
+  }
+  EXPECT_NE(nonces[0], nonces[1]);
+  EXPECT_EQ(hub->attached(), 0);
 }
 
 TEST(RelayPlanTest, TheLowestRankOnEachHostRelaysWhenTheKnobIsOn) {
@@ -359,12 +412,36 @@ TEST(RelayPlanTest, TheLowestRankOnEachHostRelaysWhenTheKnobIsOn) {
   a.set_rank(3);
   RelayPlan plan = PlanRelay(a);
   EXPECT_EQ(plan.relay_rank, 1);
-  EXPECT_THAT(plan.host_ranks, ElementsAre(1, 3));
+  EXPECT_THAT(plan.ranks, ElementsAre(1, 3));
+  EXPECT_FALSE(plan.spans_hosts);
   a.set_rank(4);  // alone on its host
   EXPECT_EQ(PlanRelay(a).relay_rank, -1);
   a.set_rank(2);
   a.mutable_job()->mutable_spec()->mutable_knobs()->set_negotiation_relay(false);
   EXPECT_EQ(PlanRelay(a).relay_rank, -1);
+}
+
+TEST(RelayPlanTest, WithRelayHostsAGroupOfHostsSharesTheRelayOfItsLowestRank) {
+  v1::JobAssignment a;
+  a.mutable_job()->mutable_spec()->mutable_knobs()->set_negotiation_relay(true);
+  a.mutable_job()->mutable_spec()->mutable_knobs()->set_negotiation_relay_hosts(2);
+  // Hosts a, b, c with ranks a: 0 2, b: 1 3, c: 4 5.
+  const char* hosts[] = {"a", "b", "a", "b", "c", "c"};
+  for (int r = 0; r < 6; ++r) {
+    v1::RankInfo* info = a.mutable_job()->add_ranks();
+    info->set_rank(r);
+    info->set_host(hosts[r]);
+  }
+  a.set_rank(3);
+  RelayPlan plan = PlanRelay(a);
+  EXPECT_EQ(plan.relay_rank, 0);
+  EXPECT_THAT(plan.ranks, ElementsAre(0, 1, 2, 3));
+  EXPECT_TRUE(plan.spans_hosts);
+  a.set_rank(5);  // host c is a group of its own
+  plan = PlanRelay(a);
+  EXPECT_EQ(plan.relay_rank, 4);
+  EXPECT_THAT(plan.ranks, ElementsAre(4, 5));
+  EXPECT_FALSE(plan.spans_hosts);
 }
 
 }  // namespace

@@ -149,14 +149,14 @@ def test_through_a_negotiation_relay_every_collective_is_exact_with_a_message_pe
                          logs, re.M), logs
     cluster.close()  # the daemons log what they relayed as the job's rank goes
     worker_logs = "".join((cluster.tmp / f"worker{i}.log").read_text() for i in range(4))
-    relays = re.findall(rf"job {job} rank (\d): relays the negotiation of its host's 2 ranks",
+    relays = re.findall(rf"job {job} rank (\d): relays the negotiation of 2 ranks of its host",
                         worker_logs)
     assert sorted(relays) == ["0", "2"], worker_logs[-3000:]
     peers = re.findall(rf"job {job} relay rank \d: rank (\d) negotiates through this daemon",
                        worker_logs)
     assert sorted(peers) == ["1", "3"], worker_logs[-3000:]
     # Messages carried both ranks' batches (those that came within a cycle time of each other).
-    relayed = re.findall(rf"job {job} relay rank \d: relayed (\d+) request batches of its host's "
+    relayed = re.findall(rf"job {job} relay rank \d: relayed (\d+) request batches of its "
                          r"ranks in (\d+) messages", worker_logs)
     assert len(relayed) == 2, worker_logs[-3000:]
     for batches, messages in relayed:
