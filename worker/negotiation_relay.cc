@@ -56,10 +56,20 @@ void SetReceiveTimeout(int fd, absl::Duration d) {
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 }
 
-// Batches and lists are small and answered at once: no Nagle delay on a TCP link.
-void SetNoDelay(int fd) {
+// A TCP link between hosts: batches and lists are small and answered at once, so no Nagle delay;
+// and a peer host gone silent (its link down, with no FIN) ends the link within about 5 s, as
+// keepalive probes or unacknowledged data time out, so its ranks resume on their own sessions
+// rather than wait on a relay that cannot hear them.
+void TuneTcp(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  int idle = 2, interval = 1, count = 3;
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  unsigned int user_timeout_ms = 5000;
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
 }
 
 // What a peer's proof is an HMAC of (RelayLinkOpen.proof).
@@ -138,7 +148,7 @@ absl::StatusOr<int> ConnectToRelay(const std::string& name, absl::Time deadline)
     return absl::UnavailableError(absl::StrCat("could not be connected at ", name, ": ", why));
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  SetNoDelay(fd);
+  TuneTcp(fd);
   return fd;
 }
 
@@ -266,7 +276,7 @@ void RelayHub::AcceptLoop() {
       peer->fd = fd;
     }
     SetSendTimeout(fd, absl::Seconds(5));
-    if (!options_.tcp_address.empty()) SetNoDelay(fd);
+    if (!options_.tcp_address.empty()) TuneTcp(fd);
     // Connections whose readers returned (refused, or closed) give their slots back.
     std::vector<std::shared_ptr<Peer>> finished;
     {

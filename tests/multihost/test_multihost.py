@@ -199,7 +199,9 @@ def test_two_hosts_of_two_slots_pass_every_collectives_check_and_run_the_resnet5
     assert systems["ringmaster"]["np"] == 4 and systems["ringmaster"]["step_time_s_median"] > 0, logs
 
 
-@pytest.mark.parametrize("flags", [("--no-hierarchical-allreduce",), ()], ids=["flat", "hierarchical"])
+@pytest.mark.parametrize("flags", [("--no-hierarchical-allreduce",), (),
+                                   ("--negotiation-relay", "--negotiation-relay-hosts", "2")],
+                         ids=["flat", "hierarchical", "one-relay-for-both-hosts"])
 def test_a_host_whose_link_goes_down_fails_the_job_within_10_s_naming_it_and_the_rest_go_on(
         hosts, tmp_path, flags):
     c = Cluster(hosts, tmp_path)
