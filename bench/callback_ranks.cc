@@ -241,8 +241,10 @@ absl::Status CallbackRanks::WaitAssignments(absl::Duration timeout) {
   }
   if (!relay_) return absl::OkStatus();
   // The job's relays, as its worker daemons would work them out.
-  const std::vector<std::string_view> hosts(host_names.begin(), host_names.end());
-  const std::vector<int32_t> relay_of = PlanRelays(hosts, relay_hosts_);
+  // Registered without authentication: one (empty) identity.
+  std::vector<RelayMember> members;
+  for (const std::string& host : host_names) members.push_back({host, ""});
+  const std::vector<int32_t> relay_of = PlanRelays(members, relay_hosts_);
   std::map<int32_t, std::vector<int>> groups;
   direct_.clear();
   for (int rank = 0; rank < static_cast<int>(relay_of.size()); ++rank) {

@@ -1,13 +1,16 @@
 #include "common/framing.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "google/protobuf/message_lite.h"
 
 namespace ringmaster {
@@ -41,7 +44,46 @@ absl::Status ReadAll(int fd, char* data, size_t n, bool* eof) {
   return absl::OkStatus();
 }
 
+// ReadAll, each read waited for until `deadline` at most.
+absl::Status ReadAllBy(int fd, char* data, size_t n, absl::Time deadline) {
+  size_t got = 0;
+  while (got < n) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError("the peer sent its frame too slowly");
+    }
+    const int64_t ms = absl::ToInt64Milliseconds(left + absl::Microseconds(999));  // rounded up
+    pollfd p{fd, POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 60'000)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return absl::UnavailableError(absl::StrCat("poll: ", std::strerror(errno)));
+    if (ready == 0) continue;  // the deadline is checked above
+    ssize_t r = read(fd, data + got, n - got);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r < 0) return absl::UnavailableError(absl::StrCat("read: ", std::strerror(errno)));
+    if (r == 0) return absl::UnavailableError("connection closed");
+    got += static_cast<size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status ReadFrameBy(int fd, google::protobuf::MessageLite* message, uint32_t max_bytes,
+                         absl::Time deadline) {
+  unsigned char header[4];
+  if (absl::Status s = ReadAllBy(fd, reinterpret_cast<char*>(header), 4, deadline); !s.ok()) {
+    return s;
+  }
+  const uint32_t n = header[0] | header[1] << 8 | header[2] << 16 | uint32_t{header[3]} << 24;
+  if (n > max_bytes) {
+    return absl::DataLossError(absl::StrCat("frame of ", n, " bytes exceeds ", max_bytes));
+  }
+  std::string body(n, '\0');
+  if (absl::Status s = ReadAllBy(fd, body.data(), n, deadline); !s.ok()) return s;
+  if (!message->ParseFromString(body)) return absl::DataLossError("malformed frame");
+  return absl::OkStatus();
+}
 
 absl::Status WriteFrame(int fd, const google::protobuf::MessageLite& message) {
   std::string buffer(4, '\0');

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace google::protobuf {
 class MessageLite;
@@ -16,6 +17,12 @@ inline constexpr uint32_t kMaxFrameBytes = 64 << 20;
 absl::Status WriteFrame(int fd, const google::protobuf::MessageLite& message);
 // UNAVAILABLE (with "closed" in the message) at end of stream; DATA_LOSS for a malformed frame.
 absl::Status ReadFrame(int fd, google::protobuf::MessageLite* message);
+
+// ReadFrame from a peer not yet trusted: a frame of at most `max_bytes` (DATA_LOSS past it, before
+// anything is allocated), read whole by `deadline` (DEADLINE_EXCEEDED then, however slowly its
+// bytes trickle in).
+absl::Status ReadFrameBy(int fd, google::protobuf::MessageLite* message, uint32_t max_bytes,
+                         absl::Time deadline);
 
 // Passes a file descriptor over a Unix socket (SCM_RIGHTS) with a one-byte message.
 absl::Status SendFd(int socket, int fd);

@@ -40,8 +40,11 @@ std::string Sha256Hex(absl::string_view data) {
 std::string HmacSha256Hex(absl::string_view key, absl::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int size = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest, &size);
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest,
+           &size) == nullptr) {
+    return "";  // matches no proof: callers refuse an empty one
+  }
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), size));
 }
 

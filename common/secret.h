@@ -14,7 +14,7 @@ std::string RandomSecret();
 // SHA-256 of `data`, as 64 lowercase hex digits.
 std::string Sha256Hex(absl::string_view data);
 
-// HMAC-SHA256 of `data` keyed with `key`, as 64 lowercase hex digits.
+// HMAC-SHA256 of `data` keyed with `key`, as 64 lowercase hex digits ("" if OpenSSL fails).
 std::string HmacSha256Hex(absl::string_view key, absl::string_view data);
 
 // Whether `a` equals `b`, in time that depends on their lengths only (not on where they differ).

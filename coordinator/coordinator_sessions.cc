@@ -232,12 +232,9 @@ absl::Status Coordinator::SubmitRelayed(const std::string& relay_id,
   // A relay carries the ranks of the one job it serves a rank of.
   const std::shared_ptr<JobRuntime> runtime =
       relay->job_id.empty() ? nullptr : RuntimeOf(relay->job_id);
-  // The relay's rank in this epoch, -1 when it holds none.
-  const int32_t relay_rank = runtime != nullptr && relay->rank >= 0 &&
-                                     relay->rank < static_cast<int32_t>(runtime->ranks().size()) &&
-                                     runtime->ranks()[relay->rank].worker_id == relay_id
-                                 ? relay->rank
-                                 : -1;
+  // The relay's rank in the runtime's epoch (not the registry's: an elastic reset renumbers the
+  // workers before the old epoch's runtime goes), -1 when it holds none.
+  const int32_t relay_rank = runtime == nullptr ? -1 : runtime->RankOfWorker(relay_id);
   std::vector<RequestBatch> carried;
   std::vector<std::string> worker_ids;  // of `carried`, by index
   for (RequestBatch& batch : batches) {

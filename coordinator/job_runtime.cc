@@ -35,10 +35,16 @@ bool Fixed(const Knobs& k, absl::string_view knob) {
 }
 
 std::vector<int32_t> RelayOfRanks(const Job& job) {
-  std::vector<std::string_view> hosts;
-  hosts.reserve(job.ranks.size());
-  for (const RankInfo& r : job.ranks) hosts.push_back(r.host);
-  return PlanRelays(hosts, job.spec.knobs.negotiation_relay_hosts);
+  std::vector<RelayMember> ranks;
+  ranks.reserve(job.ranks.size());
+  for (const RankInfo& r : job.ranks) ranks.push_back({r.host, r.worker_identity});
+  return PlanRelays(ranks, job.spec.knobs.negotiation_relay_hosts);
+}
+
+absl::flat_hash_map<std::string, int32_t> RankOfWorkers(const Job& job) {
+  absl::flat_hash_map<std::string, int32_t> out;
+  for (const RankInfo& r : job.ranks) out.emplace(r.worker_id, r.rank);
+  return out;
 }
 
 // Autotune turns a disabled cache on with Horovod's default capacity.
@@ -51,6 +57,7 @@ JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics, Executor& io)
       epoch_(job.epoch),
       ranks_(job.ranks),
       relay_of_(RelayOfRanks(job)),
+      rank_of_worker_(RankOfWorkers(job)),
       io_(io),
       cycles_(&metrics.GetCounter("ringmaster_negotiation_cycles_total",
                                   "Negotiation cycles that produced responses.",

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -62,6 +63,11 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   // The rank that may relay `rank`'s negotiation (common/relay_plan.h, with the job's
   // negotiation_relay_hosts), -1 for none. REQUIRES: 0 <= rank < ranks().size().
   int32_t RelayOf(int32_t rank) const { return relay_of_[rank]; }
+  // The rank worker `worker_id` serves in this epoch, -1 for none.
+  int32_t RankOfWorker(const std::string& worker_id) const {
+    auto it = rank_of_worker_.find(worker_id);
+    return it == rank_of_worker_.end() ? -1 : it->second;
+  }
 
   // One rank's request batch (see Negotiator::Submit). The reliable session: a numbered batch
   // (`seq` > 0) the runtime already has is dropped (false), one re-sent after a reconnect;
@@ -180,7 +186,8 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   const std::string job_id_;
   const int64_t epoch_;
   const std::vector<RankInfo> ranks_;
-  const std::vector<int32_t> relay_of_;  // by rank
+  const std::vector<int32_t> relay_of_;                             // by rank
+  const absl::flat_hash_map<std::string, int32_t> rank_of_worker_;  // by worker id
   Executor& io_;
   std::unique_ptr<Negotiator> negotiator_;
   // The job's series (owned by the registry).

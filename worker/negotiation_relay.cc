@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -48,13 +49,14 @@ void SetSendTimeout(int fd, absl::Duration d) {
 // At most this many batches wait in a link before it is connected, or in the hub.
 constexpr size_t kMaxWaiting = 4096;
 
-// How long each side waits for the other's first frame (the challenge, the open).
+// How long each side waits for the other's first frame (the challenge, the open), and a link for
+// its TCP connect to the relay.
 constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+constexpr absl::Duration kConnectTimeout = absl::Seconds(5);
 
-void SetReceiveTimeout(int fd, absl::Duration d) {
-  timeval tv = d == absl::InfiniteDuration() ? timeval{} : absl::ToTimeval(d);
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-}
+// The handshake's frames (a challenge, an open) are small: a peer not yet trusted makes the relay
+// hold no more than this.
+constexpr uint32_t kMaxHandshakeBytes = 4096;
 
 // A TCP link between hosts: batches and lists are small and answered at once, so no Nagle delay;
 // and a peer host gone silent (its link down, with no FIN) ends the link within about 5 s, as
@@ -99,8 +101,10 @@ bool TcpAddress(const std::string& host, uint16_t port, sockaddr_storage* out, s
 }
 
 // Connects to what a relay named: "tcp:ADDRESS:PORT" ("tcp:[V6]:PORT"), else an abstract Unix
-// name; a TCP connect gives up at `deadline`. The connected socket, or why not.
-absl::StatusOr<int> ConnectToRelay(const std::string& name, absl::Time deadline) {
+// name; a TCP connect gives up at `deadline`, or as soon as `cancelled` says so (asked every
+// 100 ms). The connected socket, or why not.
+absl::StatusOr<int> ConnectToRelay(const std::string& name, absl::Time deadline,
+                                   const std::function<bool()>& cancelled) {
   absl::string_view rest = name;
   if (!absl::ConsumePrefix(&rest, "tcp:")) {
     const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -131,14 +135,18 @@ absl::StatusOr<int> ConnectToRelay(const std::string& name, absl::Time deadline)
   int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), length);
   if (rc != 0 && errno == EINPROGRESS) {
     // A host that does not answer is given up at the deadline, not after the kernel's retries.
-    pollfd p{fd, POLLOUT, 0};
-    const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
-    rc = poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 60'000)));
-    int error = 0;
-    socklen_t size = sizeof(error);
-    if (rc == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size);
-    if (rc == 0) error = ETIMEDOUT;
-    if (rc < 0) error = errno;
+    int error = ETIMEDOUT;
+    while (absl::Now() < deadline && !cancelled()) {
+      pollfd p{fd, POLLOUT, 0};
+      const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      const int ready = poll(&p, 1, static_cast<int>(std::clamp<int64_t>(ms, 0, 100)));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) continue;
+      error = errno;
+      socklen_t size = sizeof(error);
+      if (ready == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size);
+      break;
+    }
     rc = error == 0 ? 0 : -1;
     errno = error;
   }
@@ -161,18 +169,21 @@ RelayPlan PlanRelay(const v1::JobAssignment& assignment) {
   const int32_t rank = assignment.rank();
   if (rank < 0 || rank >= job.ranks_size()) return plan;
   const int32_t n = job.ranks_size();
-  std::vector<std::string_view> hosts(n);
-  for (const v1::RankInfo& r : job.ranks()) {
-    if (r.rank() >= 0 && r.rank() < n) hosts[r.rank()] = r.host();
+  std::vector<RelayMember> members(n);
+  for (int32_t r = 0; r < n; ++r) {
+    // The coordinator plans on its ranks by index; an assignment that lists them otherwise (not
+    // one it sends) gets no relay rather than a plan of its own.
+    if (job.ranks(r).rank() != r) return plan;
+    members[r] = {job.ranks(r).host(), job.ranks(r).worker_identity()};
   }
   const std::vector<int32_t> relays =
-      PlanRelays(hosts, job.spec().knobs().negotiation_relay_hosts());
+      PlanRelays(members, job.spec().knobs().negotiation_relay_hosts());
   plan.relay_rank = relays[rank];
   if (plan.relay_rank < 0) return plan;
   for (int32_t r = 0; r < n; ++r) {
     if (relays[r] != plan.relay_rank) continue;
     plan.ranks.push_back(r);
-    plan.spans_hosts = plan.spans_hosts || hosts[r] != hosts[plan.relay_rank];
+    plan.spans_hosts = plan.spans_hosts || members[r].host != members[plan.relay_rank].host;
   }
   return plan;
 }
@@ -199,7 +210,7 @@ absl::StatusOr<std::unique_ptr<RelayHub>> RelayHub::Start(Options options) {
     socklen_t length;
     sockaddr_un addr = AbstractAddress(hub->name_, &length);
     if (bind(hub->listen_fd_, reinterpret_cast<sockaddr*>(&addr), length) != 0 ||
-        listen(hub->listen_fd_, 64) != 0) {
+        listen(hub->listen_fd_, SOMAXCONN) != 0) {
       return absl::UnavailableError(absl::StrCat("relay socket: ", std::strerror(errno)));
     }
   } else {
@@ -212,7 +223,7 @@ absl::StatusOr<std::unique_ptr<RelayHub>> RelayHub::Start(Options options) {
     hub->listen_fd_ = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (hub->listen_fd_ < 0 ||
         bind(hub->listen_fd_, reinterpret_cast<sockaddr*>(&addr), length) != 0 ||
-        listen(hub->listen_fd_, 128) != 0 ||
+        listen(hub->listen_fd_, SOMAXCONN) != 0 ||
         getsockname(hub->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
       return absl::UnavailableError(
           absl::StrCat("relay socket on ", tcp, ": ", std::strerror(errno)));
@@ -320,16 +331,17 @@ void RelayHub::ReadLoop(std::shared_ptr<Peer> peer) {
   }
   v1::RelayLinkMessage m;
   // A connection that does not open its link within 10 s is closed (it holds a slot).
-  SetReceiveTimeout(peer->fd, kHandshakeTimeout);
-  if (!ReadFrame(peer->fd, &m).ok()) return ClosePeer(peer);
-  SetReceiveTimeout(peer->fd, absl::InfiniteDuration());
+  if (!ReadFrameBy(peer->fd, &m, kMaxHandshakeBytes, absl::Now() + kHandshakeTimeout).ok()) {
+    return ClosePeer(peer);
+  }
   const v1::RelayLinkOpen& open = m.open();
   const bool a_peer =
       std::find(options_.peers.begin(), options_.peers.end(), open.rank()) != options_.peers.end();
   const std::string proof = HmacSha256Hex(
       options_.token, ProofText(open.job_id(), open.epoch(), open.rank(), challenge.nonce()));
   if (m.kind_case() != v1::RelayLinkMessage::kOpen || open.job_id() != options_.job_id ||
-      open.epoch() != options_.epoch || !ConstantTimeEquals(open.proof(), proof) || !a_peer) {
+      open.epoch() != options_.epoch || proof.empty() || !ConstantTimeEquals(open.proof(), proof) ||
+      !a_peer) {
     spdlog::warn("job {} relay rank {}: refused a link from rank {} of job {} epoch {}",
                  options_.job_id, options_.rank, open.rank(), open.job_id(), open.epoch());
     return ClosePeer(peer);
@@ -622,8 +634,10 @@ void RelayLink::Run() {
   if ((*name)[0].empty()) {
     return Lose(absl::UnavailableError("could not be found: the relay could not listen"));
   }
-  absl::StatusOr<int> connected =
-      ConnectToRelay((*name)[0], std::max(give_up, absl::Now() + absl::Seconds(5)));
+  absl::StatusOr<int> connected = ConnectToRelay((*name)[0], absl::Now() + kConnectTimeout, [this] {
+    absl::MutexLock lock(&mu_);
+    return closing_ || lost_;
+  });
   if (!connected.ok()) return Lose(connected.status());
   const int fd = *connected;
   SetSendTimeout(fd, absl::Seconds(5));
@@ -633,11 +647,11 @@ void RelayLink::Run() {
     if (closing_ || lost_) return;  // destroyed, or relaying ended (EndRelaying) meanwhile
   }
   v1::RelayLinkChallenge challenge;
-  SetReceiveTimeout(fd, kHandshakeTimeout);
-  if (absl::Status s = ReadFrame(fd, &challenge); !s.ok()) {
+  if (absl::Status s =
+          ReadFrameBy(fd, &challenge, kMaxHandshakeBytes, absl::Now() + kHandshakeTimeout);
+      !s.ok()) {
     return Lose(absl::UnavailableError(absl::StrCat("sent no challenge: ", s.message())));
   }
-  SetReceiveTimeout(fd, absl::InfiniteDuration());
   absl::Status opened;
   {
     // Open, then what was queued meanwhile, in order, before any newer batch.

@@ -159,8 +159,9 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   // Registers a worker and opens its session with a recording channel; returns its id.
-  std::string Connect(const std::string& host, const std::string& device) {
-    absl::StatusOr<Worker> w = coordinator_.RegisterWorker(host, device, {});
+  std::string Connect(const std::string& host, const std::string& device,
+                      const std::string& identity = "") {
+    absl::StatusOr<Worker> w = coordinator_.RegisterWorker(host, device, {}, 0, "", identity);
     EXPECT_TRUE(w.ok()) << w.status();
     if (!w.ok()) return "";
     channels_[w->id] = std::make_unique<RecordingChannel>();
@@ -171,10 +172,12 @@ class CoordinatorTest : public ::testing::Test {
   RecordingChannel& Channel(const std::string& worker_id) { return *channels_.at(worker_id); }
 
   // Workers w[0], w[1] on host-a and w[2], w[3] on host-b, and a job of 4 ranks, 2 per host,
-  // rank i on w[i], with a negotiation relay for every `relay_hosts` hosts. Returns the job's id.
-  std::string TwoHostJob(std::vector<std::string>* w, int relay_hosts = 1) {
+  // rank i on w[i], with a negotiation relay for every `relay_hosts` hosts. Host-b's workers
+  // register as `identity_b` (host-a's as "node"). Returns the job's id.
+  std::string TwoHostJob(std::vector<std::string>* w, int relay_hosts = 1,
+                         const std::string& identity_b = "node") {
     for (const char* host : {"host-a", "host-a", "host-b", "host-b"}) {
-      w->push_back(Connect(host, "cpu"));
+      w->push_back(Connect(host, "cpu", host == std::string("host-a") ? "node" : identity_b));
     }
     JobSpec spec = Spec(4, 2);
     spec.knobs.negotiation_relay = true;
@@ -1340,6 +1343,24 @@ TEST_F(CoordinatorTest, WithRelayHostsOneRelayCarriesItsGroupOfHostsAndGetsOneLi
     EXPECT_THAT(Channel(worker).deliveries, IsEmpty()) << worker;
   }
   EXPECT_THAT(Channel(w2).relayed, IsEmpty());
+}
+
+TEST_F(CoordinatorTest, HostsOfAnotherIdentityAreRelayedByTheirOwnRelayWhateverTheRelayHosts) {
+  std::vector<std::string> w;
+  const std::string id = TwoHostJob(&w, /*relay_hosts=*/2, /*identity_b=*/"node-b");
+  const std::string &w0 = w[0], &w2 = w[2];
+  // A certificate per host: host-b's ranks are a group of their own, relayed by rank 2.
+  absl::Status refused = coordinator_.SubmitRelayed(w0, Batches(id, {2}, 1, {Allreduce("a")}));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.message(),
+            absl::StrCat("relay ", w0, " (rank 0, host host-a) may not relay rank 2 of job ", id,
+                         ", whose worker is on host host-b under another identity"));
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w0, Batches(id, {0, 1}, 1, {Allreduce("a")})).ok());
+  ASSERT_TRUE(coordinator_.SubmitRelayed(w2, Batches(id, {2, 3}, 1, {Allreduce("a")})).ok());
+  ASSERT_THAT(Channel(w0).relayed, SizeIs(1));
+  ASSERT_THAT(Channel(w2).relayed, SizeIs(1));
+  EXPECT_THAT(Channel(w0).relayed[0].ranks, ElementsAre(0, 1));
+  EXPECT_THAT(Channel(w2).relayed[0].ranks, ElementsAre(2, 3));
 }
 
 TEST_F(CoordinatorTest, ARelaysSharedCacheIdsCountForTheRanksWhoseBatchesItTookAlone) {

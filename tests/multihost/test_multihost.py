@@ -207,6 +207,11 @@ def test_a_host_whose_link_goes_down_fails_the_job_within_10_s_naming_it_and_the
     c = Cluster(hosts, tmp_path)
     job = c.submit("--np", "4", "--processes-per-host", "2", *flags, "--", str(BIN / "train_loop"))
     wait_for(lambda: re.search(r"^\[3\] step 20$", c.cli("logs", job), re.M), 60, "training")
+    if "--negotiation-relay" in flags:  # host-b's ranks negotiate through rank 0, on host-a
+        text = "".join(log.read_text() for log in c.workers["host-a"])
+        for peer in (2, 3):
+            assert f"job {job} relay rank 0: rank {peer} negotiates through this daemon" in text, \
+                text[-3000:]
     hosts[2].unplug()  # host-b's port on the switch
     down = time.monotonic()
     done = c.wait_state(job, TERMINAL, 60)

@@ -11,10 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/framing.h"
 #include "common/negotiation_wire.h"
+#include "common/secret.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -110,6 +112,18 @@ struct Peer {
 // (on loopback) of a relay for a group of hosts.
 class RelayTest : public ::testing::TestWithParam<std::string> {
  protected:
+  void SetUp() override {
+    if (GetParam() != "::1") return;
+    // IPv6 may be off (a container without it): the case is skipped then.
+    const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in6 addr{};
+    addr.sin6_family = AF_INET6;
+    addr.sin6_addr = in6addr_loopback;
+    const bool v6 = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (fd >= 0) close(fd);
+    if (!v6) GTEST_SKIP() << "no IPv6 loopback here";
+  }
+
   std::unique_ptr<RelayHub> StartHub(std::vector<int32_t> peers,
                                      absl::Duration linger = absl::Milliseconds(5)) {
     RelayHub::Options o;
@@ -357,13 +371,37 @@ TEST_P(RelayTest, AFailedSendFailsTheHub) {
   EXPECT_FALSE(hub->Submit(Batch(0, 2, "b")));
 }
 
-INSTANTIATE_TEST_SUITE_P(Links, RelayTest, ::testing::Values("", "127.0.0.1"),
+INSTANTIATE_TEST_SUITE_P(Links, RelayTest, ::testing::Values("", "127.0.0.1", "::1"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param.empty() ? "Unix" : "Tcp";
+                           return info.param.empty()    ? "Unix"
+                                  : info.param == "::1" ? "Tcp6"
+                                                        : "Tcp";
                          });
 
+// A raw TCP connection to 127.0.0.1:`port`, giving up on a read after 10 s.
+int ConnectRaw(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv = absl::ToTimeval(kWait);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+v1::RelayLinkMessage OpenFor(int rank, const std::string& proof) {
+  v1::RelayLinkMessage open;
+  open.mutable_open()->set_job_id("job-1");
+  open.mutable_open()->set_epoch(1);
+  open.mutable_open()->set_rank(rank);
+  open.mutable_open()->set_proof(proof);
+  return open;
+}
+
 TEST_P(RelayTest, TheRelayIsNamedForItsLinkAndChallengesEachConnectionAnew) {
-  std::unique_ptr<RelayHub> hub = StartHub({1});
+  std::unique_ptr<RelayHub> hub = StartHub({1, 2});
   absl::StatusOr<std::vector<std::string>> name = store_->Wait({RelayKey(0)}, kWait);
   ASSERT_TRUE(name.ok()) << name.status();
   EXPECT_EQ((*name)[0], hub->name());
@@ -371,34 +409,44 @@ TEST_P(RelayTest, TheRelayIsNamedForItsLinkAndChallengesEachConnectionAnew) {
     EXPECT_THAT(hub->name(), ::testing::StartsWith("ringmaster-relay-job-1-1-0-"));
     return;
   }
+  if (GetParam() == "::1") {
+    EXPECT_THAT(hub->name(), ::testing::MatchesRegex(R"(tcp:\[::1\]:[0-9]+)"));
+    return;
+  }
   ASSERT_THAT(hub->name(), ::testing::StartsWith("tcp:127.0.0.1:"));
   const int port = std::stoi(hub->name().substr(std::string("tcp:127.0.0.1:").size()));
-  // Two raw connections: each is sent a fresh 64-hex-digit nonce first, before it says anything.
-  std::vector<std::string> nonces;
-  for (int i = 0; i < 2; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    v1::RelayLinkChallenge challenge;
-    ASSERT_TRUE(ReadFrame(fd, &challenge).ok());
-    EXPECT_THAT(challenge.nonce(), ::testing::MatchesRegex("[0-9a-f]{64}"));
-    nonces.push_back(challenge.nonce());
-    // The old form (the token itself) opens nothing.
-    v1::RelayLinkMessage open;
-    open.mutable_open()->set_job_id("job-1");
-    open.mutable_open()->set_epoch(1);
-    open.mutable_open()->set_rank(1);
-    open.mutable_open()->set_proof("secret");
-    ASSERT_TRUE(WriteFrame(fd, open).ok());
-    v1::ResponseList list;
-    EXPECT_FALSE(ReadFrame(fd, &list).ok());  // closed
-    close(fd);
-  }
-  EXPECT_NE(nonces[0], nonces[1]);
-  EXPECT_EQ(hub->attached(), 0);
+  // Each connection is sent a fresh 64-hex-digit nonce first, before it says anything.
+  const int first = ConnectRaw(port);
+  const int second = ConnectRaw(port);
+  v1::RelayLinkChallenge one, two;
+  ASSERT_TRUE(ReadFrame(first, &one).ok());
+  ASSERT_TRUE(ReadFrame(second, &two).ok());
+  EXPECT_THAT(one.nonce(), ::testing::MatchesRegex("[0-9a-f]{64}"));
+  EXPECT_THAT(two.nonce(), ::testing::MatchesRegex("[0-9a-f]{64}"));
+  EXPECT_NE(one.nonce(), two.nonce());
+  // The proof of the first challenge (an HMAC keyed with the token) opens the first link, and
+  // replayed on the second connection opens nothing: the token itself opens nothing either.
+  const std::string proof =
+      HmacSha256Hex("secret", absl::StrCat("ringmaster relay link\njob-1\n1\n1\n", one.nonce()));
+  ASSERT_TRUE(WriteFrame(first, OpenFor(1, proof)).ok());
+  ASSERT_TRUE(AwaitAttached(*hub, 1));
+  ASSERT_TRUE(WriteFrame(second, OpenFor(2, proof)).ok());
+  v1::ResponseList list;
+  EXPECT_FALSE(ReadFrame(second, &list).ok());  // closed
+  const int third = ConnectRaw(port);
+  v1::RelayLinkChallenge three;
+  ASSERT_TRUE(ReadFrame(third, &three).ok());
+  ASSERT_TRUE(WriteFrame(third, OpenFor(2, "secret")).ok());
+  EXPECT_FALSE(ReadFrame(third, &list).ok());  // closed
+  EXPECT_EQ(hub->attached(), 1);
+  // A connection that sends a frame longer than a handshake's is closed before it is read.
+  const int fourth = ConnectRaw(port);
+  v1::RelayLinkChallenge four;
+  ASSERT_TRUE(ReadFrame(fourth, &four).ok());
+  const char huge[4] = {0, 0, 0, 0x04};  // 64 MiB announced
+  ASSERT_EQ(write(fourth, huge, 4), 4);
+  EXPECT_FALSE(ReadFrame(fourth, &list).ok());  // closed
+  for (int fd : {first, second, third, fourth}) close(fd);
 }
 
 TEST(RelayPlanTest, TheLowestRankOnEachHostRelaysWhenTheKnobIsOn) {
