@@ -94,9 +94,10 @@ const char kJobOptionsHelp[] = R"(job options:
   --negotiation-relay             each host's ranks negotiate through one of its daemons: one message
                                   per host and cycle to the coordinator, for jobs of hundreds of
                                   ranks (default off; RINGMASTER_NEGOTIATION_RELAY=1)
-  --negotiation-relay-hosts N     with --negotiation-relay, one relay for every N hosts (their
-                                  ranks reach it over TCP): one message per N hosts and cycle
-                                  (default 1: a relay per host; RINGMASTER_NEGOTIATION_RELAY_HOSTS)
+  --negotiation-relay-hosts N     the negotiation relay (implies --negotiation-relay) with one relay
+                                  for every N hosts (their ranks reach it over TCP): one message
+                                  per N hosts and cycle (default 1: a relay per host;
+                                  RINGMASTER_NEGOTIATION_RELAY_HOSTS)
 Knobs also read Horovod's environment variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, ...),
 and the elastic options HOROVOD_MIN_NP, HOROVOD_MAX_NP, HOROVOD_RESET_LIMIT and
 HOROVOD_ELASTIC_TIMEOUT (RINGMASTER_* alike); flags win over the environment.
@@ -247,6 +248,7 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
       knobs.negotiation_relay = false;
     } else if (flag == "--negotiation-relay-hosts") {
       knobs.negotiation_relay_hosts = Number<int32_t>(flag, args.Value(flag));
+      knobs.negotiation_relay = true;  // asking for relay groups asks for the relay
     } else if (flag == "--no-stall-check") {
       knobs.stall_check_seconds = 0;
     } else if (flag == "--stall-shutdown-seconds") {

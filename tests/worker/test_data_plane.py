@@ -163,6 +163,31 @@ def test_through_a_negotiation_relay_every_collective_is_exact_with_a_message_pe
         assert int(batches) >= 10 and int(messages) < int(batches), (batches, messages)
 
 
+def test_one_relay_for_two_hosts_carries_all_four_ranks_over_tcp(cluster):
+    """--negotiation-relay-hosts 2 (which turns the relay on): the two (named) hosts share one
+    relay, rank 0's daemon, which listens with TCP on its data plane address; the other three ranks
+    link to it there."""
+    job = cluster.submit(4, f"{BIN}/collectives_check",
+                         extra=["--processes-per-host", "2", "--negotiation-relay-hosts", "2"])
+    done = cluster.wait_state(job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
+    logs = cluster.logs(job)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", logs + done.get("reason", "")
+    for rank in range(4):
+        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
+                         logs, re.M), logs
+    cluster.close()
+    worker_logs = "".join((cluster.tmp / f"worker{i}.log").read_text() for i in range(4))
+    relays = re.findall(rf"job {job} rank (\d): relays the negotiation of (\d) ranks of its "
+                        r"(hosts, at tcp:127\.0\.0\.1:\d+|host)", worker_logs)
+    assert [r[:2] for r in relays] == [("0", "4")], worker_logs[-3000:]
+    peers = re.findall(rf"job {job} relay rank 0: rank (\d) negotiates through this daemon",
+                       worker_logs)
+    assert sorted(peers) == ["1", "2", "3"], worker_logs[-3000:]
+    relayed = re.findall(rf"job {job} relay rank 0: relayed (\d+) request batches of its "
+                         r"ranks in (\d+) messages", worker_logs)
+    assert len(relayed) == 1 and int(relayed[0][1]) < int(relayed[0][0]), relayed
+
+
 @pytest.mark.parametrize("every,relay", [(5, False), (11, False), (7, True)])
 def test_session_resets_lose_nothing_and_the_job_finishes_with_exact_results(tmp_path, every,
                                                                              relay):
