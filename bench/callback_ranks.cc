@@ -263,7 +263,7 @@ absl::Status CallbackRanks::WaitAssignments(absl::Duration timeout) {
 }
 
 absl::Status CallbackRanks::Step(const std::vector<v1::TensorRequest>& tensors,
-                                 absl::Duration timeout) {
+                                 absl::Duration timeout, absl::Time* last_sent) {
   std::atomic<int> remaining{static_cast<int>(ranks_.size())};
   absl::Notification done;
   if (!relay_) {
@@ -280,6 +280,7 @@ absl::Status CallbackRanks::Step(const std::vector<v1::TensorRequest>& tensors,
       by_rank_[group.front()]->Write(std::move(m));
     }
   }
+  if (last_sent != nullptr) *last_sent = absl::Now();
   if (!done.WaitForNotificationWithTimeout(timeout)) {
     return absl::DeadlineExceededError(
         absl::StrCat(remaining.load(), " ranks still waiting for their answers"));

@@ -44,8 +44,10 @@ class CallbackRanks {
   absl::Status WaitAssignments(absl::Duration timeout);
 
   // One step: every rank submits `tensors` in one batch (by cache id when cached) and the call
-  // returns once every rank has received an answer for every tensor.
-  absl::Status Step(const std::vector<v1::TensorRequest>& tensors, absl::Duration timeout);
+  // returns once every rank has received an answer for every tensor. `last_sent` (optional): when
+  // the step's last message was handed to gRPC.
+  absl::Status Step(const std::vector<v1::TensorRequest>& tensors, absl::Duration timeout,
+                    absl::Time* last_sent = nullptr);
 
   // Reports every rank EXITED and ends the sessions.
   void Close();

@@ -12,6 +12,9 @@
 #                        [--per-host N] [--relay-hosts H]
 # --relay-hosts H: the relayed runs have one relay for every H simulated hosts (the job knob
 # negotiation_relay_hosts), reported as grpc-relay-hH.
+# With callback clients each line also has answer-p50: from the step's last message handed to gRPC
+# to its last answer, the coordinator's part of the step's wall clock (the simulated ranks' own work
+# of preparing their batches, which real ranks do in parallel on their hosts, is not in it).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${RINGMASTER_BIN_DIR:-$root/build/bin}

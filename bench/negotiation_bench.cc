@@ -74,6 +74,10 @@ struct Result {
   std::string mode;
   int ranks = 0;
   std::vector<double> step_seconds;
+  // With callback clients: from the step's last message handed to gRPC to its last answer, the
+  // coordinator's part of the step's wall clock (the simulated ranks' own work of preparing their
+  // batches, which real ranks do in parallel on their hosts, is not in it).
+  std::vector<double> answer_seconds;
   // The coordinator's CPU time over the measured steps, per step (--coordinator-pid); < 0: not
   // measured.
   double coordinator_cpu_ms_per_step = -1;
@@ -138,21 +142,23 @@ void Report(const Result& r, const ModelProfile& profile) {
   const double requests_per_s = steps_per_s * r.ranks * profile.tensors.size();
   const double p50 = Percentile(r.step_seconds, 0.5) * 1e3;
   const double p99 = Percentile(r.step_seconds, 0.99) * 1e3;
+  const double answer_p50 = r.answer_seconds.empty() ? -1 : Percentile(r.answer_seconds, 0.5) * 1e3;
   if (absl::GetFlag(FLAGS_json)) {
     std::printf(
         "{\"bench\":\"negotiation\",\"mode\":\"%s\",\"profile\":\"%s\",\"ranks\":%d,\"tensors\":%"
         "zu,"
         "\"steps\":%zu,\"steps_per_s\":%.2f,\"tensor_requests_per_s\":%.0f,\"step_ms_p50\":%.3f,"
         "\"step_ms_p99\":%.3f,\"coordinator_cpu_ms_per_step\":%.3f,"
-        "\"coordinator_switches_per_step\":%.1f}\n",
+        "\"coordinator_switches_per_step\":%.1f,\"answer_ms_p50\":%.3f}\n",
         r.mode.c_str(), profile.model.c_str(), r.ranks, profile.tensors.size(),
         r.step_seconds.size(), steps_per_s, requests_per_s, p50, p99, r.coordinator_cpu_ms_per_step,
-        r.coordinator_switches_per_step);
+        r.coordinator_switches_per_step, answer_p50);
   } else {
     std::printf(
         "%-13s %-10s ranks=%5d  steps/s=%9.2f  tensor-requests/s=%11.0f  p50=%8.3f ms  "
-        "p99=%8.3f ms%s%s\n",
+        "p99=%8.3f ms%s%s%s\n",
         r.mode.c_str(), profile.model.c_str(), r.ranks, steps_per_s, requests_per_s, p50, p99,
+        r.answer_seconds.empty() ? "" : absl::StrFormat("  answer-p50=%.3f ms", answer_p50).c_str(),
         r.coordinator_cpu_ms_per_step < 0
             ? ""
             : absl::StrFormat("  coordinator-cpu/step=%.3f ms", r.coordinator_cpu_ms_per_step)
@@ -326,11 +332,16 @@ Result RunGrpcCallback(const ModelProfile& profile, int ranks, int warmup, int s
       switches_start = ProcessContextSwitches(pid);
     }
     const absl::Time start = absl::Now();
-    if (absl::Status s = sim.Step(tensors, absl::Seconds(60)); !s.ok()) {
+    absl::Time last_sent;
+    if (absl::Status s = sim.Step(tensors, absl::Seconds(60), &last_sent); !s.ok()) {
       std::fprintf(stderr, "grpc: step %d: %s\n", step, s.ToString().c_str());
       std::exit(1);
     }
-    if (step >= warmup) result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    const absl::Time end = absl::Now();
+    if (step >= warmup) {
+      result.step_seconds.push_back(absl::ToDoubleSeconds(end - start));
+      result.answer_seconds.push_back(absl::ToDoubleSeconds(end - last_sent));
+    }
   }
   const double cpu_end = pid > 0 ? ProcessCpuSeconds(pid) : -1;
   const double switches_end = pid > 0 ? ProcessContextSwitches(pid) : -1;
