@@ -136,19 +136,26 @@ def test_every_collective_and_dtype_matches_the_exact_reference(cluster, np_, fu
     assert "FAIL" not in logs
 
 
-def test_through_a_negotiation_relay_every_collective_is_exact_with_a_message_per_host(cluster):
-    """--negotiation-relay: on each host the daemon of the lower rank sends both ranks' request
-    batches to the coordinator in one message and hands out the lists that come back."""
-    job = cluster.submit(4, f"{BIN}/collectives_check",
-                         extra=["--processes-per-host", "2", "--negotiation-relay"])
+def check_collectives_then_read_worker_logs(cluster, extra):
+    """Runs collectives_check on 4 ranks with `extra` flags, asserts every check of every rank
+    passed, closes the cluster (the daemons log what they relayed as the job's rank goes) and
+    returns the job and the four daemons' logs."""
+    job = cluster.submit(4, f"{BIN}/collectives_check", extra=extra)
     done = cluster.wait_state(job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
     logs = cluster.logs(job)
     assert done["state"] == "JOB_STATE_SUCCEEDED", logs + done.get("reason", "")
     for rank in range(4):
         assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
                          logs, re.M), logs
-    cluster.close()  # the daemons log what they relayed as the job's rank goes
-    worker_logs = "".join((cluster.tmp / f"worker{i}.log").read_text() for i in range(4))
+    cluster.close()
+    return job, "".join((cluster.tmp / f"worker{i}.log").read_text() for i in range(4))
+
+
+def test_through_a_negotiation_relay_every_collective_is_exact_with_a_message_per_host(cluster):
+    """--negotiation-relay: on each host the daemon of the lower rank sends both ranks' request
+    batches to the coordinator in one message and hands out the lists that come back."""
+    job, worker_logs = check_collectives_then_read_worker_logs(
+        cluster, ["--processes-per-host", "2", "--negotiation-relay"])
     relays = re.findall(rf"job {job} rank (\d): relays the negotiation of 2 ranks of its host",
                         worker_logs)
     assert sorted(relays) == ["0", "2"], worker_logs[-3000:]
@@ -167,16 +174,8 @@ def test_one_relay_for_two_hosts_carries_all_four_ranks_over_tcp(cluster):
     """--negotiation-relay-hosts 2 (which turns the relay on): the two (named) hosts share one
     relay, rank 0's daemon, which listens with TCP on its data plane address; the other three ranks
     link to it there."""
-    job = cluster.submit(4, f"{BIN}/collectives_check",
-                         extra=["--processes-per-host", "2", "--negotiation-relay-hosts", "2"])
-    done = cluster.wait_state(job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
-    logs = cluster.logs(job)
-    assert done["state"] == "JOB_STATE_SUCCEEDED", logs + done.get("reason", "")
-    for rank in range(4):
-        assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
-                         logs, re.M), logs
-    cluster.close()
-    worker_logs = "".join((cluster.tmp / f"worker{i}.log").read_text() for i in range(4))
+    job, worker_logs = check_collectives_then_read_worker_logs(
+        cluster, ["--processes-per-host", "2", "--negotiation-relay-hosts", "2"])
     relays = re.findall(rf"job {job} rank (\d): relays the negotiation of (\d) ranks of its "
                         r"(hosts, at tcp:127\.0\.0\.1:\d+|host)", worker_logs)
     assert [r[:2] for r in relays] == [("0", "4")], worker_logs[-3000:]
