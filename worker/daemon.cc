@@ -621,6 +621,10 @@ void Daemon::StartRelay(const std::shared_ptr<Job>& job) {
     CoordinatorSession* session = session_.get();
     o.send = [session](const v1::WorkerMessage& m) { return session->Send(m); };
     o.linger = absl::Microseconds(static_cast<int64_t>(spec.spec().knobs().cycle_time_ms() * 1000));
+    if (options_.record_metrics) {
+      o.metrics = &metrics_;
+      o.host = options_.host_name;
+    }
     // What the hub held is lost: the rank's own batches wait for a resume, which re-sends them.
     Job* raw = job.get();
     o.on_failed = [raw, session](const std::string&) {

@@ -194,7 +194,23 @@ std::string RelayKey(int32_t rank) { return absl::StrCat("relay/", rank); }
 
 RelayHub::RelayHub(Options options)
     : options_(std::move(options)),
-      linger_(std::clamp(options_.linger, absl::Microseconds(100), absl::Seconds(1))) {}
+      linger_(std::clamp(options_.linger, absl::Microseconds(100), absl::Seconds(1))) {
+  if (options_.metrics == nullptr) return;
+  const Labels labels = {
+      {"job", options_.job_id}, {"rank", absl::StrCat(options_.rank)}, {"host", options_.host}};
+  batches_total_ = &options_.metrics->GetCounter(
+      "ringmaster_relay_batches_total",
+      "Request batches this negotiation relay sent to the coordinator (its own rank's and its "
+      "peers').",
+      labels);
+  messages_total_ = &options_.metrics->GetCounter(
+      "ringmaster_relay_messages_total",
+      "Messages (RelayedBatches) this negotiation relay sent to the coordinator.", labels);
+  links_ = &options_.metrics->GetGauge("ringmaster_relay_links",
+                                       "Peer ranks whose links to this negotiation relay are open.",
+                                       labels);
+  links_->Set(0);
+}
 
 absl::StatusOr<std::unique_ptr<RelayHub>> RelayHub::Start(Options options) {
   std::unique_ptr<RelayHub> hub(new RelayHub(std::move(options)));
@@ -353,6 +369,7 @@ void RelayHub::ReadLoop(std::shared_ptr<Peer> peer) {
       peer->rank = open.rank();
       peers_[open.rank()] = peer;
       taken = true;
+      if (links_ != nullptr) links_->Set(static_cast<double>(peers_.size()));
     }
   }
   if (!taken) return ClosePeer(peer);
@@ -376,6 +393,7 @@ void RelayHub::ClosePeer(const std::shared_ptr<Peer>& peer) {
   if (peer->rank >= 0) {
     auto it = peers_.find(peer->rank);
     if (it != peers_.end() && it->second == peer) peers_.erase(it);
+    if (links_ != nullptr) links_->Set(static_cast<double>(peers_.size()));
   }
 }
 
@@ -451,6 +469,10 @@ void RelayHub::SendPending() {
     }
     relayed_batches_ += static_cast<int64_t>(pending_.size());
     messages_sent_ += static_cast<int64_t>(messages.size());
+    if (batches_total_ != nullptr) {
+      batches_total_->Increment(static_cast<double>(pending_.size()));
+      messages_total_->Increment(static_cast<double>(messages.size()));
+    }
     pending_.clear();
     pending_of_.clear();
     first_pending_ = absl::InfiniteFuture();
@@ -501,6 +523,7 @@ void RelayHub::FailLocked(const std::string& why, bool notify) {
     if (failed_) return;
     failed_ = true;
     peers.swap(peers_);
+    if (links_ != nullptr) links_->Set(0);
     pending_.clear();
     pending_of_.clear();
     first_pending_ = absl::InfiniteFuture();

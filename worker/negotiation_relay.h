@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "ringmaster/v1/worker.pb.h"
 #include "worker/key_value_store.h"
 
@@ -73,6 +74,10 @@ class RelayHub {
     // The hub failed by itself (a send failed, too many batches waited, its name could not be
     // published): what it held is lost, so the relay's own rank must resume on its session.
     std::function<void(const std::string& why)> on_failed;
+    // Where the hub's series go (ringmaster_relay_*, labelled job, rank, host); null: none.
+    // Borrowed: must outlive the hub.
+    MetricsRegistry* metrics = nullptr;
+    std::string host;  // the `host` label
   };
   // At most this many batches go in one RelayedBatches (the coordinator's bound).
   static constexpr int kMaxBatchesPerMessage = 512;
@@ -127,6 +132,10 @@ class RelayHub {
 
   const Options options_;
   const absl::Duration linger_;
+  // The hub's series (null without a registry).
+  Counter* batches_total_ = nullptr;
+  Counter* messages_total_ = nullptr;
+  Gauge* links_ = nullptr;
   int listen_fd_ = -1;
   std::string name_;  // what the store names: the abstract name (no NUL), or "tcp:ADDRESS:PORT"
   std::thread acceptor_;

@@ -140,6 +140,8 @@ class RelayTest : public ::testing::TestWithParam<std::string> {
     };
     o.linger = linger;
     o.tcp_address = GetParam();
+    o.metrics = &metrics_;
+    o.host = "host-a";
     absl::StatusOr<std::unique_ptr<RelayHub>> hub = RelayHub::Start(std::move(o));
     EXPECT_TRUE(hub.ok()) << hub.status();
     return hub.ok() ? *std::move(hub) : nullptr;
@@ -159,6 +161,15 @@ class RelayTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(AwaitAttached(hub, 2));
   }
 
+  // The hub's series, as a daemon's /metrics serves them.
+  double Series(const std::string& name) {
+    const std::string text = metrics_.Exposition();
+    const std::string line = absl::StrCat(name, "{job=\"job-1\",rank=\"0\",host=\"host-a\"} ");
+    const size_t at = text.find(line);
+    return at == std::string::npos ? -1 : std::stod(text.substr(at + line.size()));
+  }
+
+  MetricsRegistry metrics_;
   std::shared_ptr<KeyValueStore> store_ = KeyValueStore::InMemory();
   Sent sent_;
 };
@@ -181,6 +192,9 @@ TEST_P(RelayTest, AHostsBatchesGoInOneMessageAndEachRankGetsItsOwnList) {
   EXPECT_THAT(sent_.Ranks(0), UnorderedElementsAre(0, 1, 2));  // in arrival order
   EXPECT_EQ(hub->relayed_batches(), 3);
   EXPECT_EQ(hub->messages_sent(), 1);
+  EXPECT_EQ(Series("ringmaster_relay_batches_total"), 3);
+  EXPECT_EQ(Series("ringmaster_relay_messages_total"), 1);
+  EXPECT_EQ(Series("ringmaster_relay_links"), 2);
 
   // One list for the three: rank 2's own error reaches rank 2 alone.
   v1::RelayedResponses relayed;
@@ -352,11 +366,13 @@ TEST_P(RelayTest, AFailedHubLetsEveryPeerGoAndTakesNothingMore) {
   std::unique_ptr<RelayHub> hub = StartHub({1, 2});
   Peer one, two;
   ASSERT_NO_FATAL_FAILURE(Attach(*hub, one, two));
+  EXPECT_EQ(Series("ringmaster_relay_links"), 2);
   hub->Fail("its session ended");
   ASSERT_TRUE(one.lost.WaitForNotificationWithTimeout(kWait));
   ASSERT_TRUE(two.lost.WaitForNotificationWithTimeout(kWait));
   EXPECT_FALSE(hub->Submit(Batch(0, 1, "a")));
   EXPECT_EQ(hub->attached(), 0);
+  EXPECT_EQ(Series("ringmaster_relay_links"), 0);
 }
 
 TEST_P(RelayTest, AFailedSendFailsTheHub) {
