@@ -380,13 +380,22 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
         }
         std::vector<RequestBatch> batches(relayed.batches_size());
         for (int i = 0; i < relayed.batches_size(); ++i) FromProto(relayed.batches(i), &batches[i]);
-        // A batch this relay may not carry is dropped (its rank's own worker hears of its job's
-        // end on its own session); the session goes on.
+        // A batch of an epoch the relay no longer serves is dropped (its rank's own worker hears of
+        // its job's end on its own session); the session goes on.
         if (absl::Status s = coordinator_.SubmitRelayed(
                 worker_id_, std::move(batches),
                 absl::MakeConstSpan(relayed.shared_cached_ids().data(),
                                     static_cast<size_t>(relayed.shared_cached_ids_size())));
             !s.ok()) {
+          if (s.code() == absl::StatusCode::kPermissionDenied) {
+            // A batch this relay may not carry (its daemon and the coordinator disagree on the
+            // job's relay plan: another release) would leave its rank waiting for ever for lists.
+            // The session ends instead (ABORTED: the daemon keeps its worker id and reconnects):
+            // its daemon stops relaying, and every rank it carried resumes on its own session,
+            // which re-sends what the coordinator lacks.
+            return absl::AbortedError(
+                absl::StrCat("relayed batches refused: ", s.message(), "; relaying ends"));
+          }
           spdlog::log(s.code() == absl::StatusCode::kPermissionDenied ||
                               s.code() == absl::StatusCode::kInvalidArgument
                           ? spdlog::level::warn

@@ -242,9 +242,7 @@ TEST_F(ServiceTest, AHostsRelaySendsItsRanksBatchesInOneMessageAndGetsOneListFor
     EXPECT_EQ(own->rank_errors_size(), 0);
   }
 
-  // A relay may not carry another host's rank: the batch is dropped (host-b's relay gets nothing
-  // more) and the relay's session goes on.
-  ASSERT_TRUE(w[0]->Send(relayed({2}, 2, {Allreduce("h", {1})})).ok());
+  // A host's batches may come in separate messages of its relay.
   ASSERT_TRUE(w[0]->Send(relayed({0, 1}, 3, {Allreduce("h", {1})})).ok());
   ASSERT_TRUE(w[2]->Send(relayed({3}, 2, {Allreduce("h", {1})})).ok());
   EXPECT_EQ(w[2]->WaitRelayed(absl::Milliseconds(200)).status().code(),
@@ -277,6 +275,19 @@ TEST_F(ServiceTest, AHostsRelaySendsItsRanksBatchesInOneMessageAndGetsOneListFor
     EXPECT_THAT(by_id->list().responses(0).cache_ids(), ::testing::ElementsAre(g));
     EXPECT_THAT(by_id->list().responses(0).tensor_sizes(), ::testing::ElementsAre(3));
   }
+
+  // A relay may not carry another host's rank: rather than leave rank 2 waiting for lists that
+  // never come, the coordinator ends the relay's session (ABORTED, naming the ranks), so that its
+  // daemon stops relaying and the ranks it carried resume on their own sessions.
+  ASSERT_TRUE(w[0]->Send(relayed({2}, 4, {Allreduce("h2", {1})})).ok());
+  grpc::Status refused = w[0]->Close();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(
+      refused.error_message(),
+      ::testing::MatchesRegex(absl::StrCat(
+          "relayed batches refused: relay worker-[0-9]+ \\(rank 0, host host-a\\) may not "
+          "relay rank 2 of job ",
+          job.id(), ", whose worker is on host host-b and relayed by rank 2; relaying ends")));
 }
 
 TEST_F(ServiceTest, ARelayedMessageOverItsBoundsEndsTheSessionNamingTheField) {
