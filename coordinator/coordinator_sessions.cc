@@ -251,7 +251,7 @@ absl::Status Coordinator::SubmitRelayed(const std::string& relay_id,
       // Only the rank the job's plan names relays a rank (its host's lowest, or its group of
       // hosts' with negotiation_relay_hosts), and only for a worker of its own identity.
       why = absl::PermissionDeniedError(
-          absl::StrCat("relay ", relay_id, " (rank ", relay->rank, ", host ", relay->host,
+          absl::StrCat("relay ", relay_id, " (rank ", relay_rank, ", host ", relay->host,
                        ") may not relay rank ", batch.rank, " of job ", batch.job_id,
                        ", whose worker is on host ", info.host,
                        info.worker_identity != relay->identity
