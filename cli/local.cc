@@ -140,9 +140,12 @@ class LocalRun {
   }
 
   absl::Status StartCoordinator() {
+    // The daemons reach it through a Unix socket (a negotiation round trip costs less than over
+    // loopback TCP); this command and the training processes' tools use the port.
+    coordinator_socket_ = absl::StrCat("/tmp/ringmaster-", getpid(), "-coordinator.sock");
     std::vector<std::string> argv = {absl::StrCat(bin_dir_, "/ringmaster-coordinator"), "--listen",
-                                     absl::StrCat("127.0.0.1:", options_.port), "--artifacts-dir",
-                                     artifacts_dir_,
+                                     absl::StrCat("127.0.0.1:", options_.port), "--listen-unix",
+                                     coordinator_socket_, "--artifacts-dir", artifacts_dir_,
                                      // Loopback only, one user's run: no TLS, even when the
                                      // environment names certificates for another coordinator.
                                      "--insecure"};
@@ -200,7 +203,7 @@ class LocalRun {
       sockets_.push_back(absl::StrCat("/tmp/ringmaster-", getpid(), "-", i, ".sock"));
       // The worker's own stdout goes to our stderr: our stdout carries only the job's output.
       std::vector<std::string> argv = {
-          worker, "--coordinator", absl::StrCat("127.0.0.1:", port_), "--device",
+          worker, "--coordinator", absl::StrCat("unix:", coordinator_socket_), "--device",
           // --gpus: one GPU per rank of a simulated host.
           options_.gpus ? absl::StrCat("cuda:", i % options_.per_host) : std::string("cpu"),
           "--host-name", host, "--socket", sockets_.back(), "--insecure"};
@@ -371,6 +374,7 @@ class LocalRun {
       std::fprintf(stderr, "ringmaster local: %s did not stop on SIGTERM; killed it\n",
                    name.c_str());
     }
+    if (!coordinator_socket_.empty()) unlink(coordinator_socket_.c_str());  // if it was killed
     for (const std::string& path : sockets_) {
       unlink(path.c_str());
       unlink(absl::StrCat(path, ".lock").c_str());  // a killed worker's claim on it
@@ -385,6 +389,7 @@ class LocalRun {
   const std::string bin_dir_;
   std::unique_ptr<Subprocess> coordinator_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
+  std::string coordinator_socket_;  // the coordinator's --listen-unix
   std::vector<std::string> sockets_;
   int port_ = 0;
   std::unique_ptr<v1::JobService::Stub> stub_;  // its channel is our only connection

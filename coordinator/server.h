@@ -85,8 +85,9 @@ class CoordinatorServer {
   // Listens on `address` ("host:port"; port 0 picks one) and starts the ticker. Returns the port.
   // UNAVAILABLE when the address cannot be bound; INVALID_ARGUMENT for unusable TLS files or token
   // file; FAILED_PRECONDITION for plaintext on a non-loopback address without
-  // insecure_allow_remote.
-  absl::StatusOr<int> Start(const std::string& address);
+  // insecure_allow_remote. With `unix_path`, also serves on a Unix socket there (same credentials
+  // and authentication; the socket reaches only this machine, as loopback does).
+  absl::StatusOr<int> Start(const std::string& address, const std::string& unix_path = "");
 
   // Serves the coordinator's metrics at http://ADDRESS/metrics; returns the port.
   absl::StatusOr<int> StartMetrics(const std::string& address);

@@ -20,7 +20,8 @@
 
 ABSL_FLAG(std::string, coordinator, "",
           "coordinator address host:port, or its replicas' host:port,host:port,... (the leader is "
-          "followed) (env RINGMASTER_COORDINATOR)");
+          "followed), or unix:PATH for one on this machine serving --listen-unix PATH (env "
+          "RINGMASTER_COORDINATOR)");
 ABSL_FLAG(
     std::string, device, "cpu",
     "the slot this daemon serves: cpu or cuda:N (also cpuN and cudaN, systemd instance names)");

@@ -64,6 +64,10 @@ bool IsNumericAddress(absl::string_view text) {
 }
 
 absl::StatusOr<LocalAddress> AddressTowards(absl::string_view target) {
+  // A coordinator reached through a Unix socket is on this machine.
+  if (absl::StartsWith(target, "unix:") || absl::StartsWith(target, "unix-abstract:")) {
+    return LocalAddress{.address = "127.0.0.1", .iface = "lo"};
+  }
   absl::string_view rest = target;
   absl::ConsumePrefix(&rest, "dns:///");
   absl::ConsumePrefix(&rest, "ipv4:");

@@ -16,8 +16,10 @@ struct LocalAddress {
 };
 
 // The local address of a route to `target` ("host:port", "[v6]:port", optionally "dns:///" first),
-// found without sending anything (a UDP socket connected to it). UNAVAILABLE naming the target when
-// its host does not resolve or no route leads there; INVALID_ARGUMENT for a target without a port.
+// found without sending anything (a UDP socket connected to it). A Unix socket's target
+// ("unix:PATH", "unix-abstract:NAME") is this machine: 127.0.0.1 on lo. UNAVAILABLE naming the
+// target when its host does not resolve or no route leads there; INVALID_ARGUMENT for a target
+// without a port.
 absl::StatusOr<LocalAddress> AddressTowards(absl::string_view target);
 
 // The first IPv4 address of interface `iface` (else its first IPv6 one). NOT_FOUND naming the

@@ -163,7 +163,7 @@ def submit(cluster, coordinator, *args, **kw):
 # --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("binary,flags", [
-    ("ringmaster-coordinator", ["--listen", "--metrics-listen", "--log-level", "--artifacts-dir",
+    ("ringmaster-coordinator", ["--listen", "--listen-unix", "--metrics-listen", "--log-level", "--artifacts-dir",
                                 "--lease-seconds", "--heartbeat-interval-seconds",
                                 "--start-timeout", "--state-dir", "--resume-timeout", "--store",
                                 "--tls-cert", "--tls-key", "--tls-ca", "--token-file",

@@ -631,6 +631,32 @@ TEST(SecurityDefaults, PlaintextOnANonLoopbackAddressIsRefusedUnlessAllowed) {
   }
 }
 
+TEST(SecurityDefaults, AUnixSocketServesWithTheSameAuthentication) {
+  const std::string tokens = absl::StrCat(Certs::Dir(), "/tokens-unix.csv");
+  WriteFile(tokens, "tok-root,root,0,\"ringmaster:admins\"\n");
+  const std::string socket = absl::StrCat(Certs::Dir(), "/coordinator-", getpid(), ".sock");
+  ServerSecurity security;
+  security.token_file = tokens;
+  CoordinatorServer server(CoordinatorOptions{}, security);
+  absl::StatusOr<int> port = server.Start("127.0.0.1:0", socket);
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto jobs = v1::JobService::NewStub(
+      grpc::CreateChannel(absl::StrCat("unix:", socket), grpc::InsecureChannelCredentials()));
+  v1::ListJobsResponse response;
+  grpc::Status s = jobs->ListJobs(Ctx().get(), {}, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  s = jobs->ListJobs(Ctx("tok-root").get(), {}, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  server.Stop();
+
+  CoordinatorServer nowhere(CoordinatorOptions{});
+  port = nowhere.Start("127.0.0.1:0", "/nonexistent/dir/coordinator.sock");
+  EXPECT_EQ(port.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(port.status().message(),
+            "cannot listen on the Unix socket /nonexistent/dir/coordinator.sock (--listen-unix): "
+            "its directory must exist and be writable");
+}
+
 TEST(SecurityDefaults, LoopbackAddresses) {
   EXPECT_TRUE(IsLoopbackAddress("127.0.0.1:50051"));
   EXPECT_TRUE(IsLoopbackAddress("127.3.2.1:1"));

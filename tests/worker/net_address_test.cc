@@ -15,6 +15,15 @@ TEST(NetAddressTest, TheRouteToALoopbackCoordinatorIsLoopback) {
   }
 }
 
+TEST(NetAddressTest, ACoordinatorOnAUnixSocketIsOnThisMachine) {
+  for (const char* target : {"unix:/tmp/ringmaster-1-coordinator.sock", "unix-abstract:rm"}) {
+    absl::StatusOr<LocalAddress> a = AddressTowards(target);
+    ASSERT_TRUE(a.ok()) << target << ": " << a.status();
+    EXPECT_EQ(a->address, "127.0.0.1") << target;
+    EXPECT_EQ(a->iface, "lo") << target;
+  }
+}
+
 TEST(NetAddressTest, ABadTargetNamesItself) {
   absl::StatusOr<LocalAddress> a = AddressTowards("coordinator");
   EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
