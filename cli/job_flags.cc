@@ -85,6 +85,9 @@ const char kJobOptionsHelp[] = R"(job options:
   --backend auto|gloo|nccl        collective backend (default auto)
   --no-shm-allreduce              CPU allreduce among one host's ranks over sockets, not shared
                                   memory (default: shared memory)
+  --no-local-negotiation          a one-host CPU job negotiates every collective through the
+                                  coordinator, not a lone cached allreduce among its daemons through
+                                  shared memory (default: locally; RINGMASTER_LOCAL_NEGOTIATION)
   --no-hierarchical-allreduce     CPU allreduce of a job spread over hosts flat over Gloo, not within
                                   each host through shared memory, then across hosts (default:
                                   hierarchical when every host runs as many ranks, two or more)
@@ -234,6 +237,10 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
       knobs.shm_allreduce = false;
     } else if (flag == "--shm-allreduce") {
       knobs.shm_allreduce = true;
+    } else if (flag == "--no-local-negotiation") {
+      knobs.local_negotiation = false;
+    } else if (flag == "--local-negotiation") {
+      knobs.local_negotiation = true;
     } else if (flag == "--no-hierarchical-allreduce") {
       knobs.hierarchical_allreduce = false;
     } else if (flag == "--hierarchical-allreduce") {
@@ -304,6 +311,7 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
   k->set_stall_shutdown_seconds(knobs.stall_shutdown_seconds);
   k->set_backend(static_cast<v1::Backend>(knobs.backend));
   k->set_shm_allreduce(knobs.shm_allreduce);
+  k->set_local_negotiation(knobs.local_negotiation);
   k->set_hierarchical_allreduce(knobs.hierarchical_allreduce);
   k->set_hierarchical_allgather(knobs.hierarchical_allgather);
   k->set_negotiation_relay(knobs.negotiation_relay);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/half.h"
 #include "ringmaster/client.h"
 
@@ -369,6 +370,54 @@ int main() {
     Check(h1.ok() && c.Wait(*h1, absl::Seconds(30)).ok(), "first of the duplicate names");
   }
   Check(c.Barrier().ok(), "barrier");
+  // A small allreduce over and over, as a latency loop does: once cached, the ranks of a one-host
+  // job negotiate it among their daemons (local negotiation). Its value changes every time; now
+  // and then a rank lags, or two tensors are in flight at once, enqueued in opposite orders on odd
+  // and even ranks (they then go to the coordinator), or an average comes in between.
+  {
+    float* x = static_cast<float*>(c.Allocate(2 * 4));
+    float* y = static_cast<float*>(c.Allocate(2 * 4));
+    float* avg = static_cast<float*>(c.Allocate(4));
+    auto wait = [&](absl::StatusOr<Handle> h) { return h.ok() ? c.Wait(*h) : h.status(); };
+    const float ranks_sum = static_cast<float>(size * (size - 1) / 2);
+    std::string first_bad;
+    for (int i = 0; i < 300 && first_bad.empty(); ++i) {
+      if (i % 37 == rank) absl::SleepFor(absl::Milliseconds(3));
+      x[0] = static_cast<float>(rank + i);
+      x[1] = static_cast<float>(-i);
+      absl::Status s;
+      if (i % 11 == 5) {
+        y[0] = static_cast<float>(2 * rank + i);
+        y[1] = 1;
+        const bool odd = rank % 2 == 1;
+        absl::StatusOr<Handle> h1 = c.AllreduceAsync(odd ? "loop.y" : "loop.x", odd ? y : x,
+                                                     DataType::kFloat32, {2}, ReduceOp::kSum);
+        absl::StatusOr<Handle> h2 = c.AllreduceAsync(odd ? "loop.x" : "loop.y", odd ? x : y,
+                                                     DataType::kFloat32, {2}, ReduceOp::kSum);
+        s = wait(h1);
+        if (absl::Status s2 = wait(h2); s.ok()) s = s2;
+        if (s.ok() && (y[0] != 2 * ranks_sum + static_cast<float>(size * i) ||
+                       y[1] != static_cast<float>(size))) {
+          first_bad = absl::StrCat("loop.y at ", i, " = ", y[0], ", ", y[1]);
+        }
+      } else {
+        s = wait(c.AllreduceAsync("loop.x", x, DataType::kFloat32, {2}, ReduceOp::kSum));
+      }
+      if (!s.ok()) first_bad = absl::StrCat("loop at ", i, ": ", s.ToString());
+      if (first_bad.empty() && (x[0] != ranks_sum + static_cast<float>(size * i) ||
+                                x[1] != static_cast<float>(-size * i))) {
+        first_bad = absl::StrCat("loop.x at ", i, " = ", x[0], ", ", x[1]);
+      }
+      if (first_bad.empty() && i % 5 == 0) {
+        *avg = static_cast<float>(rank + i);
+        s = wait(c.AllreduceAsync("loop.avg", avg, DataType::kFloat32, {1}, ReduceOp::kAverage));
+        if (!s.ok() || *avg != ranks_sum / static_cast<float>(size) + static_cast<float>(i)) {
+          first_bad = absl::StrCat("loop.avg at ", i, " = ", *avg, " ", s.ToString());
+        }
+      }
+    }
+    Check(first_bad.empty(), absl::StrCat("a small allreduce 300 times: ", first_bad));
+  }
   // Join: every rank but the last joins at once; the last allreduces alone (the joined ranks
   // contribute zeros), then joins. Everyone learns the last rank to join.
   if (rank != size - 1) {

@@ -183,6 +183,7 @@ absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* k) {
            ReadDouble(env, "STALL_SHUTDOWN_TIME_SECONDS", &k->stall_shutdown_seconds),
            ReadBool(env, "STALL_CHECK_DISABLE", &stall_check_disable),
            ReadBool(env, "SHM_ALLREDUCE", &k->shm_allreduce),
+           ReadBool(env, "LOCAL_NEGOTIATION", &k->local_negotiation),
            ReadBool(env, "HIERARCHICAL_ALLREDUCE", &k->hierarchical_allreduce),
            ReadBool(env, "HIERARCHICAL_ALLGATHER", &k->hierarchical_allgather),
            ReadBool(env, "NEGOTIATION_RELAY", &k->negotiation_relay),

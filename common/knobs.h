@@ -38,6 +38,8 @@ struct Knobs {
   bool hierarchical_allreduce = true;
   // ... and allgather across hosts likewise (hierarchical allgather).
   bool hierarchical_allgather = true;
+  // A one-host CPU job's lone cached allreduce is negotiated through shared memory.
+  bool local_negotiation = true;
   // A host's ranks negotiate through one of its daemons (the negotiation relay).
   bool negotiation_relay = false;
   // ... with a relay for this many hosts (their ranks' links cross hosts over TCP when above 1).
@@ -75,7 +77,8 @@ EnvLookup ProcessEnv();
 // HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE,
 // HOROVOD_TIMELINE, HOROVOD_TIMELINE_MARK_CYCLES, HOROVOD_STALL_CHECK_TIME_SECONDS,
 // HOROVOD_STALL_CHECK_DISABLE, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS,
-// HOROVOD_HIERARCHICAL_ALLREDUCE, and Ringmaster's own RINGMASTER_SHM_ALLREDUCE). Each also reads
+// HOROVOD_HIERARCHICAL_ALLREDUCE, and Ringmaster's own RINGMASTER_SHM_ALLREDUCE and
+// RINGMASTER_LOCAL_NEGOTIATION). Each also reads
 // as RINGMASTER_*, which wins over HOROVOD_*. INVALID_ARGUMENT names the variable whose value does
 // not parse.
 absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* knobs);

@@ -145,6 +145,12 @@ absl::Status CpuExecutor::Setup() {
       abortable_ = host_group_.get();
       if (aborted_.has_value()) host_group_->Abort(*aborted_);
     }
+    if (host_group_ != nullptr && options_.local_negotiation &&
+        host_group_->local_round_state() != nullptr &&
+        host_group_->size() <= LocalRoundState::kMaxRanks) {
+      local_rounds_ = std::make_unique<LocalRounds>(host_group_->local_round_state(),
+                                                    host_group_->rank(), host_group_->size());
+    }
     if (host_group_ != nullptr && host_group_->hosts() > 1) {
       // Hierarchical: local rank i of every host reduces the same slices; they allreduce them
       // among themselves.

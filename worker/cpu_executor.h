@@ -22,6 +22,7 @@
 #include "common/shared_memory.h"
 #include "worker/backend.h"
 #include "worker/executor.h"
+#include "worker/local_rounds.h"
 #include "worker/shm_group.h"
 
 namespace ringmaster {
@@ -71,6 +72,9 @@ struct CpuExecutorOptions {
   // or flat over the communicators. A group of one host carries both.
   bool hierarchical_allreduce = true;
   bool hierarchical_allgather = true;
+  // With a group of this one host (every rank of the job), of at most LocalRoundState::kMaxRanks
+  // ranks: a lone cached allreduce may be negotiated locally (local_rounds.h).
+  bool local_negotiation = true;
   int communicators = 2;
   // Allreduces smaller than this use communicator 0 alone.
   int64_t split_bytes = int64_t{4} << 20;
@@ -92,6 +96,7 @@ class CpuExecutor final : public Executor {
   void ReleaseProcessSet(int32_t id) override;
   // Whether allreduce goes through shared memory (known after Setup).
   bool shares_memory() const { return host_group_ != nullptr; }
+  LocalRounds* local_rounds() override { return local_rounds_.get(); }
 
  private:
   // Most process-set communicators one rank keeps.
@@ -123,7 +128,8 @@ class CpuExecutor final : public Executor {
   static constexpr size_t kMaxReleased = size_t{1} << 20;
   absl::flat_hash_set<int32_t> released_;
   std::unique_ptr<PartPool> pool_;
-  std::unique_ptr<ShmGroup> host_group_;  // the engine thread's
+  std::unique_ptr<ShmGroup> host_group_;       // the engine thread's
+  std::unique_ptr<LocalRounds> local_rounds_;  // in host_group_'s segment
   // What Abort (any thread) reaches: the group once connected, and the first reason, applied to a
   // group connected after it.
   absl::Mutex abort_mu_;

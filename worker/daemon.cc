@@ -495,6 +495,10 @@ void Daemon::StartJob(const v1::JobAssignment& assignment) {
   };
   cpu.hierarchical_allreduce = spec.spec().knobs().hierarchical_allreduce();
   cpu.hierarchical_allgather = spec.spec().knobs().hierarchical_allgather();
+  // Off under autotune, which scores what the coordinator negotiates.
+  cpu.local_negotiation =
+      (!spec.spec().knobs().has_local_negotiation() || spec.spec().knobs().local_negotiation()) &&
+      !spec.spec().knobs().autotune();
   if (!spec.spec().knobs().has_shm_allreduce() || spec.spec().knobs().shm_allreduce()) {
     cpu.make_host_group = [channel, spec, assignment, journal, rank, host = options_.host_name,
                            timeout]() {

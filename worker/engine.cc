@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -64,6 +65,16 @@ Engine::Engine(EngineOptions options)
   series_.queue_depth = &metrics_->GetGauge(
       "ringmaster_queue_depth", "Collectives enqueued by the training process and not yet done.",
       labels_);
+  const char* outcomes[] = {"completed", "diverted"};
+  for (int i = 0; i < 2; ++i) {
+    Labels with_outcome = labels_;
+    with_outcome.emplace_back("outcome", outcomes[i]);
+    series_.local_rounds[i] = &metrics_->GetCounter(
+        "ringmaster_local_negotiations_total",
+        "Lone cached allreduces this rank negotiated with the job's other ranks through shared "
+        "memory: completed there, or diverted to the coordinator.",
+        with_outcome);
+  }
   // Every kind exists from the start at 0, so rate() counts the first error too.
   for (const char* kind : {"negotiation", "peer", "job_stopped", "other"}) {
     Labels with_kind = labels_;
@@ -137,6 +148,7 @@ void Engine::Enqueue(LocalOp local, Done done) {
     }
   }
   absl::Status rejected;
+  bool queued = false;
   {
     absl::MutexLock lock(&mu_);
     if (!aborted_.ok()) {
@@ -152,16 +164,27 @@ void Engine::Enqueue(LocalOp local, Done done) {
       std::string name = r.name;
       ops_[std::move(name)] = std::make_unique<Op>(Op{std::move(local), std::move(done)});
       if (record_) series_.queue_depth->Set(static_cast<double>(ops_.size()));
-      return;
+      queued = true;
     }
+  }
+  if (queued) {
+    WakeRound();  // a local round in progress gives up: there is more to negotiate
+    return;
   }
   reject(rejected);  // outside the lock: the reply is a socket write
 }
 
 void Engine::OnResponses(RankCycle cycle) {
   const absl::Time now = options_.timeline ? absl::Now() : absl::InfinitePast();
-  absl::MutexLock lock(&mu_);
-  responses_.push_back({std::move(cycle), now});
+  {
+    absl::MutexLock lock(&mu_);
+    responses_.push_back({std::move(cycle), now});
+  }
+  WakeRound();
+}
+
+void Engine::WakeRound() {
+  if (in_round_.load()) rounds_->Wake();
 }
 
 void Engine::Abort(const absl::Status& status) {
@@ -176,6 +199,7 @@ void Engine::Abort(const absl::Status& status) {
     unsent_.clear();
     responses_.clear();
   }
+  WakeRound();
   for (auto& [name, op] : ops) op->done(Failed(status));
 }
 
@@ -207,6 +231,14 @@ void Engine::Loop() {
   setup_status_ =
       executor_ != nullptr ? executor_->Setup() : absl::FailedPreconditionError("no executor");
   executor_ready_ = setup_status_.ok();
+  rounds_ = executor_ready_ ? executor_->local_rounds() : nullptr;
+  absl::Cleanup report = [this] {
+    if (rounds_ == nullptr) return;
+    spdlog::info(
+        "job {} {}: {} allreduces negotiated locally, {} local rounds diverted to the "
+        "coordinator",
+        options_.job_id, RankName(), rounds_completed_, rounds_diverted_);
+  };
   if (!executor_ready_) {
     if (setup_status_.code() == absl::StatusCode::kFailedPrecondition || Stopping()) {
       // The job ended while its ranks were still meeting (a command that exits at once): its
@@ -223,6 +255,7 @@ void Engine::Loop() {
   while (true) {
     std::vector<TensorRequest> batch;
     std::deque<Arrived> lists;
+    bool lone = false;  // the rank's only collective in flight, and no list to process
     {
       absl::MutexLock lock(&mu_);
       // Wake for responses at once. Requests go out at most once per cycle: at once when the last
@@ -248,10 +281,12 @@ void Engine::Loop() {
       if (due()) {
         batch.swap(unsent_);
         last_sent_ = clock.Now();
+        lone = rounds_ != nullptr && batch.size() == 1 && ops_.size() == 1 && responses_.empty() &&
+               !joined_;
       }
       lists.swap(responses_);
     }
-    if (!batch.empty()) SendBatch(batch);
+    if (!batch.empty() && !(lone && TryLocalRound(batch.front()))) SendBatch(batch);
     for (Arrived& a : lists) Process(a.cycle, a.time);
   }
 }
@@ -274,7 +309,65 @@ void Engine::SendBatch(const std::vector<TensorRequest>& requests) {
       b.requests.push_back(r);
     }
   }
-  options_.send_requests(b);
+  SendToCoordinator(b);
+}
+
+void Engine::SendToCoordinator(const RequestBatch& batch) {
+  // First, so that a rank waiting in a round here gives up before this batch is on its way.
+  if (rounds_ != nullptr) rounds_->Divert(Point());
+  options_.send_requests(batch);
+}
+
+bool Engine::TryLocalRound(const TensorRequest& request) {
+  const uint32_t id = cache_.Find(request);
+  if (id == 0 || id > LocalRounds::kMaxId || request.type != RequestType::kAllreduce ||
+      request.process_set_id != 0 || request.group_id != 0 || request.device != -1) {
+    return false;
+  }
+  const absl::Time posted = absl::Now();
+  absl::Duration patience;
+  {
+    absl::MutexLock lock(&mu_);
+    // Long enough for ranks running in step; a rank far behind finds the round diverted and goes
+    // to the coordinator too (whose stall inspector then watches the collective).
+    patience = std::clamp(4 * cycle_time_, absl::Milliseconds(1), absl::Milliseconds(50));
+  }
+  in_round_.store(true);
+  const LocalRounds::Outcome outcome =
+      rounds_->Join(Point(), id, posted + patience, [this]() ABSL_LOCKS_EXCLUDED(mu_) {
+        absl::MutexLock lock(&mu_);
+        return stopping_ || !aborted_.ok() || !responses_.empty() || ops_.size() > 1;
+      });
+  in_round_.store(false);
+  if (outcome == LocalRounds::Outcome::kDiverted) {
+    ++rounds_diverted_;
+    if (record_) series_.local_rounds[1]->Increment();
+    return false;
+  }
+  ++rounds_completed_;
+  if (record_) series_.local_rounds[0]->Increment();
+  {
+    // Aborted meanwhile: the executor's abort fails the collective on every rank.
+    absl::MutexLock lock(&mu_);
+    if (!ops_.contains(request.name)) return true;
+  }
+  // What the coordinator would have answered: the cached request, normalised as it does.
+  Response r;
+  r.type = Response::Type::kAllreduce;
+  r.names = {request.name};
+  r.cache_ids = {id};
+  r.dtype = request.dtype;
+  r.reduce_op =
+      request.reduce_op == ReduceOp::kUnspecified ? ReduceOp::kAverage : request.reduce_op;
+  r.prescale_factor = request.prescale_factor == 0 ? 1.0 : request.prescale_factor;
+  r.postscale_factor = request.postscale_factor == 0 ? 1.0 : request.postscale_factor;
+  r.root_rank = request.root_rank;
+  r.device = request.device;
+  r.tensor_sizes = {NumElements(request.shape)};
+  ExecutionTrace trace(options_.timeline, posted);
+  trace.End("LOCAL_NEGOTIATE");
+  Execute(r, r.names, trace);
+  return true;
 }
 
 std::vector<Engine::Op*> Engine::Take(const std::vector<std::string>& names) {
@@ -345,7 +438,7 @@ void Engine::Process(RankCycle& cycle, absl::Time arrived) {
         b.requests.push_back(*std::move(r));
       }
     }
-    options_.send_requests(b);
+    SendToCoordinator(b);
   }
   for (const Response& e : cycle.rank_errors) {
     for (Op* op : Take(e.names)) {
@@ -374,6 +467,17 @@ void Engine::Process(RankCycle& cycle, absl::Time arrived) {
     // Waiting behind the earlier responses of the list.
     trace.End("QUEUE");
     Execute(r, names, trace);
+  }
+  ++lists_processed_;
+  if (rounds_ != nullptr) {
+    // Requests still awaiting a response at the new point: rounds there cannot complete (those
+    // requests need the other ranks' too, at the coordinator).
+    bool awaiting;
+    {
+      absl::MutexLock lock(&mu_);
+      awaiting = ops_.size() > unsent_.size();
+    }
+    if (awaiting) rounds_->Divert(Point());
   }
 }
 

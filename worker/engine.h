@@ -12,10 +12,15 @@
 // the daemon converts the local socket's and the session's protobuf messages at its edges
 // (worker/engine_wire.h).
 //
+// Local negotiation: where the executor offers it (one host, shared memory: local_rounds.h), a lone
+// cached allreduce, with nothing else awaiting a response, is negotiated with the job's other
+// ranks through shared memory; whatever that round cannot settle goes to the coordinator.
+//
 // Thread-safe: Enqueue/OnResponses/Abort may be called from any thread; one engine thread owns the
 // executor and executes collectives with mu_ released.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -34,6 +39,7 @@
 #include "common/metrics.h"
 #include "common/negotiation_types.h"
 #include "worker/executor.h"
+#include "worker/local_rounds.h"
 #include "worker/worker_cache.h"
 
 namespace ringmaster {
@@ -147,6 +153,14 @@ class Engine {
   // An empty batch of this rank's, in the current cache generation.
   RequestBatch NewBatch() const;
   void SendBatch(const std::vector<TensorRequest>& requests);
+  // Every batch for the coordinator goes through here: no local round completes at this point.
+  void SendToCoordinator(const RequestBatch& batch);
+  // Negotiates `request`, the rank's only collective in flight, in a local round; false when it
+  // must go to the coordinator (not eligible, or the round was diverted).
+  bool TryLocalRound(const TensorRequest& request);
+  LocalPoint Point() const { return {lists_processed_, rounds_completed_}; }
+  // Wakes a local round's wait: the engine has more work.
+  void WakeRound();
   void Process(RankCycle& cycle, absl::Time arrived);
   // A list of a new cache generation: forget the cache, queue every unanswered request again.
   void Renegotiate(uint64_t generation);
@@ -170,6 +184,7 @@ class Engine {
     Histogram* fill_ratio;
     Gauge* bus_bandwidth;
     Gauge* queue_depth;
+    Counter* local_rounds[2];  // completed, diverted
   };
   void CountError(absl::string_view kind);
   // Observes a successfully executed response. Engine thread only.
@@ -187,6 +202,13 @@ class Engine {
   int64_t fusion_threshold_ = 0;  // engine thread only: as the last response list said
   WorkerCache cache_;             // engine thread only
   uint64_t generation_ = 0;       // engine thread only: the cache's generation
+  // Local negotiation (engine thread only): the executor's rounds (null: none), and this rank's
+  // point: response lists processed, rounds completed.
+  LocalRounds* rounds_ = nullptr;
+  uint64_t lists_processed_ = 0;
+  uint64_t rounds_completed_ = 0;
+  uint64_t rounds_diverted_ = 0;
+  std::atomic<bool> in_round_{false};  // the engine thread waits in a local round
 
   bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -79,6 +79,8 @@ class ExecutionTrace {
   std::vector<std::pair<const char*, int64_t>> ends_;
 };
 
+class LocalRounds;
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -97,6 +99,10 @@ class Executor {
   // collective of the set is in flight anywhere): frees process set `id`'s communicators; a
   // later collective in it is refused.
   virtual void ReleaseProcessSet(int32_t id) = 0;
+  // After Setup: where this rank negotiates a lone cached collective with the job's other ranks
+  // without the coordinator (local_rounds.h), or null where it cannot (ranks on several hosts, no
+  // shared memory, a GPU).
+  virtual LocalRounds* local_rounds() { return nullptr; }
 };
 
 // The bytes an allgather tensor moves: this rank's shape, every rank's bytes, and the result's rows

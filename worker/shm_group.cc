@@ -25,6 +25,8 @@
 #include "absl/time/clock.h"
 #include "common/shared_memory.h"
 #include "spdlog/spdlog.h"
+#include "worker/futex.h"
+#include "worker/local_rounds.h"
 #include "worker/reduce_kernels.h"
 
 namespace ringmaster {
@@ -41,6 +43,7 @@ struct ShmHeader {
   std::atomic<uint32_t> failed;                // 0, or 1 + the rank that failed
   int32_t failed_code;
   char why[1024];
+  LocalRoundState rounds;  // local negotiation (local_rounds.h), on one host
 };
 
 namespace {
@@ -69,26 +72,6 @@ std::atomic<uint32_t>* Arrived(uint8_t* segment, int rank) {
 std::atomic<uint32_t>* Crossing(uint8_t* segment, int rank) {
   return reinterpret_cast<std::atomic<uint32_t>*>(segment + kPage + kLine * rank +
                                                   sizeof(uint32_t));
-}
-
-uint32_t* Word(std::atomic<uint32_t>& a) { return reinterpret_cast<uint32_t*>(&a); }
-
-void FutexWake(std::atomic<uint32_t>& word) {
-  syscall(SYS_futex, Word(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-// Sleeps while `word` holds `expected`, for at most `wait`.
-void FutexWait(std::atomic<uint32_t>& word, uint32_t expected, absl::Duration wait) {
-  const timespec ts = absl::ToTimespec(wait);
-  syscall(SYS_futex, Word(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 std::string ReadTrimmed(const char* path) {
@@ -227,6 +210,10 @@ void ShmGroup::Abort(const std::string& why) {
     header_->failed.store(static_cast<uint32_t>(rank_ + 1), std::memory_order_release);
   }
   FutexWake(header_->arrivals);
+}
+
+LocalRoundState* ShmGroup::local_round_state() const {
+  return hosts_ == 1 ? &header_->rounds : nullptr;
 }
 
 absl::Status ShmGroup::Barrier() {

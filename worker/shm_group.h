@@ -37,6 +37,7 @@ namespace ringmaster {
 
 class SharedMemory;
 struct ShmHeader;
+struct LocalRoundState;
 
 struct ShmGroupOptions {
   int rank = 0;
@@ -108,6 +109,10 @@ class ShmGroup {
   // Any thread: a collective in progress here and on every other rank returns, and every later one
   // fails, with `why`.
   void Abort(const std::string& why);
+
+  // Where the group's ranks hold local negotiation rounds (local_rounds.h), in the segment: with
+  // one host only (a job spread over hosts negotiates through the coordinator), else null.
+  LocalRoundState* local_round_state() const;
 
   // An allreduce of at most this many bytes (and half a slot) on one host takes one barrier, not
   // two: every rank reduces all of it (in rank order, as a slice is reduced, so every rank gets the

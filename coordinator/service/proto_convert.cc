@@ -57,6 +57,7 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
   o.backend = static_cast<Backend>(k.backend());
   o.autotune_fixed.assign(k.autotune_fixed().begin(), k.autotune_fixed().end());
   if (k.has_shm_allreduce()) o.shm_allreduce = k.shm_allreduce();
+  if (k.has_local_negotiation()) o.local_negotiation = k.local_negotiation();
   if (k.has_hierarchical_allreduce()) o.hierarchical_allreduce = k.hierarchical_allreduce();
   if (k.has_hierarchical_allgather()) o.hierarchical_allgather = k.hierarchical_allgather();
   o.negotiation_relay = k.negotiation_relay();
@@ -102,6 +103,7 @@ void ToProto(const JobSpec& in, v1::JobSpec* out) {
   o->set_backend(static_cast<v1::Backend>(k.backend));
   for (const std::string& name : k.autotune_fixed) o->add_autotune_fixed(name);
   o->set_shm_allreduce(k.shm_allreduce);
+  o->set_local_negotiation(k.local_negotiation);
   o->set_hierarchical_allreduce(k.hierarchical_allreduce);
   o->set_hierarchical_allgather(k.hierarchical_allgather);
   o->set_negotiation_relay(k.negotiation_relay);

@@ -83,6 +83,7 @@ HOROVOD_KNOBS = {
     "HOROVOD_CPU_OPERATIONS": ("backend", _backend),
     "HOROVOD_GPU_OPERATIONS": ("backend", _backend),
     "RINGMASTER_SHM_ALLREDUCE": ("shm_allreduce", _flag),
+    "RINGMASTER_LOCAL_NEGOTIATION": ("local_negotiation", _flag),
     "HOROVOD_HIERARCHICAL_ALLREDUCE": ("hierarchical_allreduce", _flag),
     "HOROVOD_HIERARCHICAL_ALLGATHER": ("hierarchical_allgather", _flag),
     "RINGMASTER_NEGOTIATION_RELAY": ("negotiation_relay", _flag),

@@ -134,6 +134,17 @@ def test_every_collective_and_dtype_matches_the_exact_reference(cluster, np_, fu
         assert re.search(rf"^\[{rank}\] collectives_check: rank {rank}: \d+ checks passed, 0 failed$",
                          logs, re.M), logs
     assert "FAIL" not in logs
+    # Its loop of small allreduces: on one host (np 2) the daemons negotiated the cached ones among
+    # themselves, every rank the same number (the coordinator saw the rest); across hosts, none.
+    cluster.close()
+    daemons = "".join((cluster.tmp / f"worker{i}.log").read_text() for i in range(4))
+    local = re.findall(rf"job {job} rank (\d+) \(h\d\): (\d+) allreduces negotiated locally",
+                       daemons)
+    if np_ == 2:
+        assert sorted(r for r, _ in local) == ["0", "1"], daemons
+        assert local[0][1] == local[1][1] and int(local[0][1]) >= 250, local
+    else:
+        assert local == [], local
 
 
 def check_collectives_then_read_worker_logs(cluster, extra):

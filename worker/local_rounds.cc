@@ -1,0 +1,154 @@
+#include "worker/local_rounds.h"
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+#include "worker/futex.h"
+
+namespace ringmaster {
+namespace {
+
+// The word: lists (16 bits) | rounds (16) | cache id (16) | diverted (1) | mask of ranks (15).
+constexpr uint64_t kMaskBits = (uint64_t{1} << LocalRoundState::kMaxRanks) - 1;
+constexpr uint64_t kDiverted = uint64_t{1} << LocalRoundState::kMaxRanks;
+static_assert(LocalRoundState::kMaxRanks + 1 == 16);
+
+uint32_t Pack(LocalPoint p) {
+  return static_cast<uint32_t>(((p.lists & 0xFFFF) << 16) | (p.rounds & 0xFFFF));
+}
+uint32_t PointOf(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
+uint32_t IdOf(uint64_t word) { return static_cast<uint32_t>(word >> 16) & 0xFFFF; }
+uint64_t MaskOf(uint64_t word) { return word & kMaskBits; }
+bool DivertedAt(uint64_t word) { return (word & kDiverted) != 0; }
+uint64_t Make(uint32_t point, uint32_t id, uint64_t bits) {
+  return (uint64_t{point} << 32) | (uint64_t{id} << 16) | bits;
+}
+
+// Spins this many times looking at the word before sleeping: the other ranks usually post within
+// microseconds of each other when they run in step, and a futex sleep and wake costs tens.
+constexpr int kSpins = 2000;
+
+}  // namespace
+
+LocalRounds::LocalRounds(LocalRoundState* state, int rank, int size)
+    : state_(state),
+      rank_(rank),
+      me_(uint64_t{1} << rank),
+      full_((uint64_t{1} << std::clamp(size, 1, LocalRoundState::kMaxRanks)) - 1) {}
+
+LocalRounds::Seen LocalRounds::Classify(uint64_t word, uint32_t point) const {
+  if (PointOf(word) == point) {
+    if (MaskOf(word) == full_) return Seen::kCompleted;
+    if (DivertedAt(word) || (word & me_) == 0) return Seen::kDiverted;
+    return Seen::kWaiting;
+  }
+  // Rounds only complete with every rank: a word whose round count is one on from ours was
+  // written by a rank past our round, which completed.
+  return ((PointOf(word) - point) & 0xFFFF) == 1 ? Seen::kCompleted : Seen::kDiverted;
+}
+
+void LocalRounds::WakeAll(uint64_t mask) {
+  for (int r = 0; mask != 0; ++r, mask >>= 1) {
+    if ((mask & 1) == 0) continue;
+    state_->wake[r].seq.fetch_add(1, std::memory_order_release);
+    FutexWake(state_->wake[r].seq);
+  }
+}
+
+void LocalRounds::Wake() { WakeAll(me_); }
+
+LocalRounds::Outcome LocalRounds::Join(LocalPoint at, uint32_t id, absl::Time deadline,
+                                       absl::FunctionRef<bool()> give_up) {
+  const uint32_t point = Pack(at);
+  std::atomic<uint64_t>& word = state_->word;
+  uint64_t w = word.load(std::memory_order_acquire);
+  while (true) {
+    uint64_t next;
+    const uint64_t mask = MaskOf(w);
+    if (PointOf(w) == point) {
+      if (DivertedAt(w)) return Outcome::kDiverted;
+      if (mask != 0 && IdOf(w) != id) {  // another collective: none of us may complete it here
+        if (word.compare_exchange_weak(w, w | kDiverted, std::memory_order_acq_rel)) {
+          WakeAll(mask);
+          return Outcome::kDiverted;
+        }
+        continue;
+      }
+      next = mask == 0 ? Make(point, id, me_) : w | me_;
+    } else {
+      // Another point's round. One still open there means the ranks are out of step (one has
+      // processed a list another has not): neither round can complete, so both go to the
+      // coordinator, which orders them again.
+      if (mask != 0 && mask != full_ && !DivertedAt(w)) {
+        if (word.compare_exchange_weak(w, w | kDiverted, std::memory_order_acq_rel)) {
+          WakeAll(mask);
+          return Outcome::kDiverted;
+        }
+        continue;
+      }
+      next = Make(point, id, me_);
+    }
+    if (word.compare_exchange_weak(w, next, std::memory_order_acq_rel)) {
+      if (MaskOf(next) == full_) {  // the commit: every rank is in
+        WakeAll(full_ & ~me_);
+        return Outcome::kCompleted;
+      }
+      break;
+    }
+  }
+  // Wait. The wake count is read before the word, so a change after the read ends the sleep.
+  std::atomic<uint32_t>& seq = state_->wake[rank_].seq;
+  for (int spins = 0;; ++spins) {
+    const uint32_t s = seq.load(std::memory_order_acquire);
+    w = word.load(std::memory_order_acquire);
+    switch (Classify(w, point)) {
+      case Seen::kCompleted:
+        return Outcome::kCompleted;
+      case Seen::kDiverted:
+        return Outcome::kDiverted;
+      case Seen::kWaiting:
+        break;
+    }
+    if (spins < kSpins) {
+      CpuRelax();
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline || give_up()) {
+      // Leave, unless the round completed meanwhile (the commit cannot be undone).
+      if (word.compare_exchange_strong(w, w | kDiverted, std::memory_order_acq_rel)) {
+        WakeAll(MaskOf(w) & ~me_);
+        return Outcome::kDiverted;
+      }
+      continue;
+    }
+    FutexWait(seq, s, std::min(deadline - now, absl::Milliseconds(10)));
+  }
+}
+
+void LocalRounds::Divert(LocalPoint at) {
+  const uint32_t point = Pack(at);
+  std::atomic<uint64_t>& word = state_->word;
+  uint64_t w = word.load(std::memory_order_acquire);
+  while (true) {
+    const uint64_t mask = MaskOf(w);
+    if (PointOf(w) == point) {
+      if (DivertedAt(w) || mask == full_) return;
+      if (word.compare_exchange_weak(w, w | kDiverted, std::memory_order_acq_rel)) {
+        WakeAll(mask);
+        return;
+      }
+      continue;
+    }
+    if (mask != 0 && mask != full_ && !DivertedAt(w)) {
+      if (word.compare_exchange_weak(w, w | kDiverted, std::memory_order_acq_rel)) {
+        WakeAll(mask);
+        w |= kDiverted;
+      }
+      continue;
+    }
+    if (word.compare_exchange_weak(w, Make(point, 0, kDiverted), std::memory_order_acq_rel)) return;
+  }
+}
+
+}  // namespace ringmaster

@@ -1,0 +1,85 @@
+// Local negotiation: the daemons of a job whose ranks all share one host agree on a lone cached
+// allreduce through shared memory, without the coordinator's round trip (two gRPC hops and the
+// wake-ups behind them, most of a small allreduce's latency).
+//
+// When a rank has exactly one collective to negotiate, nothing else awaits a response, and the
+// collective is in its response cache, it joins a *round* instead of sending the request: it
+// posts the cache id in one shared 64-bit word. Once every rank of the job posted the same id at
+// the same point, the round is complete and every rank executes the response the coordinator would
+// have sent (its cache entry says what it is), in the same place in its sequence. Anything else
+// diverts the round, and each rank then sends its request to the coordinator as before:
+//   - a rank sent requests to the coordinator at this point (it was not quiet: its requests
+//     outstanding there need the others' too), or posted another id;
+//   - a rank had more work meanwhile (another collective, a response list), or waited too long;
+//   - ranks are out of step (one processed a list the other has not yet).
+// The coordinator never learns of a completed round: it negotiates only what is sent to it, so
+// whatever goes through it and through rounds stays in one order on every rank.
+//
+// A rank's point is (response lists processed, rounds completed): equal on every rank that has
+// nothing awaiting a response, since every list goes to every rank and every round completes on
+// all. A round is identified by its point; its word holds the point (16 bits each, as only nearby
+// points ever meet), the cache id (16 bits), whether it is diverted, and a mask of the ranks that
+// joined (at most kMaxRanks). A full mask completes it: that compare-and-swap is the commit, and
+// no rank can leave a round after it. A rank that waits sees its round complete as a full mask at
+// its point, or as a word whose round count moved on (no round can complete without every rank).
+//
+// Thread-safe; LocalRoundState may lie in memory shared between processes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "absl/functional/function_ref.h"
+#include "absl/time/time.h"
+
+namespace ringmaster {
+
+// The shared part, zero-initialised. Each rank sleeps on its own wake word.
+struct LocalRoundState {
+  static constexpr int kMaxRanks = 15;
+  alignas(64) std::atomic<uint64_t> word;
+  struct alignas(64) Wake {
+    std::atomic<uint32_t> seq;
+  };
+  Wake wake[kMaxRanks];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+// Where a rank stands: response lists processed and rounds completed, as the engine counts them.
+struct LocalPoint {
+  uint64_t lists = 0;
+  uint64_t rounds = 0;
+};
+
+class LocalRounds {
+ public:
+  static constexpr uint32_t kMaxId = 0xFFFF;  // larger cache ids are negotiated by the coordinator
+
+  // `rank` among `size` ranks (2..kMaxRanks); `state` is borrowed.
+  LocalRounds(LocalRoundState* state, int rank, int size);
+
+  enum class Outcome { kCompleted, kDiverted };
+  // Joins the round at `point` for cache id `id` (1..kMaxId) and waits until it completes or is
+  // diverted. Gives up (diverting the round, unless it completed meanwhile) once `deadline` passes
+  // or `give_up()` returns true; that is checked whenever the wait wakes: Wake() wakes it.
+  Outcome Join(LocalPoint point, uint32_t id, absl::Time deadline,
+               absl::FunctionRef<bool()> give_up);
+  // This rank sends requests to the coordinator at `point` (or has some awaiting a response
+  // there): no round completes at it, and ranks waiting in one give up at once.
+  void Divert(LocalPoint point);
+  // Wakes this rank's Join (from another thread: it has more work).
+  void Wake();
+
+ private:
+  enum class Seen { kWaiting, kCompleted, kDiverted };
+  // What `word` means for a rank that joined the round at `point`.
+  Seen Classify(uint64_t word, uint32_t point) const;
+  void WakeAll(uint64_t mask);
+
+  LocalRoundState* const state_;
+  const int rank_;
+  const uint64_t me_;
+  const uint64_t full_;
+};
+
+}  // namespace ringmaster
