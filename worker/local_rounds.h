@@ -17,11 +17,14 @@
 //
 // A rank's point is (response lists processed, rounds completed): equal on every rank that has
 // nothing awaiting a response, since every list goes to every rank and every round completes on
-// all. A round is identified by its point; its word holds the point (16 bits each, as only nearby
-// points ever meet), the cache id (16 bits), whether it is diverted, and a mask of the ranks that
+// all. A round is identified by its point; its word holds the point (12 bits each, as only nearby
+// points ever meet), the cache id (24 bits), whether it is diverted, and a mask of the ranks that
 // joined (at most kMaxRanks). A full mask completes it: that compare-and-swap is the commit, and
-// no rank can leave a round after it. A rank that waits sees its round complete as a full mask at
-// its point, or as a word whose round count moved on (no round can complete without every rank).
+// no rank can leave a round after it (leaving is a compare-and-swap that marks it diverted). A rank
+// that waits sees its round complete as a full mask at its point, or as a word whose round count
+// moved on by one (no round can complete without every rank). A rank that sends to the coordinator
+// also leaves a marker of its own, the point it sent at, so a rank that comes to that point later
+// goes to the coordinator at once, whatever the shared word holds by then.
 //
 // Thread-safe; LocalRoundState may lie in memory shared between processes.
 #pragma once
@@ -38,6 +41,8 @@ namespace ringmaster {
 struct LocalRoundState {
   static constexpr int kMaxRanks = 15;
   alignas(64) std::atomic<uint64_t> word;
+  // Per rank: 1 + the (packed) point at which it last sent to the coordinator; 0: never.
+  alignas(64) std::atomic<uint32_t> diverted_at[kMaxRanks];
   struct alignas(64) Wake {
     std::atomic<uint32_t> seq;
   };
@@ -53,7 +58,7 @@ struct LocalPoint {
 
 class LocalRounds {
  public:
-  static constexpr uint32_t kMaxId = 0xFFFF;  // larger cache ids are negotiated by the coordinator
+  static constexpr uint32_t kMaxId = 0xFFFFFF;  // larger cache ids go to the coordinator
 
   // `rank` among `size` ranks (2..kMaxRanks); `state` is borrowed.
   LocalRounds(LocalRoundState* state, int rank, int size);
@@ -74,10 +79,13 @@ class LocalRounds {
   enum class Seen { kWaiting, kCompleted, kDiverted };
   // What `word` means for a rank that joined the round at `point`.
   Seen Classify(uint64_t word, uint32_t point) const;
+  // Whether a rank sent to the coordinator at `point`.
+  bool DivertedBySomeone(uint32_t point) const;
   void WakeAll(uint64_t mask);
 
   LocalRoundState* const state_;
   const int rank_;
+  const int size_;
   const uint64_t me_;
   const uint64_t full_;
 };

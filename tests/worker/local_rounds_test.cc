@@ -113,6 +113,27 @@ TEST_F(LocalRoundsTest, ARankSendingToTheCoordinatorEndsTheWaitAtOnce) {
   EXPECT_EQ(JoinAll({{5, 2}, {5, 2}}, {9, 9}), std::vector<Outcome>(2, Outcome::kCompleted));
 }
 
+TEST_F(LocalRoundsTest, ARankThatSentAtAPointDivertsThoseThatComeThereLater) {
+  // Rank 1 sends at point (1, 0); then rank 0, a list behind, sends at (0, 0). Rank 2, reaching
+  // (1, 0) afterwards, must not wait there for rank 1, which will never join.
+  LocalRounds& a = Rank(0, 3);
+  LocalRounds& b = Rank(1, 3);
+  LocalRounds& c = Rank(2, 3);
+  b.Divert({1, 0});
+  a.Divert({0, 0});
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(c.Join({1, 0}, 4, absl::Now() + kPatience, Never), Outcome::kDiverted);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST_F(LocalRoundsTest, CacheIdsUpToTwentyFourBitsAreTold) {
+  // Ranks posting ids that differ only above 16 bits do not complete a round together.
+  EXPECT_EQ(JoinAll({{0, 0}, {0, 0}}, {0x10005, 0x20005}),
+            std::vector<Outcome>(2, Outcome::kDiverted));
+  EXPECT_EQ(JoinAll({{1, 0}, {1, 0}}, {LocalRounds::kMaxId, LocalRounds::kMaxId}),
+            std::vector<Outcome>(2, Outcome::kCompleted));
+}
+
 TEST_F(LocalRoundsTest, ARankThatGivesUpDivertsTheRoundAndItsWakeEndsItsWait) {
   LocalRounds& a = Rank(0, 2);
   LocalRounds& b = Rank(1, 2);
