@@ -40,9 +40,15 @@ for profile in $profiles; do
       --modes bucketed --port $((29500 + RANDOM % 400)) >>"$out"
   done
 done
+# The 4-byte latency: Ringmaster (a one-host job negotiates a lone cached allreduce among its
+# daemons), the same through the coordinator (--no-local-negotiation), and PyTorch's Gloo, alternating.
 for ((i = 0; i < repeats; i++)); do
-  "$bin/ringmaster" local --np "$np" -- "$bin/ringmaster-bench" --latency-iterations 500 --json \
+  "$bin/ringmaster" local --np "$np" -- "$bin/ringmaster-bench" --latency-iterations 2000 --json \
     | sed 's/^\[0\] //' >>"$out"
+  "$bin/ringmaster" local --np "$np" --no-local-negotiation -- "$bin/ringmaster-bench" \
+    --latency-iterations 2000 --json | sed 's/^\[0\] //; s/"system":"ringmaster"/"system":"ringmaster-coordinator"/' >>"$out"
+  /usr/bin/python3 "$root/bench/torch_anchor.py" --np "$np" --modes latency --latency-iterations 2000 \
+    --port $((29500 + RANDOM % 400)) >>"$out"
 done
 /usr/bin/python3 - "$out" <<'PY'
 import json, statistics, sys
@@ -66,6 +72,14 @@ for p in profiles:
           f"{torch*1e3:>18.1f} {ours/raw:>12.3f} {ours/torch:>9.3f} {ours/floor:>10.3f}")
 lat = [r for r in rows if r.get("bench") == "latency"]
 if lat:
-    print(f"4-byte allreduce, np={lat[0]['np']}: p50 {med([r['p50_ms'] for r in lat]):.3f} ms, "
-          f"p99 {med([r['p99_ms'] for r in lat]):.3f} ms (medians of {len(lat)} runs of {lat[0]['iterations']})")
+    print(f"4-byte allreduce, np={lat[0]['np']}, p50 / p99 in ms (medians of "
+          f"{len(lat) // 3} runs of {lat[0]['iterations']} each):")
+    p50 = {}
+    for system, label in (("ringmaster", "ringmaster"),
+                          ("ringmaster-coordinator", "through the coordinator"),
+                          ("torch.distributed-gloo", "torch.distributed gloo")):
+        mine = [r for r in lat if r.get("system") == system]
+        p50[system] = med([r["p50_ms"] for r in mine])
+        print(f"  {label:26} {p50[system]:.3f} / {med([r['p99_ms'] for r in mine]):.3f}")
+    print(f"  ringmaster / torch p50: {p50['ringmaster'] / p50['torch.distributed-gloo']:.3f}")
 PY

@@ -46,6 +46,10 @@ def run(local_rank, args, port, result_q):
     torch.set_num_threads(1)
     rank = args.node_rank * args.np + local_rank
     dist.init_process_group("gloo", rank=rank, world_size=args.np * args.nnodes)
+    if args.modes == ["latency"]:
+        latency(rank, args, result_q)
+        dist.destroy_process_group()
+        return
     prof = json.load(open(args.profile))
     sizes = [numel(t["shape"]) for t in prof["tensors"]]
     total_bytes = sum(sizes) * 4
@@ -108,9 +112,27 @@ def run(local_rank, args, port, result_q):
     dist.destroy_process_group()
 
 
+def latency(rank, args, result_q):
+    """A 4-byte allreduce over and over, each waited for: p50 and p99 of rank 0's times."""
+    x = torch.ones(1)
+    times = []
+    for i in range(args.latency_iterations + 10):
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        if i >= 10:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    if rank == 0:
+        result_q.put({"system": "torch.distributed-gloo", "torch": torch.__version__,
+                      "bench": "latency", "np": args.np * args.nnodes, "bytes": 4,
+                      "iterations": args.latency_iterations,
+                      "p50_ms": round(times[len(times) // 2] * 1e3, 4),
+                      "p99_ms": round(times[len(times) * 99 // 100] * 1e3, 4)})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", required=True)
+    ap.add_argument("--profile", help="a gradient profile (bench/profiles/*.json); not for latency")
     ap.add_argument("--np", type=int, default=2, help="ranks on this host")
     ap.add_argument("--nnodes", type=int, default=1, help="hosts, each running this with its --node-rank")
     ap.add_argument("--node-rank", type=int, default=0)
@@ -119,11 +141,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--modes", nargs="*", help="subset of per_tensor bucketed flat allgather "
-                    "(default: the first three)")
+                    "(default: the first three), or latency alone (a 4-byte allreduce's p50 and p99)")
+    ap.add_argument("--latency-iterations", type=int, default=2000)
     ap.add_argument("--allgather-bytes", type=int, default=4 << 20,
                     help="allgather mode: bytes from every rank")
     ap.add_argument("--port", type=int, default=29533)
     args = ap.parse_args()
+    if args.modes != ["latency"] and not args.profile:
+        ap.error("--profile is required (except with --modes latency)")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=run, args=(r, args, args.port, q)) for r in range(args.np)]

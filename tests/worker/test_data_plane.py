@@ -147,6 +147,19 @@ def test_every_collective_and_dtype_matches_the_exact_reference(cluster, np_, fu
         assert local == [], local
 
 
+def test_without_local_negotiation_the_coordinator_negotiates_every_collective(cluster):
+    job = cluster.submit(2, f"{BIN}/collectives_check",
+                         extra=["--processes-per-host", "2", "--no-local-negotiation"])
+    done = cluster.wait_state(job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
+    logs = cluster.logs(job)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", logs + done.get("reason", "")
+    assert len(re.findall(r"collectives_check: rank \d: \d+ checks passed, 0 failed$", logs, re.M)) == 2
+    cluster.close()
+    daemons = "".join((cluster.tmp / f"worker{i}.log").read_text() for i in range(4))
+    assert f"job {job} rank 0 of 2: starting" in daemons  # these are the daemons that served it
+    assert "negotiated locally" not in daemons, daemons
+
+
 def check_collectives_then_read_worker_logs(cluster, extra):
     """Runs collectives_check on 4 ranks with `extra` flags, asserts every check of every rank
     passed, closes the cluster (the daemons log what they relayed as the job's rank goes) and
