@@ -13,6 +13,10 @@ profile and number of ranks, run right after. Repeats both and prints the median
     /usr/bin/python3 bench/torch_api_step.py [--np 2] [--profile bench/profiles/resnet50.json]
                                              [--steps 10] [--repeats 3]
 
+With --latency N instead: a 1-element `hvd.allreduce` N times on each rank, each waited for, p50 and
+p99 of rank 0's, against the same loop of torch.distributed's all_reduce (bench/torch_anchor.py
+--modes latency), alternating, --repeats times.
+
 Inside a job (what each rank runs): torch_api_step.py --rank-main --profile P --steps S.
 """
 import argparse
@@ -35,6 +39,19 @@ def rank_main(args):
 
     hvd.init()
     torch.set_num_threads(1)
+    if args.latency:
+        x = torch.ones(1)
+        times = []
+        for i in range(args.latency + 10):
+            t0 = time.perf_counter()
+            hvd.allreduce(x, name="latency", op=hvd.Sum)
+            if i >= 10:
+                times.append(time.perf_counter() - t0)
+        times.sort()
+        if hvd.rank() == 0:
+            print(f"LATENCY {times[len(times) // 2]:.7f} {times[len(times) * 99 // 100]:.7f}",
+                  flush=True)
+        return
     prof = json.load(open(args.profile))
     grads = []
     for t in prof["tensors"]:
@@ -59,6 +76,31 @@ def rank_main(args):
         print(f"RESULT {worst.item():.6f} {len(grads)}", flush=True)
 
 
+def latency(args):
+    ours, theirs = [], []
+    for i in range(args.repeats):
+        out = subprocess.run(
+            [str(ROOT / "build" / "bin" / "ringmaster"), "local", "--np", str(args.np), "--",
+             "/usr/bin/python3", __file__, "--rank-main", "--latency", str(args.latency)],
+            capture_output=True, text=True, timeout=900, check=True).stdout
+        m = re.search(r"LATENCY ([\d.]+) ([\d.]+)", out)
+        ours.append((float(m.group(1)), float(m.group(2))))
+        anchor = subprocess.run(
+            ["/usr/bin/python3", str(ROOT / "bench" / "torch_anchor.py"), "--np", str(args.np),
+             "--modes", "latency", "--latency-iterations", str(args.latency), "--port",
+             str(29700 + i)],
+            capture_output=True, text=True, timeout=900, check=True).stdout
+        r = json.loads(anchor.splitlines()[0])
+        theirs.append((r["p50_ms"] / 1e3, r["p99_ms"] / 1e3))
+        print(f"run {i + 1}: hvd.allreduce p50 {ours[-1][0] * 1e3:.3f} ms, p99 "
+              f"{ours[-1][1] * 1e3:.3f} ms; torch.distributed p50 {theirs[-1][0] * 1e3:.3f} ms, "
+              f"p99 {theirs[-1][1] * 1e3:.3f} ms", flush=True)
+    o = statistics.median(p for p, _ in ours)
+    t = statistics.median(p for p, _ in theirs)
+    print(f"median p50: ringmaster.torch {o * 1e3:.3f} ms, torch.distributed gloo {t * 1e3:.3f} ms, "
+          f"ratio {o / t:.2f}, np {args.np}, 1 float32")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=2)
@@ -66,11 +108,15 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--latency", type=int, default=0,
+                        help="iterations of a 1-element allreduce instead of the gradient step")
     parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_main:
         rank_main(args)
         return
+    if args.latency:
+        return latency(args)
     ours, staged, ddp = [], [], []
 
     def job(direct):

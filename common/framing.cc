@@ -9,7 +9,9 @@
 #include <cstring>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/message_lite.h"
 
@@ -67,22 +69,28 @@ absl::Status ReadAllBy(int fd, char* data, size_t n, absl::Time deadline) {
   return absl::OkStatus();
 }
 
+// One frame: its 4-byte little-endian length, then its body, each read with `read_all`. A length
+// over `max_bytes` is refused naming `limit`.
+absl::Status ReadFrameWith(absl::FunctionRef<absl::Status(char* data, size_t n)> read_all,
+                           google::protobuf::MessageLite* message, uint32_t max_bytes,
+                           absl::string_view limit) {
+  unsigned char header[4];
+  if (absl::Status s = read_all(reinterpret_cast<char*>(header), 4); !s.ok()) return s;
+  const uint32_t n = header[0] | header[1] << 8 | header[2] << 16 | uint32_t{header[3]} << 24;
+  if (n > max_bytes)
+    return absl::DataLossError(absl::StrCat("frame of ", n, " bytes exceeds ", limit));
+  std::string body(n, '\0');
+  if (absl::Status s = read_all(body.data(), n); !s.ok()) return s;
+  if (!message->ParseFromString(body)) return absl::DataLossError("malformed frame");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ReadFrameBy(int fd, google::protobuf::MessageLite* message, uint32_t max_bytes,
                          absl::Time deadline) {
-  unsigned char header[4];
-  if (absl::Status s = ReadAllBy(fd, reinterpret_cast<char*>(header), 4, deadline); !s.ok()) {
-    return s;
-  }
-  const uint32_t n = header[0] | header[1] << 8 | header[2] << 16 | uint32_t{header[3]} << 24;
-  if (n > max_bytes) {
-    return absl::DataLossError(absl::StrCat("frame of ", n, " bytes exceeds ", max_bytes));
-  }
-  std::string body(n, '\0');
-  if (absl::Status s = ReadAllBy(fd, body.data(), n, deadline); !s.ok()) return s;
-  if (!message->ParseFromString(body)) return absl::DataLossError("malformed frame");
-  return absl::OkStatus();
+  return ReadFrameWith([&](char* data, size_t n) { return ReadAllBy(fd, data, n, deadline); },
+                       message, max_bytes, absl::StrCat(max_bytes));
 }
 
 absl::Status WriteFrame(int fd, const google::protobuf::MessageLite& message) {
@@ -94,17 +102,9 @@ absl::Status WriteFrame(int fd, const google::protobuf::MessageLite& message) {
 }
 
 absl::Status ReadFrame(int fd, google::protobuf::MessageLite* message) {
-  unsigned char header[4];
   bool eof;
-  if (absl::Status s = ReadAll(fd, reinterpret_cast<char*>(header), 4, &eof); !s.ok()) return s;
-  const uint32_t n = header[0] | header[1] << 8 | header[2] << 16 | uint32_t{header[3]} << 24;
-  if (n > kMaxFrameBytes) {
-    return absl::DataLossError(absl::StrCat("frame of ", n, " bytes exceeds the 64 MiB limit"));
-  }
-  std::string body(n, '\0');
-  if (absl::Status s = ReadAll(fd, body.data(), n, &eof); !s.ok()) return s;
-  if (!message->ParseFromString(body)) return absl::DataLossError("malformed frame");
-  return absl::OkStatus();
+  return ReadFrameWith([&](char* data, size_t n) { return ReadAll(fd, data, n, &eof); }, message,
+                       kMaxFrameBytes, "the 64 MiB limit");
 }
 
 absl::Status SendFd(int socket, int fd) {
