@@ -1229,7 +1229,20 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
                        ") nor one it started: only the job's own processes may attach"));
     }
   }
-  if (job->attached_connections > 0 && (job->attached_pid != pid || pid == -1)) {
+  auto other_attached = [&job, pid]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->attach_mu) {
+    return job->attached_connections > 0 && (job->attached_pid != pid || pid == -1);
+  };
+  if (other_attached()) {
+    // A process that has just exited (the previous command of `sh -c "a && b"`) may not have been
+    // seen to go yet: its connection's reader sees the end of it at its own pace. Give it a moment.
+    Job* j = job.get();
+    job->attach_mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](Job* j) ABSL_NO_THREAD_SAFETY_ANALYSIS { return j->attached_connections == 0; }, j),
+        absl::Seconds(1));
+  }
+  if (job->closing) return absl::UnavailableError("no job is assigned to this worker yet");
+  if (other_attached()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", me.rank(), " of job ", spec.id(), " already has a training process attached",
         job->attached_pid > 0 ? absl::StrCat(" (pid ", job->attached_pid, ")") : "",
