@@ -81,6 +81,14 @@ grep -qx '\[0\] hello from 0 of 2' "$tmp/out" || fail "no line '[0] hello from 0
 grep -qx '\[1\] hello from 1 of 2' "$tmp/out" || fail "no line '[1] hello from 1 of 2'"
 check_no_leftovers 0
 
+echo "== three ranks on one host: every collective exact (a number of ranks that is not a power of two)"
+start_local --np 3 -- "$bin/collectives_check"
+await_local 120
+[ "$rc" -eq 0 ] || fail "exit status $rc, expected 0"
+[ "$(grep -c '^\[[012]\] collectives_check: rank [012]: [0-9]* checks passed, 0 failed$' "$tmp/out")" -eq 3 ] ||
+  fail "not three ranks with every check passed"
+check_no_leftovers 0
+
 echo "== a failing rank fails the run with the job's reason"
 start_local --np 2 --processes-per-host 1 -- sh -c 'echo oops >&2; exit 3'
 await_local 60
