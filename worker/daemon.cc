@@ -1235,10 +1235,10 @@ absl::StatusOr<LocalServer::Handler::Welcome> Daemon::OnHello(const v1::LocalHel
   if (other_attached()) {
     // A process that has just exited (the previous command of `sh -c "a && b"`) may not have been
     // seen to go yet: its connection's reader sees the end of it at its own pace. Give it a moment.
-    Job* j = job.get();
     job->attach_mu.AwaitWithTimeout(
         absl::Condition(
-            +[](Job* j) ABSL_NO_THREAD_SAFETY_ANALYSIS { return j->attached_connections == 0; }, j),
+            +[](Job* j) ABSL_NO_THREAD_SAFETY_ANALYSIS { return j->attached_connections == 0; },
+            job.get()),
         absl::Seconds(1));
   }
   if (job->closing) return absl::UnavailableError("no job is assigned to this worker yet");
