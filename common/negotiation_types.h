@@ -75,6 +75,8 @@ struct RequestBatch {
   uint64_t seq = 0;            // the rank's batch number (0: unnumbered)
   uint64_t ack_responses = 0;  // the last response list the rank received in order
   uint64_t cache_generation = 0;
+  // Cache ids used in local negotiation since the rank's last batch (recency for the cache).
+  std::vector<uint32_t> used_ids;
 };
 
 // One executed response on one rank, as its worker reports it for the timeline: consecutive

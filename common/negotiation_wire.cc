@@ -92,6 +92,7 @@ void FromProto(const v1::RequestBatch& in, RequestBatch* out) {
   out->seq = in.seq();
   out->ack_responses = in.ack_responses();
   out->cache_generation = in.cache_generation();
+  out->used_ids.assign(in.used_ids().begin(), in.used_ids().end());
 }
 
 void ToProto(const RequestBatch& in, v1::RequestBatch* out) {
@@ -103,6 +104,7 @@ void ToProto(const RequestBatch& in, v1::RequestBatch* out) {
   out->set_seq(in.seq);
   out->set_ack_responses(in.ack_responses);
   out->set_cache_generation(in.cache_generation);
+  for (uint32_t id : in.used_ids) out->add_used_ids(id);
 }
 
 void ToProto(const ExecutionSpan& in, v1::ExecutionSpan* out) {

@@ -197,7 +197,7 @@ bool Coordinator::Submit(JobRuntime& runtime, const std::string& worker_id, Requ
   const uint64_t generation = batch.cache_generation, acked = batch.ack_responses;
   const int32_t rank = batch.rank;
   if (runtime.Submit(batch.rank, std::move(batch.requests), batch.cached_ids, now, batch.seq,
-                     batch.ack_responses, batch.cache_generation)) {
+                     batch.ack_responses, batch.cache_generation, batch.used_ids)) {
     return true;
   }
   ResendIfStale(runtime, worker_id, rank, acked, generation);

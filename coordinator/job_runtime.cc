@@ -178,9 +178,13 @@ bool JobRuntime::Accept(int32_t rank, uint64_t seq, uint64_t ack_responses,
 
 bool JobRuntime::Submit(int32_t rank, std::vector<TensorRequest> requests,
                         const std::vector<uint32_t>& cached_ids, absl::Time now, uint64_t seq,
-                        uint64_t ack_responses, uint64_t cache_generation) {
+                        uint64_t ack_responses, uint64_t cache_generation,
+                        const std::vector<uint32_t>& used_ids) {
   absl::MutexLock submit_lock(&submit_mu_);
   if (!Accept(rank, seq, ack_responses, cache_generation)) return false;
+  // Before the requests: an entry used locally since the last batch must not be evicted by a
+  // tensor this batch completes.
+  if (!used_ids.empty()) negotiator_->Touch(used_ids);
   negotiator_->Submit(rank, std::move(requests), cached_ids, now);
   return true;
 }
@@ -195,6 +199,7 @@ std::vector<char> JobRuntime::SubmitRelayed(std::vector<RequestBatch>& batches,
     const RequestBatch& b = batches[i];
     taken[i] = Accept(b.rank, b.seq, b.ack_responses, b.cache_generation);
     if (taken[i]) ranks.push_back(b.rank);
+    if (taken[i] && !b.used_ids.empty()) negotiator_->Touch(b.used_ids);
   }
   // The shared ids are each batch's first requests by id, as the relay took them out of its
   // cached_ids: ahead of the batch's full requests (a join among them, which makes every later

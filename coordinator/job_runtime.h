@@ -74,10 +74,12 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   // `ack_responses` (the last response list the rank received in order) lets the runtime forget
   // the lists every rank has.
   // A batch of another cache generation than the runtime's (encoded before a coordinator restart),
-  // or any batch while the runtime restores, is dropped too.
+  // or any batch while the runtime restores, is dropped too. `used_ids`: cache entries the ranks
+  // used in local negotiation since the rank's last batch, marked recently used.
   bool Submit(int32_t rank, std::vector<TensorRequest> requests,
               const std::vector<uint32_t>& cached_ids, absl::Time now, uint64_t seq = 0,
-              uint64_t ack_responses = 0, uint64_t cache_generation = 0);
+              uint64_t ack_responses = 0, uint64_t cache_generation = 0,
+              const std::vector<uint32_t>& used_ids = {});
   // A negotiation relay's batches of this job, each taken or dropped as Submit() would (the
   // result, by batch), and the cache ids the relay shared among them
   // (RelayedBatches.shared_cached_ids), submitted for the ranks whose batches were taken as the

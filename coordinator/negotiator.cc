@@ -259,6 +259,11 @@ void Negotiator::Submit(int rank, std::vector<TensorRequest> requests,
   }
 }
 
+void Negotiator::Touch(absl::Span<const uint32_t> ids) {
+  absl::MutexLock lock(&mu_);
+  for (uint32_t id : ids) cache_.Touch(id);
+}
+
 void Negotiator::SubmitShared(absl::Span<const int32_t> ranks,
                               absl::Span<const uint32_t> cached_ids, absl::Time now) {
   absl::MutexLock lock(&mu_);

@@ -83,6 +83,10 @@ class Negotiator {
   void SubmitShared(absl::Span<const int32_t> ranks, absl::Span<const uint32_t> cached_ids,
                     absl::Time now);
 
+  // Marks the cache entries of `ids` most recently used (tensors the ranks negotiated among
+  // themselves: local negotiation); unknown ids are ignored.
+  void Touch(absl::Span<const uint32_t> ids);
+
   // The cycle's output when one is due at `now`: when there are notices, or ready tensors and
   // either nothing is partially submitted, the cycle time has passed since the first became ready,
   // or a full fusion buffer is ready. nullopt otherwise.

@@ -309,12 +309,14 @@ void Engine::SendBatch(const std::vector<TensorRequest>& requests) {
       b.requests.push_back(r);
     }
   }
-  SendToCoordinator(b);
+  SendToCoordinator(std::move(b));
 }
 
-void Engine::SendToCoordinator(const RequestBatch& batch) {
+void Engine::SendToCoordinator(RequestBatch batch) {
   // First, so that a rank waiting in a round here gives up before this batch is on its way.
   if (rounds_ != nullptr) rounds_->Divert(Point());
+  batch.used_ids.swap(used_ids_);
+  used_ids_.clear();
   options_.send_requests(batch);
 }
 
@@ -346,6 +348,12 @@ bool Engine::TryLocalRound(const TensorRequest& request) {
   }
   ++rounds_completed_;
   if (record_) series_.local_rounds[0]->Increment();
+  // The coordinator hears of the use with this rank's next batch, so that its cache keeps the
+  // entry.
+  if (used_ids_.size() < kMaxUsedIds &&
+      std::find(used_ids_.begin(), used_ids_.end(), id) == used_ids_.end()) {
+    used_ids_.push_back(id);
+  }
   {
     // Aborted meanwhile: the executor's abort fails the collective on every rank.
     absl::MutexLock lock(&mu_);
@@ -396,6 +404,7 @@ void Engine::Complete(Op* op, const absl::Status& status, OpResult result) {
 
 void Engine::Renegotiate(uint64_t generation) {
   cache_ = WorkerCache();
+  used_ids_.clear();  // the old generation's ids
   generation_ = generation;
   absl::MutexLock lock(&mu_);
   absl::flat_hash_set<std::string> unsent;
@@ -438,7 +447,7 @@ void Engine::Process(RankCycle& cycle, absl::Time arrived) {
         b.requests.push_back(*std::move(r));
       }
     }
-    SendToCoordinator(b);
+    SendToCoordinator(std::move(b));
   }
   for (const Response& e : cycle.rank_errors) {
     for (Op* op : Take(e.names)) {

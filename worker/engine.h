@@ -154,7 +154,8 @@ class Engine {
   RequestBatch NewBatch() const;
   void SendBatch(const std::vector<TensorRequest>& requests);
   // Every batch for the coordinator goes through here: no local round completes at this point.
-  void SendToCoordinator(const RequestBatch& batch);
+  // It carries the cache ids used in local rounds since the last one (RequestBatch.used_ids).
+  void SendToCoordinator(RequestBatch batch);
   // Negotiates `request`, the rank's only collective in flight, in a local round; false when it
   // must go to the coordinator (not eligible, or the round was diverted).
   bool TryLocalRound(const TensorRequest& request);
@@ -208,7 +209,9 @@ class Engine {
   uint64_t lists_processed_ = 0;
   uint64_t rounds_completed_ = 0;
   uint64_t rounds_diverted_ = 0;
-  std::atomic<bool> in_round_{false};  // the engine thread waits in a local round
+  static constexpr size_t kMaxUsedIds = 1024;  // the coordinator's bound
+  std::vector<uint32_t> used_ids_;             // completed locally since the last batch
+  std::atomic<bool> in_round_{false};          // the engine thread waits in a local round
 
   bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
 

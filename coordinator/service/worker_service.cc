@@ -74,6 +74,8 @@ std::shared_ptr<const EncodedCycle> EncodedLocked(CycleBroadcast& cycle, bool li
 
 // Relayed batches in one message, at most.
 constexpr int kMaxRelayedBatches = 512;
+// Most cache ids one batch reports used in local negotiation (RequestBatch.used_ids).
+constexpr int kMaxUsedIds = 1024;
 // Shared cache ids times batches in one relayed message, at most
 // (RelayedBatches.shared_cached_ids).
 constexpr int64_t kMaxRelayedSharedIds = int64_t{1} << 20;
@@ -346,6 +348,11 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
       case v1::WorkerMessage::kHeartbeat:
         return absl::OkStatus();
       case v1::WorkerMessage::kRequests: {
+        if (m.requests().used_ids_size() > kMaxUsedIds) {
+          return absl::InvalidArgumentError(absl::StrCat("requests.used_ids has ",
+                                                         m.requests().used_ids_size(),
+                                                         " ids; at most ", kMaxUsedIds));
+        }
         RequestBatch batch;
         FromProto(m.requests(), &batch);
         const std::string job_id = batch.job_id;
@@ -377,6 +384,13 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
           return absl::InvalidArgumentError(absl::StrCat(
               "relayed.shared_cached_ids has ", relayed.shared_cached_ids_size(), " ids for ",
               relayed.batches_size(), " batches; at most ", kMaxRelayedSharedIds, " in all"));
+        }
+        for (int i = 0; i < relayed.batches_size(); ++i) {
+          if (relayed.batches(i).used_ids_size() > kMaxUsedIds) {
+            return absl::InvalidArgumentError(absl::StrCat("relayed.batches[", i, "].used_ids has ",
+                                                           relayed.batches(i).used_ids_size(),
+                                                           " ids; at most ", kMaxUsedIds));
+          }
         }
         std::vector<RequestBatch> batches(relayed.batches_size());
         for (int i = 0; i < relayed.batches_size(); ++i) FromProto(relayed.batches(i), &batches[i]);

@@ -613,6 +613,30 @@ TEST_F(NegotiatorTest, LeastRecentlyUsedEntryIsEvictedAtCapacity) {
   EXPECT_THAT(out->notices[1].errors, IsEmpty());
 }
 
+TEST_F(NegotiatorTest, AnEntryTheRanksUsedAmongThemselvesIsNotEvictedAsUnused) {
+  // Local negotiation: the ranks used `a` without the coordinator and say so (Touch); `b`, not
+  // used since, goes when `c` needs the room.
+  NegotiatorOptions o = Options(2);
+  o.cache_capacity = 2;
+  Negotiator n(o);
+  for (int rank : {0, 1}) Submit(n, rank, {Allreduce("a"), Allreduce("b")});
+  std::optional<CycleOutput> out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(Assignments(*out), ElementsAre(std::pair<std::string, uint32_t>("a", 1),
+                                             std::pair<std::string, uint32_t>("b", 2)));
+  n.Touch(std::vector<uint32_t>{1, 99});  // an unknown id is ignored
+  for (int rank : {0, 1}) Submit(n, rank, {Allreduce("c")});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_THAT(out->evicted_ids, ElementsAre(2u));
+
+  // Not used since, `a` is now the least recently used: it goes next.
+  for (int rank : {0, 1}) Submit(n, rank, {Allreduce("d")});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_THAT(out->evicted_ids, ElementsAre(1u));
+}
+
 TEST_F(NegotiatorTest, IdEvictedInTheCycleThatAssignedItIsNotAnnounced) {
   NegotiatorOptions o = Options(2);
   o.cache_capacity = 1;

@@ -309,6 +309,24 @@ TEST_F(ServiceTest, ARelayedMessageOverItsBoundsEndsTheSessionNamingTheField) {
   s = other.Close();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(s.error_message(), "relayed.batches has 513 batches; at most 512");
+
+  // Cache ids reported used in local negotiation: at most 1024 a batch, relayed or not.
+  SimWorker& third = AddWorker("host-c");
+  v1::WorkerMessage used;
+  v1::RequestBatch* b = used.mutable_relayed()->add_batches();
+  for (uint32_t id = 1; id <= 1025; ++id) b->add_used_ids(id);
+  ASSERT_TRUE(third.Send(used).ok());
+  s = third.Close();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "relayed.batches[0].used_ids has 1025 ids; at most 1024");
+
+  SimWorker& fourth = AddWorker("host-d");
+  v1::WorkerMessage direct;
+  for (uint32_t id = 1; id <= 1025; ++id) direct.mutable_requests()->add_used_ids(id);
+  ASSERT_TRUE(fourth.Send(direct).ok());
+  s = fourth.Close();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "requests.used_ids has 1025 ids; at most 1024");
 }
 
 TEST_F(ServiceTest, MismatchedShapesReachEveryRankWithTheCoordinatorsMessage) {

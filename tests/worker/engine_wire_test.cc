@@ -54,8 +54,13 @@ TEST(EngineWireTest, AnEnqueueKeepsItsHandleRequestOffsetAndEvent) {
   batch.cache_generation = 2;
   batch.requests.push_back(op.request);
   batch.cached_ids = {4, 8};
+  batch.used_ids = {3};
   v1::RequestBatch wire;
   ToProto(batch, &wire);
+  EXPECT_THAT(wire.used_ids(), ElementsAre(3));
+  RequestBatch back;
+  FromProto(wire, &back);
+  EXPECT_THAT(back.used_ids, ElementsAre(3u));
   EXPECT_EQ(wire.job_id(), "job-000009");
   EXPECT_EQ(wire.epoch(), 3);
   EXPECT_EQ(wire.rank(), 1);
