@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -112,6 +113,21 @@ class NegotiatorTest : public ::testing::Test {
     n.Submit(rank, std::move(requests), ids, clock_.Now());
   }
   std::optional<CycleOutput> Poll(Negotiator& n) { return n.Poll(clock_.Now()); }
+
+  // Two ranks and a cache of two entries, holding a (id 1) and b (id 2), a the older.
+  std::unique_ptr<Negotiator> TwoCachedOfTwo() {
+    NegotiatorOptions o = Options(2);
+    o.cache_capacity = 2;
+    auto n = std::make_unique<Negotiator>(o);
+    for (int rank : {0, 1}) Submit(*n, rank, {Allreduce("a"), Allreduce("b")});
+    std::optional<CycleOutput> out = Poll(*n);
+    EXPECT_TRUE(out.has_value());
+    if (out.has_value()) {
+      EXPECT_THAT(Assignments(*out), ElementsAre(std::pair<std::string, uint32_t>("a", 1),
+                                                 std::pair<std::string, uint32_t>("b", 2)));
+    }
+    return n;
+  }
 
   FakeClock clock_;
 };
@@ -587,20 +603,13 @@ TEST_F(NegotiatorTest, OldIdAgainstChangedFullRequestIsAMismatch) {
 }
 
 TEST_F(NegotiatorTest, LeastRecentlyUsedEntryIsEvictedAtCapacity) {
-  NegotiatorOptions o = Options(2);
-  o.cache_capacity = 2;
-  Negotiator n(o);
-  for (int rank : {0, 1}) Submit(n, rank, {Allreduce("a"), Allreduce("b")});
-  std::optional<CycleOutput> out = Poll(n);
-  ASSERT_TRUE(out.has_value());
-  ASSERT_THAT(Assignments(*out), ElementsAre(std::pair<std::string, uint32_t>("a", 1),
-                                             std::pair<std::string, uint32_t>("b", 2)));
-
+  std::unique_ptr<Negotiator> cached = TwoCachedOfTwo();
+  Negotiator& n = *cached;
   for (int rank : {0, 1}) Submit(n, rank, {}, {1});  // a is now the most recently used
   ASSERT_TRUE(Poll(n).has_value());
 
   for (int rank : {0, 1}) Submit(n, rank, {Allreduce("c")});
-  out = Poll(n);
+  std::optional<CycleOutput> out = Poll(n);
   ASSERT_TRUE(out.has_value());
   EXPECT_THAT(out->evicted_ids, ElementsAre(2u));
   EXPECT_THAT(Assignments(*out), ElementsAre(std::pair<std::string, uint32_t>("c", 3)));
@@ -616,17 +625,11 @@ TEST_F(NegotiatorTest, LeastRecentlyUsedEntryIsEvictedAtCapacity) {
 TEST_F(NegotiatorTest, AnEntryTheRanksUsedAmongThemselvesIsNotEvictedAsUnused) {
   // Local negotiation: the ranks used `a` without the coordinator and say so (Touch); `b`, not
   // used since, goes when `c` needs the room.
-  NegotiatorOptions o = Options(2);
-  o.cache_capacity = 2;
-  Negotiator n(o);
-  for (int rank : {0, 1}) Submit(n, rank, {Allreduce("a"), Allreduce("b")});
-  std::optional<CycleOutput> out = Poll(n);
-  ASSERT_TRUE(out.has_value());
-  ASSERT_THAT(Assignments(*out), ElementsAre(std::pair<std::string, uint32_t>("a", 1),
-                                             std::pair<std::string, uint32_t>("b", 2)));
+  std::unique_ptr<Negotiator> cached = TwoCachedOfTwo();
+  Negotiator& n = *cached;
   n.Touch(std::vector<uint32_t>{1, 99});  // an unknown id is ignored
   for (int rank : {0, 1}) Submit(n, rank, {Allreduce("c")});
-  out = Poll(n);
+  std::optional<CycleOutput> out = Poll(n);
   ASSERT_TRUE(out.has_value());
   EXPECT_THAT(out->evicted_ids, ElementsAre(2u));
 
