@@ -12,8 +12,9 @@
 //     outstanding there need the others' too), or posted another id;
 //   - a rank had more work meanwhile (another collective, a response list), or waited too long;
 //   - ranks are out of step (one processed a list the other has not yet).
-// The coordinator never learns of a completed round: it negotiates only what is sent to it, so
-// whatever goes through it and through rounds stays in one order on every rank.
+// The coordinator does not negotiate a completed round (it hears only, with the rank's next batch,
+// that the cache entry was used): it negotiates only what is sent to it, so whatever goes through
+// it and through rounds stays in one order on every rank.
 //
 // A rank's point is (response lists processed, rounds completed): equal on every rank that has
 // nothing awaiting a response, since every list goes to every rank and every round completes on
