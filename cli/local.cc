@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -66,7 +68,61 @@ bool IsTerminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
 
+// Whether process `pid` is gone (one of another user's is alive for us: EPERM).
+bool ProcessGone(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+
+// What a `ringmaster local` killed with SIGKILL (or a daemon of it) left in `tmp`: its sockets,
+// its coordinator's artifacts directory and its ranks' directories, each named after a process
+// that is gone. Returns how many entries went. Errors are ignored: a stale entry is only litter.
+int RemoveLeftovers(const std::filesystem::path& tmp) {
+  namespace fs = std::filesystem;
+  int removed = 0;
+  std::error_code error;
+  auto remove = [&](const fs::path& path) {
+    if (fs::remove_all(path, error) > 0) ++removed;
+  };
+  // "<digits>" at the front of `text`, or -1.
+  auto leading_pid = [](absl::string_view text) {
+    const size_t end = text.find_first_not_of("0123456789");
+    int pid = -1;
+    if (end == 0 || !absl::SimpleAtoi(text.substr(0, end), &pid)) return -1;
+    return pid;
+  };
+  for (const fs::directory_entry& e : fs::directory_iterator(tmp, error)) {
+    const std::string name = e.path().filename().string();
+    absl::string_view rest = name;
+    if (absl::ConsumePrefix(&rest, "ringmaster-local-")) {
+      // ringmaster-local-<pid>-artifacts
+      if (absl::EndsWith(rest, "-artifacts") && ProcessGone(leading_pid(rest))) remove(e.path());
+    } else if (absl::ConsumePrefix(&rest, "ringmaster-ranks-")) {
+      // ringmaster-ranks-<uid>/<job>-<epoch>-rank-<r>-<daemon pid>
+      if (rest != absl::StrCat(getuid())) continue;
+      for (const fs::directory_entry& rank : fs::directory_iterator(e.path(), error)) {
+        const std::string dir = rank.path().filename().string();
+        const size_t dash = dir.rfind('-');
+        if (dir.find("-rank-") == std::string::npos || dash == std::string::npos) continue;
+        const int pid = leading_pid(absl::string_view(dir).substr(dash + 1));
+        if (pid > 0 && absl::string_view(dir).substr(dash + 1) == absl::StrCat(pid) &&
+            ProcessGone(pid)) {
+          remove(rank.path());
+        }
+      }
+    } else if (absl::ConsumePrefix(&rest, "ringmaster-") &&
+               (absl::EndsWith(rest, ".sock") || absl::EndsWith(rest, ".sock.lock"))) {
+      // ringmaster-<pid>-coordinator.sock, ringmaster-<pid>-<i>.sock[.lock]
+      const int pid = leading_pid(rest);
+      if (pid > 0 && rest.substr(absl::StrCat(pid).size()).front() == '-' && ProcessGone(pid)) {
+        remove(e.path());
+      }
+    }
+  }
+  return removed;
+}
+
 constexpr char kPortLine[] = "ringmaster-coordinator listening on port ";
+// How long the coordinator has to fail a job whose worker daemon died (its reconnect grace, 2 s,
+// and the failure's settling) before `ringmaster local` cancels it.
+constexpr absl::Duration kWorkerLossSettle = absl::Seconds(4);
 constexpr absl::Duration kCoordinatorStartTimeout = absl::Seconds(10);
 constexpr absl::Duration kStopGrace = absl::Seconds(5);
 constexpr absl::Duration kCallTimeout = absl::Seconds(5);
@@ -95,6 +151,12 @@ class LocalRun {
   ~LocalRun() { Stop(); }
 
   int Run() {
+    if (const int removed = RemoveLeftovers(std::filesystem::temp_directory_path()); removed > 0) {
+      std::fprintf(stderr,
+                   "ringmaster local: removed %d sockets and directories left in %s by runs "
+                   "that were killed\n",
+                   removed, std::filesystem::temp_directory_path().c_str());
+    }
     if (absl::Status s = StartCoordinator(); !s.ok()) return Error(s);
     if (absl::Status s = StartWorkers(); !s.ok()) return Error(s);
     // No gRPC channel before the children are forked: they exec at once, but gRPC's threads
@@ -115,10 +177,11 @@ class LocalRun {
     std::fflush(stdout);
     if (job.ok() && job->state() == v1::JOB_STATE_SUCCEEDED) return 0;
     if (job.ok() && IsTerminal(job->state())) {
-      // The reason's first line: the rest (a failed rank's last output, and how to see it with a
-      // coordinator that is gone when we exit) was printed already.
+      // The reason with a failed rank's last lines (a rank killed by a signal says nothing of
+      // its own), but not how to see the rest with a coordinator that is gone when we exit.
+      const std::string& reason = job->reason();
       std::fprintf(stderr, "ringmaster local: job %s: %s\n", StateName(job->state()).c_str(),
-                   job->reason().substr(0, job->reason().find('\n')).c_str());
+                   reason.substr(0, reason.find("\nsee all of it with: ")).c_str());
       const int sig = g_signal.load();
       return sig != 0 ? 128 + sig : 1;
     }
@@ -264,14 +327,22 @@ class LocalRun {
           stop_reason_ = absl::StrCat("interrupted by ", SignalName(sig));
         }
         for (auto& w : workers_) {
-          if (std::optional<int> status = w->Poll(); status && stop_reason_.empty()) {
-            stop_reason_ = absl::StrCat(w->name(), " (pid ", w->pid(), ") ",
+          if (std::optional<int> status = w->Poll(); status && worker_died_.empty()) {
+            // The coordinator sees the daemon's session break and fails the job itself, naming
+            // the rank it served (after the reconnect grace); cancelled only if it has not.
+            worker_died_ = absl::StrCat(w->name(), " (pid ", w->pid(), ") ",
                                         Subprocess::DescribeWaitStatus(*status));
+            worker_died_deadline_ = now + kWorkerLossSettle;
           }
         }
+        if (!worker_died_.empty() && now >= worker_died_deadline_) stop_reason_ = worker_died_;
         if (std::optional<int> status = coordinator_->Poll(); status && stop_reason_.empty()) {
           stop_reason_ = absl::StrCat("ringmaster-coordinator (pid ", coordinator_->pid(), ") ",
                                       Subprocess::DescribeWaitStatus(*status));
+        }
+        if (started && stop_reason_.empty() && now >= next_check) {
+          next_check = now + absl::Seconds(2);
+          if (absl::StatusOr<v1::Job> job = GetJob(); job.ok()) PrintWarnings(*job);
         }
         if (!started && stop_reason_.empty() && now >= next_check) {
           next_check = now + absl::Milliseconds(500);
@@ -296,6 +367,19 @@ class LocalRun {
         follow_context_->TryCancel();
         cut_at = absl::InfiniteFuture();
       }
+    }
+  }
+
+  // The job's events that warn of trouble while it runs (a stall report names the ranks that
+  // have not submitted a tensor), each printed once: `status` is not the only place to see them.
+  void PrintWarnings(const v1::Job& job) {
+    for (const v1::JobEvent& e : job.events()) {
+      if (e.time_unix_ms() < warned_until_ms_ ||
+          !absl::StartsWith(e.message(), "Stalled collectives")) {
+        continue;
+      }
+      warned_until_ms_ = e.time_unix_ms() + 1;
+      std::fprintf(stderr, "ringmaster local: warning: %s\n", e.message().c_str());
     }
   }
 
@@ -399,6 +483,11 @@ class LocalRun {
                                                   "/ringmaster-local-", getpid(), "-artifacts");
   // The log stream's; the monitor thread cancels the stream through it.
   std::unique_ptr<grpc::ClientContext> follow_context_ = std::make_unique<grpc::ClientContext>();
+  int64_t warned_until_ms_ = 0;  // events before this were printed (Monitor's thread)
+  // A worker daemon that died (Monitor's thread), and when the job is cancelled if the
+  // coordinator has not ended it by then.
+  std::string worker_died_;
+  absl::Time worker_died_deadline_ = absl::InfiniteFuture();
   absl::Notification monitor_done_;
   // Written by the monitor thread, read by Run() after joining it.
   std::string stop_reason_;

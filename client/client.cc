@@ -235,27 +235,45 @@ class ClientImpl : public Client {
   }
 
   absl::StatusOr<int> Join() override {
+    absl::StatusOr<Handle> h = JoinAsync();
+    if (!h.ok()) return h.status();
+    if (absl::Status s = Wait(*h, absl::InfiniteDuration()); !s.ok()) return s;
+    return last_joined_rank();
+  }
+
+  absl::StatusOr<Handle> JoinAsync() override {
     v1::TensorRequest r;
     r.set_name(absl::StrCat("join.", ++joins_));
     r.set_type(v1::REQUEST_TYPE_JOIN);
-    absl::StatusOr<Handle> h = Submit(std::move(r), nullptr, false);
-    if (!h.ok()) return h.status();
-    if (absl::Status s = Wait(*h, absl::InfiniteDuration()); !s.ok()) return s;
+    return Submit(std::move(r), nullptr, false);
+  }
+
+  int last_joined_rank() const override {
     absl::MutexLock lock(&mu_);
     return last_joined_rank_;
   }
 
   absl::Status ReleaseProcessSet(int32_t id) override {
-    if (id <= 0) return absl::InvalidArgumentError(absl::StrCat("process set id ", id));
-    v1::TensorRequest r;
-    r.set_name(absl::StrCat(kReleaseProcessSetPrefix, id));
-    r.set_type(v1::REQUEST_TYPE_BARRIER);
-    absl::StatusOr<Handle> h = Submit(std::move(r), nullptr, false);
+    absl::StatusOr<Handle> h = ReleaseProcessSetAsync(id);
     if (!h.ok()) return h.status();
     return Wait(*h, absl::InfiniteDuration());
   }
 
+  absl::StatusOr<Handle> ReleaseProcessSetAsync(int32_t id) override {
+    if (id <= 0) return absl::InvalidArgumentError(absl::StrCat("process set id ", id));
+    v1::TensorRequest r;
+    r.set_name(absl::StrCat(kReleaseProcessSetPrefix, id));
+    r.set_type(v1::REQUEST_TYPE_BARRIER);
+    return Submit(std::move(r), nullptr, false);
+  }
+
   absl::Status Barrier() override {
+    absl::StatusOr<Handle> h = BarrierAsync();
+    if (!h.ok()) return h.status();
+    return Wait(*h, absl::InfiniteDuration());
+  }
+
+  absl::StatusOr<Handle> BarrierAsync() override {
     v1::TensorRequest r;
     // Counted per process set: a set's barriers are its members' alone.
     const int32_t set = thread_process_set.client == this ? thread_process_set.id : 0;
@@ -266,9 +284,7 @@ class ClientImpl : public Client {
     }
     r.set_name(set == 0 ? absl::StrCat("barrier.", n) : absl::StrCat("barrier.ps", set, ".", n));
     r.set_type(v1::REQUEST_TYPE_BARRIER);
-    absl::StatusOr<Handle> h = Submit(std::move(r), nullptr, false);
-    if (!h.ok()) return h.status();
-    return Wait(*h, absl::InfiniteDuration());
+    return Submit(std::move(r), nullptr, false);
   }
 
   void Shutdown() override {
@@ -548,7 +564,7 @@ class ClientImpl : public Client {
   std::atomic<int64_t> groups_{0};
 
   absl::Mutex write_mu_;
-  absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
   Handle next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   // Node-based: Wait() keeps a pointer to its Op across AwaitWithTimeout, which releases mu_ while
   // other threads insert.

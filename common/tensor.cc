@@ -92,6 +92,11 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+std::string QuotedName(absl::string_view name) {
+  if (name.size() <= kMaxQuotedName) return std::string(name);
+  return absl::StrCat(name.substr(0, 96), "... (", name.size(), " bytes)");
+}
+
 int64_t NumElements(absl::Span<const int64_t> shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

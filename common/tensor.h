@@ -61,6 +61,10 @@ absl::string_view ReduceOpName(ReduceOp op);
 std::string DeviceName(int32_t device);
 // "[2, 3, 4]"
 std::string ShapeString(absl::Span<const int64_t> shape);
+// A tensor name as messages quote it: whole up to kMaxQuotedName bytes; longer, its first 96
+// bytes, "...", and its length ("abc... (1048576 bytes)"), so an error stays readable.
+inline constexpr size_t kMaxQuotedName = 128;
+std::string QuotedName(absl::string_view name);
 // Product of the dimensions (1 for a scalar).
 int64_t NumElements(absl::Span<const int64_t> shape);
 

@@ -376,9 +376,16 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
                         absl::StrCat("job ", job_id, " ended: ", reason));
   // After the transition: a follower that sees the log end finds the job terminal. Ranks that had
   // not exited may still have output on its way.
-  const bool all_exited = std::all_of(job->ranks.begin(), job->ranks.end(), [](const RankInfo& r) {
-    return r.state == RankState::kExited;  // not kStopped: those were running until now
-  });
+  absl::flat_hash_set<int32_t> still_running;
+  for (const RankInfo& r : job->ranks) {
+    // Not kStopped: those ran until now. The rank of `except_worker` reported its exit already.
+    if (r.state != RankState::kExited && r.worker_id != except_worker) still_running.insert(r.rank);
+  }
+  const bool all_exited = still_running.empty();
+  if (!all_exited) {
+    absl::MutexLock lock(&mu_);
+    stopping_ranks_[job_id] = std::move(still_running);
+  }
   logs_.End(job_id, all_exited ? absl::ZeroDuration() : log_linger_);
   Schedule();
   return job;

@@ -87,7 +87,7 @@ struct CoordinatorOptions {
   // How long output of a job's ranks is still accepted after the job ended, unless every rank had
   // exited: when one rank fails, the others' last words (printed just before) may still be on their
   // way. Followers of the job's logs end after it.
-  absl::Duration log_linger = absl::Seconds(2);
+  absl::Duration log_linger = absl::Seconds(7);
   // Where the logs are also written, to survive a restart (null: memory alone).
   std::unique_ptr<LogJournal> log_journal;
   // Where jobs' artifacts (timelines, autotune logs) are kept: <dir>/<job id>/<name>. Jobs' code
@@ -300,6 +300,10 @@ class Coordinator {
   // and acts on stalls, expires rendezvous waits and ends the logs whose linger is over. The server
   // calls it about every millisecond; tests call it after moving a FakeClock.
   void Tick();
+  // The coordinator did not run for `gap` (the process was stopped, the machine stalled): its
+  // workers' silence meanwhile was its own. Every lease and reconnect grace starts again now, so
+  // the next Tick() blames no worker for it. The server calls it when its ticker finds such a gap.
+  void Resumed(absl::Duration gap);
 
   // The earliest negotiation deadline of any job (InfiniteFuture when none).
   absl::Time NextDeadline() const;
@@ -388,6 +392,10 @@ class Coordinator {
               absl::Time now);
   // A batch the runtime dropped: when it was of an old cache generation, the rank is sent the
   // lists after `acked` on its own session.
+  // A rank of an ended job that was stopped at its end reports its exit: true when that was it
+  // (the job's log ends once every such rank has), false for any other update.
+  bool EndedRankExited(const std::string& worker_id, const RankUpdate& update)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void ResendIfStale(JobRuntime& runtime, const std::string& worker_id, int32_t rank,
                      uint64_t acked, uint64_t generation);
   void Housekeeping(absl::Time now);
@@ -460,6 +468,11 @@ class Coordinator {
   // A rank's non-zero exit waiting for failure_settle before it fails its job, by job (running jobs
   // only).
   absl::flat_hash_map<std::string, PendingFailure> pending_failures_ ABSL_GUARDED_BY(mu_);
+  // Ended jobs whose log lingers for the ranks that were still running (stopped at the end): their
+  // log ends as soon as the last of them reports its exit (its output forwarded before), or at the
+  // linger's end. By job id: those ranks.
+  absl::flat_hash_map<std::string, absl::flat_hash_set<int32_t>> stopping_ranks_
+      ABSL_GUARDED_BY(mu_);
   // When each STARTING job was placed (until it runs or ends).
   absl::flat_hash_map<std::string, absl::Time> starting_since_ ABSL_GUARDED_BY(mu_);
   // When each restoring job stops waiting for its ranks (until its restore ends).

@@ -77,6 +77,14 @@ void Coordinator::Tick() {
   if (housekeeping) Housekeeping(now);
 }
 
+void Coordinator::Resumed(absl::Duration gap) {
+  spdlog::warn(
+      "the coordinator did not run for {} (stopped or starved): every worker's lease starts "
+      "again instead of being judged by a silence that was the coordinator's own",
+      absl::FormatDuration(absl::Trunc(gap, absl::Milliseconds(100))));
+  workers_.RenewLeases();
+}
+
 void Coordinator::WaitForTick(absl::Time deadline) {
   absl::MutexLock lock(&tick_mu_);
   tick_wake_ = std::min(tick_wake_, deadline);  // keeps a wake-up asked for while ticking
@@ -106,6 +114,10 @@ absl::Time Coordinator::NextDeadline() const {
 void Coordinator::EvictEndedJobs(absl::Time now) {
   const std::vector<std::string> evicted = jobs_.Evict(now, job_retention_, max_ended_jobs_);
   for (const std::string& id : evicted) {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ranks_.erase(id);  // a rank whose worker died never reported its exit
+    }
     logs_.Remove(id);
     artifacts_.Remove(id);
   }

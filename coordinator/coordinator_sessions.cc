@@ -204,6 +204,31 @@ bool Coordinator::Submit(JobRuntime& runtime, const std::string& worker_id, Requ
   return false;
 }
 
+bool Coordinator::EndedRankExited(const std::string& worker_id, const RankUpdate& update) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_ranks_.contains(update.job_id)) return false;
+  }
+  // Only the worker that served the rank speaks for it.
+  absl::StatusOr<Job> job = jobs_.Get(update.job_id);
+  if (!job.ok() || update.rank < 0 || update.rank >= static_cast<int32_t>(job->ranks.size()) ||
+      job->ranks[update.rank].worker_id != worker_id) {
+    return false;
+  }
+  bool last = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = stopping_ranks_.find(update.job_id);
+    if (it == stopping_ranks_.end()) return true;  // its log has ended already
+    it->second.erase(update.rank);
+    last = it->second.empty();
+    if (last) stopping_ranks_.erase(it);
+  }
+  // Its output came before this report: once every stopped rank's has, the log is whole.
+  if (last) logs_.End(update.job_id);
+  return true;
+}
+
 void Coordinator::ResendIfStale(JobRuntime& runtime, const std::string& worker_id, int32_t rank,
                                 uint64_t acked, uint64_t generation) {
   // Encoded in an old cache generation after a restore: the rank has not seen the new
@@ -311,6 +336,14 @@ void Coordinator::Flush(JobRuntime& runtime, absl::Time now) {
     for (const auto& [relay, ranks] : groups) ChannelOf(relay)->SendRelayedResponses(cycle, ranks);
   });
   if (negotiated) NoteFirstCycleAfterRestore(runtime);  // a no-op but once after a restore
+  // A collective failed because a rank it needs has ended: the job cannot go on as it was.
+  if (std::string failure = runtime.TakeEndedRankFailure(); !failure.empty()) {
+    spdlog::warn("job {}: {}", runtime.job_id(), failure);
+    jobs_.AddEvent(runtime.job_id(), failure).IgnoreError();
+    absl::MutexLock lock(&mu_);
+    pending_failures_.try_emplace(
+        runtime.job_id(), PendingFailure{std::move(failure), "", clock_->Now() + failure_settle_});
+  }
 }
 
 absl::Status Coordinator::RecordTimeline(const std::string& worker_id, const std::string& job_id,
@@ -323,6 +356,9 @@ absl::Status Coordinator::RecordTimeline(const std::string& worker_id, const std
 }
 
 absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpdate& update) {
+  if (update.state == RankState::kExited && EndedRankExited(worker_id, update)) {
+    return absl::OkStatus();
+  }
   auto runtime = RuntimeFor(worker_id, update.job_id, update.epoch, update.rank);
   if (!runtime.ok()) return runtime.status();
   if (update.message.size() > 4096) {
@@ -359,6 +395,21 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
   const RankInfo& rank = job->ranks[update.rank];
   // A restoring job does not wait for a rank that exited.
   if (update.state == RankState::kExited) TryEndRestore(update.job_id);
+  if (update.state == RankState::kExited && !job->spec.elastic()) {
+    // Whatever its status: every collective that needs the rank now fails on the ranks waiting
+    // in it (Horovod's shutdown), instead of waiting for ever.
+    std::string ended =
+        update.failed
+            ? absl::StrCat(Placement(rank), " failed: ", update.message)
+            : absl::StrCat(Placement(rank), " exited with status ", update.exit_code,
+                           update.message.empty() ? "" : absl::StrCat(" (", update.message, ")"));
+    const absl::Time now = clock_->Now();
+    (*runtime)->RankEnded(update.rank, std::move(ended), now);
+    Flush(**runtime, now);
+    if (const absl::Time next = (*runtime)->NextDeadline(); next != absl::InfiniteFuture()) {
+      WakeTicker(next);
+    }
+  }
   if (update.state == RankState::kStarted) {
     const bool all = std::all_of(job->ranks.begin(), job->ranks.end(),
                                  [](const RankInfo& r) { return r.state != RankState::kAssigned; });
@@ -418,6 +469,12 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     return r.state == RankState::kExited && r.exit_code == 0;
   });
   if (all_done) {
+    {
+      absl::MutexLock lock(&mu_);
+      // A collective failed because a rank had ended: the job fails with that, once settled, even
+      // if the ranks that saw the error exited 0.
+      if (pending_failures_.contains(update.job_id)) return absl::OkStatus();
+    }
     FinishLater(update.job_id, JobState::kSucceeded,
                 absl::StrCat("all ", job->ranks.size(), " ranks exited 0"));
   }

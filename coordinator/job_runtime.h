@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -125,6 +126,14 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   std::optional<absl::Time> TakeFirstCycleAfterRestore();
   // Every this many cycles, a response list carries the request acknowledgements.
   static constexpr uint64_t kAckEvery = 16;
+
+  // Rank `rank`'s process ended or its rank left (Negotiator::RankEnded): the collectives that
+  // need it fail from the next Flush() on.
+  void RankEnded(int32_t rank, std::string why, absl::Time now) {
+    negotiator_->RankEnded(rank, std::move(why), now);
+  }
+  // A collective that failed because a rank had ended, since the last call ("" for none).
+  std::string TakeEndedRankFailure() { return negotiator_->TakeEndedRankFailure(); }
 
   // Polls the negotiator; when a cycle is due, counts it (metrics, throughput, timeline), feeds the
   // autotuner (applying what it decides and appending to the autotune log) and hands the cycle to

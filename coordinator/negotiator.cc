@@ -5,6 +5,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -64,6 +65,8 @@ Negotiator::Negotiator(NegotiatorOptions options)
       cache_(options.cache_capacity),
       record_timeline_(options.record_timeline),
       joined_(size_, 0),
+      join_names_(size_),
+      ended_(size_),
       notices_(size_) {}
 
 std::string Negotiator::RankName(int rank) const {
@@ -72,7 +75,9 @@ std::string Negotiator::RankName(int rank) const {
 
 std::string Negotiator::Validate(const TensorRequest& r, int size) {
   if (r.name.empty()) return "name is empty";
-  if (r.name.size() > kMaxNameBytes) return "name is longer than 1024 bytes";
+  if (r.name.size() > kMaxNameBytes) {
+    return absl::StrCat("name is ", r.name.size(), " bytes long; at most 1024 are allowed");
+  }
   const auto type = static_cast<int32_t>(r.type);
   if (type <= 0 || type > kMaxRequestType)
     return absl::StrCat("type ", type, " is not a collective");
@@ -140,8 +145,9 @@ std::string Negotiator::Mismatch(const Pending& p, const TensorRequest& r, int r
   const TensorRequest& f = p.request;
   const std::string who = absl::StrCat(RankName(p.first_rank), " and ", RankName(rank));
   auto differ = [&](absl::string_view what, const std::string& a, const std::string& b) {
-    return absl::StrCat("Mismatched ", what, " for tensor '", f.name, "': ", RankName(p.first_rank),
-                        " sent ", a, " but ", RankName(rank), " sent ", b, ".");
+    return absl::StrCat("Mismatched ", what, " for tensor '", QuotedName(f.name),
+                        "': ", RankName(p.first_rank), " sent ", a, " but ", RankName(rank),
+                        " sent ", b, ".");
   };
   if (f.type != r.type) {
     return differ("collective operations", std::string(RequestTypeName(f.type)),
@@ -244,13 +250,14 @@ void Negotiator::Submit(int rank, std::vector<TensorRequest> requests,
                              absl::StrJoin(request.process_set_ranks, ", "), ")");
     }
     if (!problem.empty()) {
-      RankError(rank, request.name,
-                absl::StrCat("Invalid ", RequestTypeName(request.type), " request for tensor '",
-                             request.name, "' from ", RankName(rank), ": ", problem, "."));
+      RankError(
+          rank, request.name,
+          absl::StrCat("Invalid ", RequestTypeName(request.type), " request for tensor '",
+                       QuotedName(request.name), "' from ", RankName(rank), ": ", problem, "."));
       continue;
     }
     if (request.type == RequestType::kJoin) {
-      Join(rank, now);
+      Join(rank, request.name, now);
       continue;
     }
     // A full request whose metadata differ from the cached entry invalidates it; ranks that still
@@ -329,21 +336,31 @@ void Negotiator::ForgetIds(absl::Span<const uint32_t> ids) {
 
 void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cache_id,
                            absl::Time now) {
+  std::string key_storage;
   if (joined_[rank]) {
-    RankError(rank, request.name,
-              absl::StrCat("Tensor '", request.name, "' was submitted by ", RankName(rank),
-                           " after it joined; a joined rank submits no collectives."));
+    RankError(
+        rank, request.name,
+        absl::StrCat("Tensor '", QuotedName(request.name), "' was submitted by ", RankName(rank),
+                     " after it joined; a joined rank submits no collectives."));
     return;
   }
-  std::string key_storage;
+  if (ended_count_ > 0 && !pending_.contains(PendingKey(request, key_storage))) {
+    // A new collective that needs a rank that has ended.
+    if (const int ended = EndedRankOf(request); ended >= 0) {
+      std::string error = NeverCompletes(request, ended, false);
+      if (ended_failure_.empty()) ended_failure_ = error;
+      RankError(rank, request.name, std::move(error));
+      return;
+    }
+  }
   const std::string& key = PendingKey(request, key_storage);
   if (pending_.size() >= kMaxPending && !pending_.contains(key)) {
-    RankError(rank, request.name,
-              absl::StrCat("Tensor '", request.name.substr(0, 256),
-                           "' was not accepted: ", pending_.size(),
-                           " tensors are in negotiation in this job, the most one "
-                           "job may (did the other ranks submit the tensors ",
-                           RankName(rank), " submitted?)"));
+    RankError(
+        rank, request.name,
+        absl::StrCat("Tensor '", QuotedName(request.name), "' was not accepted: ", pending_.size(),
+                     " tensors are in negotiation in this job, the most one "
+                     "job may (did the other ranks submit the tensors ",
+                     RankName(rank), " submitted?)"));
     return;
   }
   auto [it, inserted] = pending_.try_emplace(key);
@@ -361,9 +378,16 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
     if (request.type == RequestType::kAllgather) p.first_dims.assign(size_, 0);
     ++waiting_;
     RecordTimeline(NegotiationEvent::Kind::kStart, request, rank, now);
+  } else if (p.ready && !p.submitted[rank] && !p.error.empty()) {
+    // Failed before this rank submitted it (a rank it needs ended): it leaves with its error in
+    // the next cycle's responses, which this rank executes too.
+    p.submitted.Set(rank);
+    ++p.count;
+    return;
   } else if (p.submitted[rank] || p.ready) {
     RankError(rank, request.name,
-              absl::StrCat("Tensor '", request.name, "' is already in flight on ", RankName(rank),
+              absl::StrCat("Tensor '", QuotedName(request.name), "' is already in flight on ",
+                           RankName(rank),
                            ": wait for it to complete before submitting it again, or use a "
                            "different name."));
     return;
@@ -401,10 +425,20 @@ void Negotiator::MarkReady(Pending* p, absl::Time now) {
   p->ready = true;
   --waiting_;
   RecordTimeline(NegotiationEvent::Kind::kEnd, p->request, -1, now);
-  if (p->error.empty() && p->request.type == RequestType::kBroadcast &&
-      joined_[p->request.root_rank] && !p->submitted[p->request.root_rank]) {
-    p->error = absl::StrCat("Broadcast of tensor '", p->request.name, "' has root ",
-                            RankName(p->request.root_rank), ", which has joined.");
+  // As Horovod: only allreduce (a joined rank adds zeros) and barrier work while a rank of the
+  // set has joined; the others fail on every rank.
+  if (p->error.empty() && joined_count_ > 0 &&
+      (p->request.type == RequestType::kAllgather || p->request.type == RequestType::kBroadcast)) {
+    for (int r = 0; r < size_; ++r) {
+      if (!joined_[r] || !InSet(p->request, r)) continue;
+      p->error = absl::StrCat(
+          p->request.type == RequestType::kAllgather
+              ? "Allgather is not supported with Join at this time. Specify sparse_to_dense=True "
+                "if using DistributedOptimizer"
+              : "Broadcast is not supported with Join at this time.",
+          " (tensor '", QuotedName(p->request.name), "'; ", RankName(r), " has joined)");
+      break;
+    }
   }
   if (first_ready_time_ == absl::InfiniteFuture()) first_ready_time_ = now;
   ready_bytes_ += ByteSize(*p);
@@ -420,9 +454,18 @@ void Negotiator::MarkReady(Pending* p, absl::Time now) {
   ready_.push_back(Unit{{p}});
 }
 
-void Negotiator::Join(int rank, absl::Time now) {
+void Negotiator::Join(int rank, const std::string& name, absl::Time now) {
   if (joined_[rank]) return;
+  for (int r = 0; r < size_; ++r) {
+    if (ended_[r].empty()) continue;
+    std::string error = absl::StrCat("Join can never complete: ", ended_[r],
+                                     " without joining (one of the ranks finished execution).");
+    if (ended_failure_.empty()) ended_failure_ = error;
+    RankError(rank, name, std::move(error));
+    return;
+  }
   joined_[rank] = 1;
+  join_names_[rank] = name;
   ++joined_count_;
   // Tensors that waited only for this rank are ready now; the rank contributes zeros.
   for (auto& [name, p] : pending_) {
@@ -437,6 +480,58 @@ void Negotiator::Join(int rank, absl::Time now) {
     joined_.assign(size_, 0);
     joined_count_ = 0;
   }
+}
+
+std::string Negotiator::NeverCompletes(const TensorRequest& r, int rank, bool submitted_by_it) {
+  std::string type(RequestTypeName(r.type));
+  if (!type.empty()) type[0] = static_cast<char>(absl::ascii_toupper(type[0]));
+  return absl::StrCat(type, " of tensor '", QuotedName(r.name),
+                      "' can never complete: ", ended_[rank],
+                      submitted_by_it ? " with it in flight" : " before submitting it",
+                      " (one of the ranks finished execution).");
+}
+
+int Negotiator::EndedRankOf(const TensorRequest& r) const {
+  for (int e = 0; e < size_; ++e) {
+    if (!ended_[e].empty() && InSet(r, e)) return e;
+  }
+  return -1;
+}
+
+void Negotiator::RankEnded(int rank, std::string why, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (!ended_[rank].empty()) return;
+  ended_[rank] = why.empty() ? absl::StrCat(RankName(rank), " ended") : std::move(why);
+  ++ended_count_;
+  for (auto& [key, p] : pending_) {
+    if (!InSet(p.request, rank)) continue;
+    // Ready and not yet sent: it would run without the rank's worker, which has left the job.
+    const bool others_wait = p.count > (p.submitted[rank] ? 1 : 0);
+    if (p.error.empty()) {
+      p.error = NeverCompletes(p.request, rank, p.submitted[rank]);
+      if (others_wait && ended_failure_.empty()) ended_failure_ = p.error;
+    }
+    if (!p.ready) MarkReady(&p, now);
+  }
+  // Ranks in a join wait for every rank: this one will never join.
+  const std::string join_error =
+      absl::StrCat("Join can never complete: ", ended_[rank],
+                   " without joining (one of the ranks finished execution).");
+  for (int r = 0; r < size_; ++r) {
+    if (!joined_[r]) continue;
+    joined_[r] = 0;
+    --joined_count_;
+    if (r == rank || !ended_[r].empty()) continue;
+    RankError(r, join_names_[r], join_error);
+    if (ended_failure_.empty()) ended_failure_ = join_error;
+  }
+}
+
+std::string Negotiator::TakeEndedRankFailure() {
+  absl::MutexLock lock(&mu_);
+  std::string out;
+  out.swap(ended_failure_);
+  return out;
 }
 
 bool Negotiator::DueLocked(absl::Time now) const {
@@ -673,10 +768,11 @@ StallReport Negotiator::CheckStalls(absl::Time now) {
     std::sort(names.begin(), names.end());
     const size_t total = names.size();
     if (total > kMaxStallNamesPerRank) names.resize(kMaxStallNamesPerRank);
-    std::string part = absl::StrCat(RankName(rank), " has not submitted ",
-                                    absl::StrJoin(names, ", ", [](std::string* out, const auto& n) {
-                                      absl::StrAppend(out, "'", n, "'");
-                                    }));
+    std::string part = absl::StrCat(
+        RankName(rank),
+        ended_[rank].empty() ? " has not submitted " : " has exited and never submitted ",
+        absl::StrJoin(names, ", ",
+                      [](std::string* out, const auto& n) { absl::StrAppend(out, "'", n, "'"); }));
     if (total > names.size()) absl::StrAppend(&part, " and ", total - names.size(), " more");
     parts.push_back(std::move(part));
   }

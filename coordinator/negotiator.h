@@ -83,6 +83,18 @@ class Negotiator {
   void SubmitShared(absl::Span<const int32_t> ranks, absl::Span<const uint32_t> cached_ids,
                     absl::Time now);
 
+  // Rank `rank`'s process ended (any status) or its rank left: `why` says so, naming the rank, its
+  // host and its exit ("rank 1 on host h1 exited with status 0"). Every collective of a set with
+  // the rank in it that is in negotiation now, or is submitted later, can never complete: it fails
+  // on every rank concerned (in this cycle's responses, or as an error to each later submitter),
+  // and so does a join other ranks wait in. A rank that ended with nothing pending harms nobody.
+  // Idempotent: the first `why` stands.
+  // REQUIRES: 0 <= rank < size().
+  void RankEnded(int rank, std::string why, absl::Time now);
+  // The first error made since the last call by a rank's end (RankEnded): what a job that is not
+  // elastic fails with. Empty when none.
+  std::string TakeEndedRankFailure();
+
   // Marks the cache entries of `ids` most recently used (tensors the ranks negotiated among
   // themselves: local negotiation); unknown ids are ignored.
   void Touch(absl::Span<const uint32_t> ids);
@@ -152,6 +164,11 @@ class Negotiator {
   };
 
   std::string RankName(int rank) const;
+  // "Allreduce of tensor 'x' can never complete: <why>" for rank `rank`'s end.
+  std::string NeverCompletes(const TensorRequest& r, int rank, bool submitted_by_it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first ended rank of the request's set, -1 for none.
+  int EndedRankOf(const TensorRequest& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::string Validate(const TensorRequest& r, int size);
   std::string Mismatch(const Pending& p, const TensorRequest& r, int rank) const;
   int64_t ByteSize(const Pending& p) const;
@@ -159,7 +176,7 @@ class Negotiator {
 
   void SubmitOne(int rank, const TensorRequest& request, uint32_t cache_id, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Join(int rank, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Join(int rank, const std::string& name, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllSubmitted(const Pending& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkReady(Pending* p, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordTimeline(NegotiationEvent::Kind kind, const TensorRequest& request, int32_t rank,
@@ -207,6 +224,12 @@ class Negotiator {
       ABSL_GUARDED_BY(mu_);
   std::vector<uint8_t> joined_ ABSL_GUARDED_BY(mu_);
   int joined_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // The name of the join each joined rank waits in (its error, should the join never complete).
+  std::vector<std::string> join_names_ ABSL_GUARDED_BY(mu_);
+  // Why each rank ended ("" while it runs), and how many have.
+  std::vector<std::string> ended_ ABSL_GUARDED_BY(mu_);
+  int ended_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string ended_failure_ ABSL_GUARDED_BY(mu_);  // TakeEndedRankFailure()'s
   std::vector<RankNotice> notices_ ABSL_GUARDED_BY(mu_);
   bool has_notices_ ABSL_GUARDED_BY(mu_) = false;
   NegotiatorStats stats_ ABSL_GUARDED_BY(mu_);

@@ -115,6 +115,8 @@ class FollowerServer::Refusals final : public grpc::CallbackGenericService {
 // The ticker wakes at the next negotiation deadline, or after this long for housekeeping (leases,
 // stalls, rendezvous timeouts, pending failures): it sleeps when there is nothing to do.
 constexpr absl::Duration kMaxTickPeriod = absl::Milliseconds(10);
+// A ticker round this late means the coordinator did not run (Coordinator::Resumed).
+constexpr absl::Duration kPauseGap = absl::Seconds(2);
 
 bool IsLoopbackAddress(const std::string& address) {
   std::string host = address;
@@ -267,7 +269,12 @@ absl::StatusOr<int> CoordinatorServer::StartMetrics(const std::string& address) 
 
 void CoordinatorServer::TickLoop() {
   absl::Time warned = absl::InfinitePast();
+  absl::Time last_round = absl::Now();
   while (!stopping_.load(std::memory_order_acquire)) {
+    // A round comes every few milliseconds: a gap of seconds is the process not running.
+    if (const absl::Time now = absl::Now(); now - last_round > kPauseGap) {
+      coordinator_->Resumed(now - last_round);
+    }
     if (!insecure_remote_address_.empty() && absl::Now() - warned >= absl::Minutes(1)) {
       warned = absl::Now();
       spdlog::warn(
@@ -278,6 +285,7 @@ void CoordinatorServer::TickLoop() {
     coordinator_->Tick();
     last_tick_unix_ns_.store(absl::GetCurrentTimeNanos());
     coordinator_->WaitForTick(std::min(coordinator_->NextDeadline(), absl::Now() + kMaxTickPeriod));
+    last_round = absl::Now();
   }
 }
 

@@ -99,7 +99,7 @@ absl::StatusOr<Worker> WorkerRegistry::Register(std::string host, std::string de
   w.slot = std::move(slot);
   const std::string secret = RandomSecret();
   w.secret_sha256 = Sha256Hex(secret);
-  if (!w.identity.empty() && !w.slot.empty()) {
+  if (!w.slot.empty()) {
     for (auto& [id, old] : workers_) {
       // Only one whose session is gone: a daemon that died has lost its connection by the time
       // it registers again, while a live one must not be knocked out by whoever claims its
@@ -285,16 +285,42 @@ void WorkerRegistry::ReserveId(const std::string& id) {
   next_id_ = std::max(next_id_, number + 1);
 }
 
+void WorkerRegistry::RenewLeases() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  for (auto& [id, w] : workers_) {
+    if (w.state == WorkerState::kLost) continue;
+    w.last_heartbeat = std::max(w.last_heartbeat, now);
+    if (!w.connected) w.disconnected_since = std::max(w.disconnected_since, now);
+    if (w.restored_until != absl::InfinitePast()) {
+      w.restored_until = std::max(w.restored_until, now + reconnect_grace_);
+    }
+  }
+}
+
 std::vector<Worker> WorkerRegistry::ExpireLeases() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   std::vector<Worker> lost;
-  for (auto& [id, w] : workers_) {
-    if (w.state == WorkerState::kLost) continue;
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    Worker& w = it->second;
     if (!w.replaced_by.empty()) {
-      w.lost_reason = absl::StrCat("its identity '", w.identity, "' registered ", w.host, " ",
-                                   w.slot, " again, as ", w.replaced_by, " (its daemon restarted)");
-    } else if (!w.connected && now < w.restored_until) {
+      // Its row goes: the new registration is the same daemon's slot.
+      w.lost_reason =
+          absl::StrCat(w.identity.empty() ? "" : absl::StrCat("its identity '", w.identity, "' "),
+                       "registered ", w.host, " ", w.slot, " again, as ", w.replaced_by,
+                       " (its daemon restarted or registered anew)");
+      if (w.state != WorkerState::kLost) {
+        w.state = WorkerState::kLost;
+        w.connected = false;
+        lost.push_back(w);
+      }
+      it = workers_.erase(it);
+      continue;
+    }
+    ++it;
+    if (w.state == WorkerState::kLost) continue;
+    if (!w.connected && now < w.restored_until) {
       continue;  // its daemon is still reattaching
     } else if (!w.connected && w.restored_until != absl::InfinitePast()) {
       w.lost_reason = "it did not reconnect after the coordinator restarted";

@@ -47,8 +47,10 @@ struct Worker {
   // that has none). Only Register()'s return value carries the secret itself, in `secret`.
   std::string secret_sha256;
   std::string secret;
-  // Set when the same identity registered the same host and device again (its daemon restarted):
-  // the new worker's id. ExpireLeases() then reports this one lost.
+  // Set when the same identity (or, without authentication, anyone) registered the same host and
+  // slot again while this one had no session (its daemon restarted, or re-registered after losing
+  // its lease): the new worker's id. ExpireLeases() then reports this one lost and forgets it, so
+  // no stale row is left behind.
   std::string replaced_by;
 };
 
@@ -114,6 +116,10 @@ class WorkerRegistry {
   // New workers are numbered after `id` ("worker-NNNNNN"; others are ignored): no id is used twice.
   void ReserveId(const std::string& id);
 
+  // The coordinator itself did not run for a while (paused, stalled): whatever its workers sent
+  // meanwhile has not been read yet, so every lease, and every busy worker's reconnect grace,
+  // starts again from now instead of being judged by the silence. Lost workers stay lost.
+  void RenewLeases();
   // Marks as lost every worker whose last heartbeat is older than the lease, and every busy worker
   // disconnected for longer than the reconnect grace; returns them as they were (with the job they
   // served) and `lost_reason` saying which.

@@ -496,6 +496,10 @@ absl::StatusOr<Executed> CpuExecutor::Allgather(const Collective& c, Backend& ba
     }
     return status;
   };
+  // An output that does not fit this rank's arena fails this allgather alone: the rank still takes
+  // part (gathering into scratch memory), so its peers and the communicator stay in step, and the
+  // next collective works.
+  absl::Status no_room;
   for (size_t t = 0; t < c.tensors.size(); ++t) {
     const AllgatherPart& part = (*parts)[t];
     const bool mine = c.tensors[t].offset >= 0;
@@ -503,9 +507,19 @@ absl::StatusOr<Executed> CpuExecutor::Allgather(const Collective& c, Backend& ba
     int64_t offset = -1;
     if (mine) {
       absl::StatusOr<size_t> allocated = options_.outputs->Allocate(part.total);
-      if (!allocated.ok()) return fail(allocated.status());
-      offset = static_cast<int64_t>(*allocated);
-      output = options_.arena + offset;
+      if (!allocated.ok() && no_room.ok()) {
+        no_room = absl::ResourceExhaustedError(absl::StrCat(
+            "the allgather's output of ", part.total, " bytes does not fit the shared arena (",
+            allocated.status().message(),
+            "): start the workers with a larger --arena-mb (ringmaster local --arena-mb), or "
+            "gather less at once"));
+      }
+      if (allocated.ok()) {
+        offset = static_cast<int64_t>(*allocated);
+        output = options_.arena + offset;
+      } else {
+        output = Scratch(part.total);
+      }
     } else {
       output = Scratch(part.total);
     }
@@ -525,8 +539,9 @@ absl::StatusOr<Executed> CpuExecutor::Allgather(const Collective& c, Backend& ba
       if (offset >= 0) options_.outputs->Free(offset).IgnoreError();
       return fail(status);
     }
-    if (mine) executed.outputs[t] = GatheredOutput(part, offset);
+    if (offset >= 0) executed.outputs[t] = GatheredOutput(part, offset);
   }
+  if (!no_room.ok()) return fail(no_room);
   return executed;
 }
 

@@ -87,8 +87,11 @@ class CpuExecutor final : public Executor {
 
   absl::Status Setup() override;
   absl::StatusOr<Executed> Execute(const Collective& c, ExecutionTrace& trace) override;
+  // A malformed response, and an allgather whose output did not fit this rank's arena (the rank
+  // took part all the same), leave the communicator in step: they fail only themselves.
   bool Fatal(const absl::Status& status) const override {
-    return status.code() != absl::StatusCode::kInvalidArgument;  // a malformed response is not
+    return status.code() != absl::StatusCode::kInvalidArgument &&
+           status.code() != absl::StatusCode::kResourceExhausted;
   }
   // Every Gloo operation has its timeout; the host group is woken at once (a rank in its cross-host
   // step of a hierarchical allreduce returns at that step's timeout).

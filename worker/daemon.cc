@@ -764,7 +764,22 @@ void Daemon::RunRankExited(const std::shared_ptr<Job>& job, const ChildExit& exi
     spdlog::info("job {} rank {}: sent {} output files ({} bytes)", job->assignment.job().id(),
                  job->assignment.rank(), sent_files, sent_bytes);
   }
-  if (!job->stopped) SendRankUpdate(*job, v1::RANK_STATE_EXITED, exit.exit_code, exit.message);
+  // Peers in a collective with this rank learn why it ended (their error names it), not that a
+  // job was "stopped".
+  bool ready;
+  {
+    absl::MutexLock lock(&mu_);
+    ready = job->ready;  // its engine is built
+  }
+  if (ready && job->engine != nullptr && !job->stopped) {
+    const v1::RankInfo& me = job->assignment.job().ranks(job->assignment.rank());
+    job->engine->Abort(absl::CancelledError(absl::StrCat(
+        "rank ", job->assignment.rank(), " on host ", me.host(), " exited with status ",
+        exit.exit_code, exit.message.empty() ? "" : absl::StrCat(" (", exit.message, ")"))));
+  }
+  // Also when the job stopped it: the coordinator then knows the rank's output is all there (it
+  // came first) and ends the job's log without waiting out its linger.
+  SendRankUpdate(*job, v1::RANK_STATE_EXITED, exit.exit_code, exit.message);
   FinishJob(job);
 }
 

@@ -118,11 +118,17 @@ class Client {
   // contributes zeros to other ranks' allreduces.
   virtual absl::StatusOr<int> Join() = 0;
   virtual absl::Status Barrier() = 0;
+  // Join() and Barrier() without waiting: a handle to Wait() on (in slices, so a caller can handle
+  // signals between them); after a join's Wait() returned OK, last_joined_rank() is its result.
+  virtual absl::StatusOr<Handle> JoinAsync() = 0;
+  virtual absl::StatusOr<Handle> BarrierAsync() = 0;
+  virtual int last_joined_rank() const = 0;
   // Horovod's remove_process_set, on this rank's side: a barrier of every rank of the job, after
   // which each rank's daemon releases the communicators of process set `id` (every rank calls it
   // with the same id, once no collective of the set is in flight). A later collective in the set
   // fails. Set ids are never reused.
   virtual absl::Status ReleaseProcessSet(int32_t id) = 0;
+  virtual absl::StatusOr<Handle> ReleaseProcessSetAsync(int32_t id) = 0;
 
   // Elastic jobs: whether a completion said that workers were added to the job (the process
   // should reset into the epoch that adds them at its next commit).

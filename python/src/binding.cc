@@ -18,12 +18,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/tensor.h"
@@ -99,14 +101,39 @@ class GatheredBuffer {
 // The Python-facing client. Thread-safe as the C++ client is.
 class PyClient {
  public:
+  // Connects on a thread of its own while this one waits in 100 ms slices, so a signal handler
+  // (Ctrl-C, a test runner's SIGALRM) runs during a long connect; a connect given up that way
+  // ends on its own deadline and its client is closed.
   static std::unique_ptr<PyClient> Connect(const std::string& socket, double timeout_seconds,
                                            int64_t after_epoch) {
-    absl::StatusOr<std::unique_ptr<Client>> client;
-    {
-      py::gil_scoped_release release;
-      client = Client::Connect(socket, absl::Seconds(timeout_seconds), after_epoch);
+    struct Attempt {
+      absl::Mutex mu;
+      bool done ABSL_GUARDED_BY(mu) = false;
+      absl::StatusOr<std::unique_ptr<Client>> client ABSL_GUARDED_BY(mu);
+    };
+    auto attempt = std::make_shared<Attempt>();
+    std::thread([attempt, socket, timeout_seconds, after_epoch] {
+      absl::StatusOr<std::unique_ptr<Client>> client =
+          Client::Connect(socket, absl::Seconds(timeout_seconds), after_epoch);
+      absl::MutexLock lock(&attempt->mu);
+      attempt->client = std::move(client);
+      attempt->done = true;
+    }).detach();
+    while (true) {
+      {
+        py::gil_scoped_release release;
+        absl::MutexLock lock(&attempt->mu);
+        auto done = [&attempt]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(attempt->mu) { return attempt->done; };
+        if (attempt->mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(100))) {
+          absl::StatusOr<std::unique_ptr<Client>> client = std::move(attempt->client);
+          attempt->client = absl::CancelledError("taken");
+          return std::make_unique<PyClient>(
+              std::shared_ptr<Client>(ValueOrThrow(std::move(client))));
+        }
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
-    return std::make_unique<PyClient>(std::shared_ptr<Client>(ValueOrThrow(std::move(client))));
   }
 
   explicit PyClient(std::shared_ptr<Client> client) : client_(std::move(client)) {}
@@ -163,11 +190,16 @@ class PyClient {
 
   bool Poll(Handle handle) { return client_->Poll(handle); }
 
-  // Waits for the operation (forever when timeout_seconds is None); raises its error.
+  // Waits for the operation (forever when timeout_seconds is None); raises its error. Waits in
+  // 100 ms slices with the GIL released, running Python's signal handlers between them.
   void Wait(Handle handle, std::optional<double> timeout_seconds) {
     const absl::Time deadline = timeout_seconds.has_value()
                                     ? absl::Now() + absl::Seconds(*timeout_seconds)
                                     : absl::InfiniteFuture();
+    WaitUntil(handle, deadline);
+  }
+
+  void WaitUntil(Handle handle, absl::Time deadline) {
     while (true) {
       absl::Status status;
       {
@@ -195,27 +227,17 @@ class PyClient {
     return std::make_unique<GatheredBuffer>(ValueOrThrow(client_->TakeAllgather(handle)));
   }
 
+  // Join, barrier and a process set's release wait as Wait() does: a signal handler runs while
+  // they wait, and KeyboardInterrupt interrupts them (the operation stays in flight).
   int Join() {
-    py::gil_scoped_release release;
-    return ValueOrThrow(client_->Join());
+    WaitUntil(ValueOrThrow(client_->JoinAsync()), absl::InfiniteFuture());
+    return client_->last_joined_rank();
   }
 
-  void Barrier() {
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = client_->Barrier();
-    }
-    ThrowIfError(status);
-  }
+  void Barrier() { WaitUntil(ValueOrThrow(client_->BarrierAsync()), absl::InfiniteFuture()); }
 
   void ReleaseProcessSet(int32_t id) {
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = client_->ReleaseProcessSet(id);
-    }
-    ThrowIfError(status);
+    WaitUntil(ValueOrThrow(client_->ReleaseProcessSetAsync(id)), absl::InfiniteFuture());
   }
 
   void Shutdown() {

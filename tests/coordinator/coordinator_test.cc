@@ -1014,8 +1014,9 @@ TEST_F(CoordinatorTest, OutputIsCheckedLikeBatchesAndKeptAfterTheJobEnds) {
   EXPECT_THAT(Texts(coordinator_.ReadLogs(id, LogStore::kAllRanks, 0, 1 << 20)),
               ElementsAre("0:a", "1:b"));
 
-  // A follower is woken when the job's log ends: at once when every rank had exited, else after
-  // the linger (2 s), during which the other ranks' last words are still taken.
+  // A follower is woken when the job's log ends: at once when every rank had exited, else when the
+  // ranks stopped at the end have reported their exit (their output comes first) or after the
+  // linger (7 s), during which their last words are still taken.
   int wakes = 0;
   absl::StatusOr<int64_t> follow = coordinator_.FollowLogs(id, [&] { ++wakes; });
   ASSERT_TRUE(follow.ok());
@@ -1034,7 +1035,10 @@ TEST_F(CoordinatorTest, OutputIsCheckedLikeBatchesAndKeptAfterTheJobEnds) {
 
   RunFor(absl::Milliseconds(1900), {w1, w2}, absl::Milliseconds(100));
   EXPECT_EQ(wakes, 1);
-  RunFor(absl::Milliseconds(200), {w1, w2}, absl::Milliseconds(100));
+  // Only the worker that served the stopped rank speaks for its exit.
+  EXPECT_FALSE(Update(w2, id, 0, RankState::kExited, 143).ok());
+  EXPECT_EQ(wakes, 1);
+  ASSERT_TRUE(Update(w1, id, 0, RankState::kExited, 143).ok());
   EXPECT_EQ(wakes, 2);
   LogRead read = coordinator_.ReadLogs(id, LogStore::kAllRanks, 0, 1 << 20);
   EXPECT_TRUE(read.end);

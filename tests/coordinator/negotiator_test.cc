@@ -1034,16 +1034,20 @@ INSTANTIATE_TEST_SUITE_P(
                     "is out of bounds [1, 65536]."}),
     [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.label; });
 
-TEST_F(NegotiatorTest, OverLongNameIsRejected) {
+TEST_F(NegotiatorTest, OverLongNameIsRejectedWithItsPrefixAndLength) {
   Negotiator n(Options(2));
-  const std::string name(1025, 'x');
+  const std::string name = std::string(96, 'x') + std::string(1 << 20, 'y');  // 1 MiB + 96 bytes
   Submit(n, 0, {Allreduce(name)});
   std::optional<CycleOutput> out = Poll(n);
   ASSERT_TRUE(out.has_value());
   ASSERT_THAT(out->notices[0].errors, SizeIs(1));
+  // The message quotes a readable prefix, not the megabyte; the error still names the tensor whole
+  // so the worker finds the operation it fails.
   EXPECT_EQ(out->notices[0].errors[0].error_message,
-            absl::StrCat("Invalid allreduce request for tensor '", name,
-                         "' from rank 0 (node-a): name is longer than 1024 bytes."));
+            absl::StrCat("Invalid allreduce request for tensor '", std::string(96, 'x'),
+                         "... (1048672 bytes)' from rank 0 (node-a): name is 1048672 bytes long; "
+                         "at most 1024 are allowed."));
+  EXPECT_THAT(out->notices[0].errors[0].names, ElementsAre(name));
 }
 
 // ---- Join ----
@@ -1065,15 +1069,40 @@ TEST_F(NegotiatorTest, TensorWaitsOnlyForRanksThatHaveNotJoined) {
 
 TEST_F(NegotiatorTest, JoinCompletesTensorsThatWaitedOnlyForTheJoiningRank) {
   Negotiator n(Options(3));
-  Submit(n, 0, {Allgather("g", {2, 3})});
-  Submit(n, 1, {Allgather("g", {3, 3})});
+  Submit(n, 0, {Allreduce("a")});
+  Submit(n, 1, {Allreduce("a")});
   EXPECT_EQ(Poll(n), std::nullopt);
   Submit(n, 2, {JoinRequest()});
   std::optional<CycleOutput> out = Poll(n);
   ASSERT_TRUE(out.has_value());
   ASSERT_THAT(out->responses, SizeIs(1));
-  EXPECT_EQ(out->responses[0].type, Response::Type::kAllgather);
-  EXPECT_THAT(out->responses[0].tensor_sizes, ElementsAre(2, 3, 0));
+  EXPECT_EQ(out->responses[0].type, Response::Type::kAllreduce);
+  EXPECT_THAT(out->responses[0].tensor_sizes, ElementsAre(4));
+}
+
+// As Horovod: with a rank joined, allgather and broadcast fail on every rank, whether the join
+// came first or last.
+TEST_F(NegotiatorTest, AllgatherWhileARankHasJoinedFailsAsInHorovod) {
+  Negotiator n(Options(3));
+  Submit(n, 0, {Allgather("g", {2, 3})});
+  Submit(n, 1, {Allgather("g", {3, 3})});
+  Submit(n, 2, {JoinRequest()});
+  std::optional<CycleOutput> out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->responses, SizeIs(1));
+  EXPECT_EQ(out->responses[0].type, Response::Type::kError);
+  EXPECT_THAT(out->responses[0].names, ElementsAre("g"));
+  EXPECT_EQ(out->responses[0].error_message,
+            "Allgather is not supported with Join at this time. Specify sparse_to_dense=True if "
+            "using DistributedOptimizer (tensor 'g'; rank 2 (node-c) has joined)");
+
+  // The next collective works: an allreduce with the rank still joined.
+  Submit(n, 0, {Allreduce("after")});
+  Submit(n, 1, {Allreduce("after")});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->responses, SizeIs(1));
+  EXPECT_EQ(out->responses[0].type, Response::Type::kAllreduce);
 }
 
 TEST_F(NegotiatorTest, AllRanksJoinedGivesJoinResponseWithTheLastJoinedRank) {
@@ -1112,17 +1141,135 @@ TEST_F(NegotiatorTest, JoinedRankSubmittingATensorGetsAnError) {
             "no collectives.");
 }
 
-TEST_F(NegotiatorTest, BroadcastFromAJoinedRootFails) {
+TEST_F(NegotiatorTest, BroadcastWhileARankHasJoinedFailsAsInHorovod) {
+  for (int root : {0, 2}) {  // a root that has not joined, and one that has
+    Negotiator n(Options(3));
+    Submit(n, 2, {JoinRequest()});
+    Submit(n, 0, {Broadcast("b", root)});
+    Submit(n, 1, {Broadcast("b", root)});
+    std::optional<CycleOutput> out = Poll(n);
+    ASSERT_TRUE(out.has_value());
+    ASSERT_THAT(out->responses, SizeIs(1));
+    EXPECT_EQ(out->responses[0].type, Response::Type::kError);
+    EXPECT_EQ(out->responses[0].error_message,
+              "Broadcast is not supported with Join at this time. (tensor 'b'; rank 2 (node-c) "
+              "has joined)");
+  }
+}
+
+// ---- A rank that ended ----
+
+TEST_F(NegotiatorTest, RankEndedFailsWhatOthersWaitInAndEveryLaterCollectiveThatNeedsIt) {
   Negotiator n(Options(3));
-  Submit(n, 2, {JoinRequest()});
-  Submit(n, 0, {Broadcast("b", 2)});
-  Submit(n, 1, {Broadcast("b", 2)});
+  Submit(n, 0, {Allreduce("a"), Broadcast("b", 0)});
+  Submit(n, 1, {Allreduce("a")});
+  EXPECT_EQ(Poll(n), std::nullopt);
+  n.RankEnded(2, "rank 2 on host node-c exited with status 0", clock_.Now());
+  std::optional<CycleOutput> out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->responses, SizeIs(2));
+  EXPECT_EQ(out->responses[0].type, Response::Type::kError);
+  EXPECT_THAT(Names(*out), ElementsAre(ElementsAre("a"), ElementsAre("b")));
+  EXPECT_EQ(out->responses[0].error_message,
+            "Allreduce of tensor 'a' can never complete: rank 2 on host node-c exited with status "
+            "0 before submitting it (one of the ranks finished execution).");
+  EXPECT_EQ(out->responses[1].error_message,
+            "Broadcast of tensor 'b' can never complete: rank 2 on host node-c exited with status "
+            "0 before submitting it (one of the ranks finished execution).");
+  // What the job fails with, once.
+  EXPECT_EQ(n.TakeEndedRankFailure(), out->responses[0].error_message);
+  EXPECT_EQ(n.TakeEndedRankFailure(), "");
+
+  // A collective submitted later fails at once for the rank that submits it: rank 1's b (its
+  // worker had no b when the list came, so the list's error reached no operation of it), and a
+  // new c on rank 0.
+  Submit(n, 1, {Broadcast("b", 0)});
+  Submit(n, 0, {Allreduce("c")});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_THAT(out->responses, IsEmpty());
+  ASSERT_THAT(out->notices[1].errors, SizeIs(1));
+  EXPECT_EQ(out->notices[1].errors[0].error_message,
+            "Broadcast of tensor 'b' can never complete: rank 2 on host node-c exited with status "
+            "0 before submitting it (one of the ranks finished execution).");
+  ASSERT_THAT(out->notices[0].errors, SizeIs(1));
+  EXPECT_THAT(out->notices[0].errors[0].names, ElementsAre("c"));
+  EXPECT_EQ(out->notices[0].errors[0].error_message,
+            "Allreduce of tensor 'c' can never complete: rank 2 on host node-c exited with status "
+            "0 before submitting it (one of the ranks finished execution).");
+  EXPECT_EQ(n.TakeEndedRankFailure(), out->notices[1].errors[0].error_message);
+}
+
+TEST_F(NegotiatorTest, RankThatEndsWithNothingPendingHarmsNoOneAndSetsWithoutItGoOn) {
+  Negotiator n(Options(3));
+  n.RankEnded(2, "rank 2 on host node-c exited with status 0", clock_.Now());
+  EXPECT_EQ(Poll(n), std::nullopt);
+  EXPECT_EQ(n.TakeEndedRankFailure(), "");
+  // A process set of ranks 0 and 1 does not need it.
+  TensorRequest in_set = Allreduce("s");
+  in_set.process_set_id = 1;
+  in_set.process_set_ranks = {0, 1};
+  Submit(n, 0, {in_set});
+  Submit(n, 1, {in_set});
   std::optional<CycleOutput> out = Poll(n);
   ASSERT_TRUE(out.has_value());
   ASSERT_THAT(out->responses, SizeIs(1));
-  EXPECT_EQ(out->responses[0].type, Response::Type::kError);
+  EXPECT_EQ(out->responses[0].type, Response::Type::kAllreduce);
+  EXPECT_EQ(n.TakeEndedRankFailure(), "");
+}
+
+TEST_F(NegotiatorTest, RankEndedWithATensorInFlightSaysSo) {
+  Negotiator n(Options(2));
+  Submit(n, 1, {Allreduce("a")});
+  n.RankEnded(1, "rank 1 on host node-b exited with status 1", clock_.Now());
+  std::optional<CycleOutput> out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->responses, SizeIs(1));
   EXPECT_EQ(out->responses[0].error_message,
-            "Broadcast of tensor 'b' has root rank 2 (node-c), which has joined.");
+            "Allreduce of tensor 'a' can never complete: rank 1 on host node-b exited with status "
+            "1 with it in flight (one of the ranks finished execution).");
+  // Nobody else waited in it: nothing to fail the job with yet.
+  EXPECT_EQ(n.TakeEndedRankFailure(), "");
+  // Rank 0 submits it later: the tensor is new again, and cannot complete.
+  Submit(n, 0, {Allreduce("a")});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->notices[0].errors, SizeIs(1));
+  EXPECT_EQ(out->notices[0].errors[0].error_message,
+            "Allreduce of tensor 'a' can never complete: rank 1 on host node-b exited with status "
+            "1 before submitting it (one of the ranks finished execution).");
+}
+
+TEST_F(NegotiatorTest, JoinNeverCompletesOnceARankEnded) {
+  Negotiator n(Options(3));
+  TensorRequest join0 = JoinRequest();
+  join0.name = "join.1";
+  Submit(n, 0, {join0});  // rank 0 waits in its join
+  n.RankEnded(2, "rank 2 on host node-c exited with status 0", clock_.Now());
+  Submit(n, 1, {JoinRequest()});  // rank 1 joins after the end
+  std::optional<CycleOutput> out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_THAT(out->responses, IsEmpty());
+  const std::string want =
+      "Join can never complete: rank 2 on host node-c exited with status 0 without joining (one "
+      "of the ranks finished execution).";
+  for (int rank : {0, 1}) {
+    ASSERT_THAT(out->notices[rank].errors, SizeIs(1)) << rank;
+    EXPECT_EQ(out->notices[rank].errors[0].error_message, want);
+  }
+  EXPECT_THAT(out->notices[0].errors[0].names, ElementsAre("join.1"));
+  EXPECT_THAT(out->notices[1].errors[0].names, ElementsAre("join"));
+  EXPECT_EQ(n.TakeEndedRankFailure(), want);
+  // Rank 0 is no longer joined: an allreduce of ranks 0 and 1 in a set goes through.
+  TensorRequest in_set = Allreduce("s");
+  in_set.process_set_id = 1;
+  in_set.process_set_ranks = {0, 1};
+  Submit(n, 0, {in_set});
+  Submit(n, 1, {in_set});
+  out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->responses, SizeIs(1));
+  EXPECT_EQ(out->responses[0].type, Response::Type::kAllreduce);
 }
 
 // ---- Stalls ----

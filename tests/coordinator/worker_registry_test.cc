@@ -198,14 +198,63 @@ TEST_F(WorkerRegistryTest, TheSameIdentityHostAndSlotRegisteringAgainReplacesThe
   EXPECT_EQ(lost[0].lost_reason,
             absl::StrCat("its identity 'id-a' registered host-a /run/ringmaster/cpu0.sock again, "
                          "as ",
-                         again->id, " (its daemon restarted)"));
-  EXPECT_EQ(registry_.Get(old_worker->id).status().code(), absl::StatusCode::kFailedPrecondition);
+                         again->id, " (its daemon restarted or registered anew)"));
+  // Its row is gone: a daemon that registers again leaves no stale LOST row behind.
+  EXPECT_EQ(registry_.Get(old_worker->id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.List().size(), 6u);
   for (const auto* w : {&other_slot, &other_identity, &other_host, &no_slot, &anonymous}) {
     EXPECT_TRUE(registry_.Get((*w)->id).ok()) << (*w)->id;
   }
   EXPECT_EQ(
       registry_.Register("h", "cpu", {}, 0, "", "id", std::string(257, 's')).status().message(),
       "slot must be at most 256 bytes; got 257");
+}
+
+TEST_F(WorkerRegistryTest, WithoutAuthenticationTheSameHostAndSlotRegisteringAgainReplacesIt) {
+  // A daemon that lost its lease (or restarted) registers again from the same socket: one row.
+  const std::string slot = "/tmp/ringmaster-7-0.sock";
+  absl::StatusOr<Worker> first = registry_.Register("local-0", "cpu", {}, 0, "", "", slot);
+  ASSERT_TRUE(registry_.SetConnected(first->id, true).ok());
+  // While its session is open, a claim on its slot does not knock it out.
+  absl::StatusOr<Worker> claim = registry_.Register("local-0", "cpu", {}, 0, "", "", slot);
+  EXPECT_TRUE(registry_.ExpireLeases().empty());
+  ASSERT_TRUE(registry_.SetConnected(first->id, false).ok());
+  absl::StatusOr<Worker> again = registry_.Register("local-0", "cpu", {}, 0, "", "", slot);
+  std::vector<Worker> lost = registry_.ExpireLeases();
+  // The claim (never connected) and the first worker both gave way to the last registration.
+  ASSERT_EQ(lost.size(), 2u);
+  EXPECT_EQ(lost[0].id, first->id);
+  EXPECT_EQ(lost[0].lost_reason,
+            absl::StrCat("registered local-0 /tmp/ringmaster-7-0.sock again, as ", again->id,
+                         " (its daemon restarted or registered anew)"));
+  EXPECT_EQ(lost[1].id, claim->id);
+  ASSERT_EQ(registry_.List().size(), 1u);
+  EXPECT_EQ(registry_.List()[0].id, again->id);
+}
+
+TEST_F(WorkerRegistryTest, RenewingLeasesAfterTheCoordinatorsOwnPauseBlamesNoWorker) {
+  const std::string idle = AddConnected("host-a");
+  const std::string busy = AddConnected("host-b");
+  ASSERT_TRUE(registry_.Assign({busy}, "job-000001", {0}).ok());
+  const std::string broken = AddConnected("host-c");
+  ASSERT_TRUE(registry_.Assign({broken}, "job-000002", {0}).ok());
+  ASSERT_TRUE(registry_.SetConnected(broken, false).ok());
+  // The coordinator did not run for 30 s: no heartbeat was read meanwhile.
+  clock_.Advance(absl::Seconds(30));
+  registry_.RenewLeases();
+  EXPECT_TRUE(registry_.ExpireLeases().empty());
+  // The terms start again from now: a silent worker is lost a full lease later, a broken session
+  // after its reconnect grace (2 s).
+  clock_.Advance(absl::Seconds(2));
+  std::vector<Worker> lost = registry_.ExpireLeases();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].id, broken);
+  clock_.Advance(absl::Seconds(8));
+  lost = registry_.ExpireLeases();
+  ASSERT_EQ(lost.size(), 2u);
+  EXPECT_EQ(lost[0].id, idle);
+  EXPECT_EQ(lost[0].lost_reason, "no heartbeat for 10s");
+  EXPECT_EQ(lost[1].id, busy);
 }
 
 TEST_F(WorkerRegistryTest, UnknownWorkerIsNotFound) {

@@ -455,9 +455,15 @@ TEST_F(DaemonTest, AStopTerminatesTheRankAndTheDaemonTakesTheNextJob) {
   stop.mutable_stop_job()->set_reason("cancelled by the test");
   coordinator_.Send(stop);
   // The coordinator ended the job: the rank is terminated (SIGTERM, within the grace period) and
-  // not reported; the daemon is free for the next job only once it is gone.
+  // its exit reported (so the job's log ends without waiting out its linger); the daemon is free
+  // for the next job only once it is gone.
   Assign({"/bin/true"}, "job-000043");
   std::optional<v1::RankUpdate> next = coordinator_.NextUpdate();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->job_id(), "job-000042");
+  EXPECT_EQ(next->state(), v1::RANK_STATE_EXITED);
+  EXPECT_EQ(next->exit_code(), 128 + SIGTERM);
+  next = coordinator_.NextUpdate();
   ASSERT_TRUE(next.has_value());
   EXPECT_EQ(next->job_id(), "job-000043");
   EXPECT_EQ(next->state(), v1::RANK_STATE_STARTED);

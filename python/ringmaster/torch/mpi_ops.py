@@ -11,6 +11,7 @@ place; the client copies any other tensor into the arena and back.
 Unnamed operations get Horovod's automatic names (`allreduce.noname.<handle>`, ...): every rank
 must issue its unnamed collectives in the same order, as with Horovod.
 """
+import collections
 import itertools
 import os
 import threading
@@ -60,6 +61,7 @@ class ProcessSet:
     def __init__(self, ranks):
         self.ranks = sorted(set(int(r) for r in ranks))
         self.process_set_id = None  # set when registered
+        self._wire_id = None  # the workers' id of it, while registered
 
     def size(self):
         return len(self.ranks)
@@ -101,6 +103,12 @@ class _GlobalProcessSet(ProcessSet):
 global_process_set = _GlobalProcessSet()
 _process_sets = {}  # id -> registered ProcessSet (the global one excluded)
 _next_process_set_id = [1]
+# Ids of removed sets, reused first in the order they were freed (as Horovod's ProcessSetTable).
+_free_process_set_ids = collections.deque()
+# What the workers know a set by: never reused in this process, across init() calls too, so a set
+# added after another was removed never meets the removed one's state on the workers (every rank
+# adds and removes the same sets in the same order, so every rank numbers them alike).
+_next_wire_id = [1]
 _dynamic_process_sets = [False]
 
 
@@ -128,16 +136,22 @@ def _register_process_set(process_set):
     mine = torch.full((1, size + 1), -1, dtype=torch.int64)
     mine[0, 0] = len(ranks)
     mine[0, 1:1 + len(ranks)] = torch.tensor(ranks, dtype=torch.int64)
-    ps_id = _next_process_set_id[0]
-    everyone = synchronize(allgather_async(mine, name=f"process_set.register.{ps_id}"))
+    ps_id = _free_process_set_ids[0] if _free_process_set_ids else _next_process_set_id[0]
+    wire_id = _next_wire_id[0]
+    everyone = synchronize(allgather_async(mine, name=f"process_set.register.{wire_id}"))
     for r in range(size):
         if not torch.equal(everyone[r], mine[0]):
             theirs = everyone[r, 1:1 + int(everyone[r, 0])].tolist()
             raise ValueError(f"rank {r} registered process set {ps_id} with ranks {theirs}, rank "
                              f"{_basics.rank()} with {ranks}: every rank must add the same "
                              f"process sets in the same order")
-    _next_process_set_id[0] += 1
+    if _free_process_set_ids:
+        _free_process_set_ids.popleft()
+    else:
+        _next_process_set_id[0] += 1
+    _next_wire_id[0] += 1
     process_set.process_set_id = ps_id
+    process_set._wire_id = wire_id
     _process_sets[ps_id] = process_set
     return process_set
 
@@ -147,6 +161,7 @@ def _init_process_sets(process_sets):
     "dynamic" to allow add_process_set() and remove_process_set() later."""
     _process_sets.clear()
     _next_process_set_id[0] = 1
+    _free_process_set_ids.clear()
     _dynamic_process_sets[0] = process_sets == "dynamic"
     if process_sets in (None, "dynamic"):
         return
@@ -180,11 +195,13 @@ def remove_process_set(process_set):
     # A barrier of every rank (each removes it at the same point of its operations), after which
     # the daemons release the set's communicators.
     try:
-        _basics.client().release_process_set(ps_id)
+        _basics.client().release_process_set(process_set._wire_id)
     except _ringmaster.StatusError as e:
         raise _status_error(e) from None
     del _process_sets[ps_id]
+    _free_process_set_ids.append(ps_id)
     process_set.process_set_id = None
+    process_set._wire_id = None
     return True
 
 
@@ -202,7 +219,7 @@ def _set_of(process_set):
     if not process_set.included():
         raise ValueError(f"rank {_basics.rank()} is not in process set {ps_id} (ranks "
                          f"{process_set.ranks})")
-    return ps_id, process_set.ranks
+    return process_set._wire_id, process_set.ranks
 
 
 def _check_process_set(process_set):
@@ -360,7 +377,11 @@ def _check_dense(tensor):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
-        raise ValueError(f"ringmaster: {tensor.layout} tensors are not supported")
+        raise ValueError(
+            f"ringmaster: a {tensor.layout} tensor cannot go through this operation, which takes "
+            f"dense tensors: reduce a sparse gradient with hvd.sparse_allreduce_async(tensor, "
+            f"name), or send it dense (tensor.to_dense(), or "
+            f"DistributedOptimizer(..., sparse_as_dense=True))")
 
 
 def _gpu_slot(c):
@@ -478,6 +499,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
 
 
 def _copy_for_output(tensor):
+    _check_dense(tensor)
     return tensor.detach().clone(memory_format=torch.contiguous_format)
 
 
