@@ -588,8 +588,9 @@ Response Negotiator::MakeResponse(const std::vector<Pending*>& tensors) const {
   return out;
 }
 
-// Most distinct tensor names counted for NegotiatorStats::distinct_tensors.
-constexpr size_t kMaxDistinctTensors = size_t{1} << 20;
+// Most distinct tensor names counted for NegotiatorStats::distinct_tensors: far more than a step
+// has, and few enough that a job naming every call anew keeps the coordinator flat (about 1 MB).
+constexpr size_t kMaxDistinctTensors = size_t{1} << 14;
 
 std::optional<CycleOutput> Negotiator::Poll(absl::Time now) {
   absl::MutexLock lock(&mu_);

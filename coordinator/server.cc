@@ -271,10 +271,11 @@ void CoordinatorServer::TickLoop() {
   absl::Time warned = absl::InfinitePast();
   absl::Time last_round = absl::Now();
   while (!stopping_.load(std::memory_order_acquire)) {
-    // A round comes every few milliseconds: a gap of seconds is the process not running.
-    if (const absl::Time now = absl::Now(); now - last_round > kPauseGap) {
-      coordinator_->Resumed(now - last_round);
-    }
+    // A round starts every few milliseconds (the wait below is bounded by kMaxTickPeriod): a gap
+    // of seconds between two starts is the process not running.
+    const absl::Time now = absl::Now();
+    if (now - last_round > kPauseGap) coordinator_->Resumed(now - last_round);
+    last_round = now;
     if (!insecure_remote_address_.empty() && absl::Now() - warned >= absl::Minutes(1)) {
       warned = absl::Now();
       spdlog::warn(
@@ -285,7 +286,6 @@ void CoordinatorServer::TickLoop() {
     coordinator_->Tick();
     last_tick_unix_ns_.store(absl::GetCurrentTimeNanos());
     coordinator_->WaitForTick(std::min(coordinator_->NextDeadline(), absl::Now() + kMaxTickPeriod));
-    last_round = absl::Now();
   }
 }
 

@@ -431,9 +431,12 @@ void Engine::Process(RankCycle& cycle, absl::Time arrived) {
     absl::MutexLock lock(&mu_);
     cycle_time_ = absl::Microseconds(static_cast<int64_t>(cycle.cycle_time_ms * 1000));
   }
-  for (uint32_t id : cycle.evicted_ids) cache_.Evict(id);
   {
     absl::MutexLock lock(&mu_);
+    for (uint32_t id : cycle.evicted_ids) {
+      const std::string* name = cache_.NameOf(id);
+      cache_.Evict(id, name != nullptr && ops_.contains(*name));
+    }
     for (const CacheAssignment& a : cycle.cache_assignments) {
       if (auto it = ops_.find(a.name); it != ops_.end()) {
         cache_.Assign(a.name, a.id, it->second->local.request);

@@ -23,11 +23,18 @@ void WorkerCache::Assign(const std::string& name, uint32_t id, const TensorReque
   by_id_[id] = name;
 }
 
-void WorkerCache::Evict(uint32_t id) {
+void WorkerCache::Evict(uint32_t id, bool in_flight) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return;
   if (auto entry = by_name_.find(it->second); entry != by_name_.end()) {
-    evicted_[id] = std::move(entry->second.second);
+    if (in_flight) {
+      evicted_[id] = std::move(entry->second.second);
+      evicted_order_.push_back(id);
+      while (evicted_order_.size() > kMaxEvicted) {
+        evicted_.erase(evicted_order_.front());  // a no-op for one taken or assigned again
+        evicted_order_.pop_front();
+      }
+    }
     by_name_.erase(entry);
   }
   by_id_.erase(it);

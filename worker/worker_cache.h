@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <utility>
@@ -20,7 +21,13 @@ class WorkerCache {
   // The id under which `request` may be sent, or 0 when it must go in full.
   uint32_t Find(const TensorRequest& request) const;
   void Assign(const std::string& name, uint32_t id, const TensorRequest& request);
-  void Evict(uint32_t id);
+  // `in_flight`: this rank has an operation of the tensor in flight, whose request by `id` the
+  // coordinator may yet ask for again (TakeForResend): its request is kept until then. Others
+  // are forgotten, so a job that names every call anew (Horovod's "allreduce.noname.N") does not
+  // grow the worker.
+  void Evict(uint32_t id, bool in_flight = true);
+  // Most evicted requests kept for a resend (the oldest go first).
+  static constexpr size_t kMaxEvicted = 4096;
   // The name cached under `id`, or nullptr.
   const std::string* NameOf(uint32_t id) const;
   // Drops `id` and returns its request, to be re-sent in full. An id evicted since it was last
@@ -31,9 +38,10 @@ class WorkerCache {
  private:
   absl::flat_hash_map<std::string, std::pair<uint32_t, TensorRequest>> by_name_;
   absl::flat_hash_map<uint32_t, std::string> by_id_;
-  // Evicted entries, until their id is assigned again or asked for (bounded by the id space, the
-  // coordinator's cache capacity).
+  // Evicted entries of operations in flight, until their id is assigned again or asked for; at
+  // most kMaxEvicted, the oldest first out (evicted_order_).
   absl::flat_hash_map<uint32_t, TensorRequest> evicted_;
+  std::deque<uint32_t> evicted_order_;
 };
 
 }  // namespace ringmaster

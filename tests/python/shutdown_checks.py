@@ -15,8 +15,14 @@ Scenarios:
                 change, and the next operation works, on every rank.
   process-sets  add_process_set / remove_process_set test after test in one process, across
                 shutdown() and init(): Horovod's ids, every collective exact.
+  unnamed N     N unnamed allreduces; rank 0 prints its worker's and the coordinator's resident
+                memory after a quarter of them and at the end.
+  kill-worker   rank 1 kills the worker daemon serving it while rank 0 waits in a barrier.
+  pause N       N exact allreduces 0.5 s apart, while the test stops the coordinator.
 """
+import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -237,10 +243,86 @@ def process_sets():
     return 0
 
 
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return -1.0
+
+
+def coordinator_of(daemon):
+    """The pid of the coordinator that `ringmaster local` (the daemon's parent) started."""
+    with open(f"/proc/{daemon}/stat") as f:
+        local = int(f.read().rsplit(")", 1)[1].split()[1])
+    found = subprocess.run(["pgrep", "-P", str(local), "-f", "ringmaster-coordinator"],
+                           capture_output=True, text=True).stdout.split()
+    return int(found[0])
+
+
+def unnamed(count):
+    """`count` unnamed allreduces (Horovod's automatic names: each one new); rank 0 prints its
+    worker's and the coordinator's resident memory after a warm-up and at the end."""
+    hvd.init()
+    rank = hvd.rank()
+    daemon = os.getppid()  # the worker daemon runs this rank
+    coordinator_pid = coordinator_of(daemon)
+    t = torch.ones(4)
+    warm = count // 4
+    for i in range(count):
+        if i == warm and rank == 0:
+            before = (rss_mib(daemon), rss_mib(coordinator_pid))
+        got = hvd.allreduce(t, op=hvd.Sum)
+        if i % 997 == 0 and not torch.equal(got, torch.full((4,), float(hvd.size()))):
+            fail(f"unnamed allreduce {i}: {got.tolist()}")
+    if rank == 0:
+        after = (rss_mib(daemon), rss_mib(coordinator_pid))
+        say(rank, "unnamed", f"worker {before[0]:.1f} -> {after[0]:.1f} MiB, coordinator "
+            f"{before[1]:.1f} -> {after[1]:.1f} MiB")
+    return 0
+
+
+def kill_own_worker():
+    """Rank 1 kills the worker daemon that serves it; rank 0 waits in a barrier meanwhile."""
+    hvd.init()
+    if hvd.rank() == 1:
+        time.sleep(0.5)
+        say(1, "kill-worker", "killing my worker")
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(30)
+        return 0
+    try:
+        hvd.barrier()
+    except hvd.HorovodInternalError as e:
+        say(0, "kill-worker", f"barrier failed: {e}")
+        return 1
+    return 0
+
+
+def paused_coordinator(steps):
+    """Steps of an exact allreduce, 0.5 s apart, while the test stops the coordinator for a while."""
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    for step in range(steps):
+        got = hvd.allreduce(torch.full((3,), float(rank + step)), op=hvd.Sum, name="step")
+        want = sum(r + step for r in range(size))
+        if not torch.equal(got, torch.full((3,), float(want))):
+            fail(f"step {step}: {got.tolist()}, want {want}")
+        time.sleep(0.5)
+    say(rank, "pause", f"{steps} steps exact")
+    return 0
+
+
 def main():
     scenario = sys.argv[1]
     if scenario.startswith("uneven-"):
         code = uneven(scenario[len("uneven-"):])
+    elif scenario == "unnamed":
+        code = unnamed(int(sys.argv[2]))
+    elif scenario == "kill-worker":
+        code = kill_own_worker()
+    elif scenario == "pause":
+        code = paused_coordinator(int(sys.argv[2]))
     else:
         code = {"interrupt": interrupt, "one-failure": one_failure,
                 "process-sets": process_sets}[scenario]()

@@ -6,11 +6,13 @@ checks in sequence). Each run has a deadline far below what a hang would take.
 """
 import os
 import re
+import signal
+import subprocess
 import time
 
 import pytest
 
-from test_torch_api import PYTHON, describe, pytestmark, run_local  # noqa: F401
+from test_torch_api import BIN, PYTHON, describe, pytestmark, run_local  # noqa: F401
 
 CHECKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shutdown_checks.py")
 
@@ -109,3 +111,73 @@ def test_process_set_ids_across_add_remove_cycles_and_reinit_as_in_horovod():
         assert lines(r, rank, "process-sets") == [
             "round 0 ids [(1, 2), (1, 2), (1, 2), (1, 2)]",
             "round 1 ids [(1, 2), (1, 2), (1, 2), (1, 2)]"], describe(r)
+
+
+def local_with(np, *command, extra=()):
+    """Starts `ringmaster local` (not waiting): (the process, its coordinator's pid)."""
+    proc = subprocess.Popen(
+        [os.path.join(BIN, "ringmaster"), "local", "--np", str(np), *extra, "--", *command],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(CHECKS))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "ringmaster-coordinator"],
+                               capture_output=True, text=True).stdout.split()
+        if found:
+            return proc, int(found[0])
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("ringmaster local started no coordinator")
+
+
+def finish(proc, timeout):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"ringmaster local did not finish within {timeout}s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_unnamed_allreduces_keep_the_worker_and_the_coordinator_flat():
+    """Horovod's automatic names make every unnamed call a new tensor: per-name state is bounded
+    (the worker's evicted cache entries, the coordinator's count of distinct names)."""
+    r = run_local(2, PYTHON, CHECKS, "unnamed", "40000", timeout=150)
+    assert r.returncode == 0, describe(r)
+    said = lines(r, 0, "unnamed")
+    assert len(said) == 1, describe(r)
+    m = re.fullmatch(r"worker (\S+) -> (\S+) MiB, coordinator (\S+) -> (\S+) MiB", said[0])
+    assert m, describe(r)
+    worker_growth = float(m.group(2)) - float(m.group(1))
+    coordinator_growth = float(m.group(4)) - float(m.group(3))
+    # 30,000 new names after the warm-up: before the bound, 9 and 3 MiB.
+    assert worker_growth < 1.5, describe(r)
+    assert coordinator_growth < 1.5, describe(r)
+
+
+def test_a_killed_worker_fails_the_job_naming_the_rank_it_served():
+    start = time.monotonic()
+    r = run_local(2, PYTHON, CHECKS, "kill-worker", timeout=60)
+    assert r.returncode == 1, describe(r)
+    m = re.search(r"^ringmaster local: job (\w+): (.*)$", r.stderr, re.M)
+    assert m, describe(r)
+    assert m.group(1) == "FAILED", describe(r)
+    assert re.match(r"worker worker-\d+ serving rank 1 on host local-0 ", m.group(2)), describe(r)
+    assert time.monotonic() - start < 30, describe(r)
+
+
+@pytest.mark.parametrize("pause", [12, 30])
+def test_a_coordinator_stopped_longer_than_the_lease_loses_no_job(pause):
+    steps = 2 * (pause + 6)
+    proc, coordinator = local_with(2, PYTHON, CHECKS, "pause", str(steps))
+    time.sleep(3)  # the job runs
+    os.kill(coordinator, signal.SIGSTOP)
+    time.sleep(pause)
+    os.kill(coordinator, signal.SIGCONT)
+    r = finish(proc, steps * 0.5 + pause + 60)
+    assert r.returncode == 0, describe(r)
+    assert "FAIL" not in r.stdout, describe(r)
+    for rank in (0, 1):
+        assert lines(r, rank, "pause") == [f"{steps} steps exact"], describe(r)
+    # Nobody was blamed for the coordinator's own silence.
+    assert "was lost" not in r.stderr, describe(r)
