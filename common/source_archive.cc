@@ -13,6 +13,7 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -77,8 +78,10 @@ Reader OpenForReading(const std::string& path, absl::Status* error) {
   return a;
 }
 
-// Checks one member; counts it into `summary`.
-absl::Status CheckMember(archive_entry* e, ArchiveSummary* summary, int64_t* entries) {
+// Checks one member; counts it into `summary`. `links`: the symbolic links met so far (a member
+// under one would be written through it, which unpacking refuses: refused here, at submission).
+absl::Status CheckMember(archive_entry* e, ArchiveSummary* summary, int64_t* entries,
+                         absl::flat_hash_set<std::string>* links) {
   const std::string path = MemberPath(archive_entry_pathname(e));
   if (++*entries > kMaxSourceEntries) {
     return absl::InvalidArgumentError(
@@ -87,6 +90,15 @@ absl::Status CheckMember(archive_entry* e, ArchiveSummary* summary, int64_t* ent
   if (path.empty()) return absl::OkStatus();  // "./": the root
   if (absl::Status s = ValidateRelativePath(absl::StrCat("source archive member"), path); !s.ok()) {
     return s;
+  }
+  for (size_t slash = path.find('/'); slash != std::string::npos;
+       slash = path.find('/', slash + 1)) {
+    if (links->contains(path.substr(0, slash))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "source archive member '", path, "' lies under '", path.substr(0, slash),
+          "', a symbolic link in the archive: it would be unpacked through the link (pack the "
+          "directory the link points to instead, or the link alone)"));
+    }
   }
   if (const char* hard = archive_entry_hardlink(e); hard != nullptr) {
     return ValidateRelativePath(
@@ -111,6 +123,7 @@ absl::Status CheckMember(archive_entry* e, ArchiveSummary* summary, int64_t* ent
             absl::StrCat("source archive member '", path, "' is a symbolic link to '",
                          target != nullptr ? target : "", "', outside the archive"));
       }
+      if (links->size() < static_cast<size_t>(kMaxSourceEntries)) links->insert(path);
       return absl::OkStatus();
     }
     default:
@@ -235,6 +248,7 @@ absl::StatusOr<ArchiveSummary> InspectArchive(const std::string& path) {
   if (a == nullptr) return error;
   ArchiveSummary summary;
   int64_t entries = 0;
+  absl::flat_hash_set<std::string> links;
   archive_entry* e = nullptr;
   while (true) {
     const int r = archive_read_next_header(a.get(), &e);
@@ -243,7 +257,7 @@ absl::StatusOr<ArchiveSummary> InspectArchive(const std::string& path) {
       return absl::InvalidArgumentError(
           absl::StrCat("the source archive is not a valid tar.gz archive: ", ErrorOf(a.get())));
     }
-    if (absl::Status s = CheckMember(e, &summary, &entries); !s.ok()) return s;
+    if (absl::Status s = CheckMember(e, &summary, &entries, &links); !s.ok()) return s;
     // Reading the data (not skipping it) finds a truncated or corrupt archive here.
     const void* block;
     size_t size;

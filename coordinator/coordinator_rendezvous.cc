@@ -15,20 +15,26 @@ absl::Status Coordinator::CheckScope(const std::string& job_id, int64_t epoch,
                                      const std::string* token) const {
   absl::StatusOr<Job> job = jobs_.Get(job_id);
   if (!job.ok()) return job.status();
-  if (job->state != JobState::kStarting && job->state != JobState::kRunning) {
+  const bool active = job->state == JobState::kStarting || job->state == JobState::kRunning;
+  if (token != nullptr &&
+      (job->rendezvous_token.empty() || !ConstantTimeEquals(*token, job->rendezvous_token))) {
+    // Told before anything of the job's state: a caller without the token learns nothing of it.
+    // A rank of an earlier epoch (its token was that epoch's) learns only that it is stale.
+    if (active && epoch != job->epoch && epoch > 0 && epoch < job->epoch) {
+      return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id, " is stale"));
+    }
+    return absl::PermissionDeniedError(absl::StrCat("the rendezvous of job ", job_id, " epoch ",
+                                                    epoch,
+                                                    " is open only to its ranks' workers: the call "
+                                                    "did not carry the epoch's rendezvous token"));
+  }
+  if (!active) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", job_id, " is ", JobStateName(job->state), "; its rendezvous is closed"));
   }
   if (epoch != job->epoch) {
     return absl::AbortedError(absl::StrCat("epoch ", epoch, " of job ", job_id,
                                            " is stale; the job is at epoch ", job->epoch));
-  }
-  if (token != nullptr &&
-      (job->rendezvous_token.empty() || !ConstantTimeEquals(*token, job->rendezvous_token))) {
-    return absl::PermissionDeniedError(absl::StrCat("the rendezvous of job ", job_id, " epoch ",
-                                                    epoch,
-                                                    " is open only to its ranks' workers: the call "
-                                                    "did not carry the epoch's rendezvous token"));
   }
   return absl::OkStatus();
 }

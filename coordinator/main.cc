@@ -1,5 +1,6 @@
 // ringmaster-coordinator: the control plane. Registers jobs and workers, places ranks, negotiates
 // every cycle, and serves rendezvous. Stops gracefully on SIGTERM or SIGINT.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,6 +22,7 @@
 #include "coordinator/leader_election.h"
 #include "coordinator/server.h"
 #include "coordinator/sqlite_job_store.h"
+#include "coordinator/state_dir.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -134,6 +136,9 @@ int main(int argc, char** argv) {
       "[--log-level LEVEL] [--state-dir DIR] [--store etcd://HOST:PORT,...] [--artifacts-dir DIR]";
   ringmaster::HandleHelp(argc, argv, kUsage, "coordinator/main.cc");
   absl::SetProgramUsageMessage(kUsage);
+  // Everything the coordinator writes (its job store and WAL, the logs' journal, artifacts, code
+  // archives) may hold a job's secrets: private to its user whatever umask it was started with.
+  umask(0077);
   // Debian's Abseil is built with mutex deadlock detection on; it costs every lock a graph update,
   // so it is off unless RINGMASTER_MUTEX_DEADLOCK_DETECTION asks for it.
   ringmaster::ConfigureDeadlockDetection();
@@ -212,6 +217,12 @@ int main(int argc, char** argv) {
     }
   }
   if (!state_dir.empty()) {
+    // Also when it exists already (systemd's StateDirectory=, a volume): tightened, or refused.
+    if (absl::Status s = ringmaster::MakeStateDirPrivate(state_dir); !s.ok()) {
+      std::fprintf(stderr, "ringmaster-coordinator: --state-dir %s: %s\n", state_dir.c_str(),
+                   std::string(s.message()).c_str());
+      return 1;
+    }
     if (absl::GetFlag(FLAGS_store).empty()) {  // the jobs in DIR/jobs.db
       absl::StatusOr<std::unique_ptr<ringmaster::JobStore>> store =
           ringmaster::OpenSqliteJobStore(state_dir);

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -13,6 +15,8 @@ namespace ringmaster {
 namespace {
 
 constexpr size_t kMaxNameBytes = 1024;
+// Names of the client library's own collectives that no rank waits for unless it asks.
+constexpr char kBackgroundPrefix[] = "ringmaster.init.";
 constexpr int kMaxDims = 16;
 constexpr int64_t kMaxElements = int64_t{1} << 40;
 constexpr int kMaxStallNamesPerRank = 10;
@@ -503,10 +507,21 @@ void Negotiator::RankEnded(int rank, std::string why, absl::Time now) {
   if (!ended_[rank].empty()) return;
   ended_[rank] = why.empty() ? absl::StrCat(RankName(rank), " ended") : std::move(why);
   ++ended_count_;
+  // In the order they were first submitted (then by name): a deterministic list.
+  std::vector<Pending*> concerned;
   for (auto& [key, p] : pending_) {
-    if (!InSet(p.request, rank)) continue;
+    if (InSet(p.request, rank)) concerned.push_back(&p);
+  }
+  std::sort(concerned.begin(), concerned.end(), [](const Pending* a, const Pending* b) {
+    return std::tie(a->first_submit, a->request.name) < std::tie(b->first_submit, b->request.name);
+  });
+  for (Pending* pending : concerned) {
+    Pending& p = *pending;
     // Ready and not yet sent: it would run without the rank's worker, which has left the job.
-    const bool others_wait = p.count > (p.submitted[rank] ? 1 : 0);
+    // Ringmaster's own background collectives (init's allgather of local sizes, which a rank
+    // waits for only when it asks is_homogeneous()) fail without failing the job.
+    const bool others_wait = p.count > (p.submitted[rank] ? 1 : 0) &&
+                             !absl::StartsWith(p.request.name, kBackgroundPrefix);
     if (p.error.empty()) {
       p.error = NeverCompletes(p.request, rank, p.submitted[rank]);
       if (others_wait && ended_failure_.empty()) ended_failure_ = p.error;

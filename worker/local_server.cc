@@ -170,7 +170,32 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
   std::weak_ptr<LocalConnection> weak = connection;
   std::optional<v1::LocalWelcome> welcomed;
   v1::LocalRequest request;
-  while (ReadFrame(connection->fd(), &request).ok()) {
+  // A connection acts only once welcomed: anything else before (or after a refused hello) is
+  // refused and the connection closed, so a process the daemon did not admit can never enqueue
+  // into, or free memory of, the arena of the rank it serves.
+  auto refuse_and_close = [&](uint64_t handle, absl::StatusCode code, const std::string& why) {
+    v1::LocalReply reply;
+    reply.mutable_completion()->set_handle(handle);
+    reply.mutable_completion()->set_code(static_cast<int>(code));
+    reply.mutable_completion()->set_message(why);
+    connection->Send(reply);
+    connection->Shutdown();
+  };
+  const std::string not_welcomed =
+      "this connection was not welcomed (its hello was refused or never sent): it may send "
+      "nothing else; connect again and say hello";
+  bool open = true;
+  while (open && ReadFrame(connection->fd(), &request).ok()) {
+    if (request.kind_case() != v1::LocalRequest::kHello &&
+        request.kind_case() != v1::LocalRequest::KIND_NOT_SET && !welcomed.has_value()) {
+      spdlog::warn("local connection (pid {}): message {} before a welcome refused; closed",
+                   connection->peer().pid, static_cast<int>(request.kind_case()));
+      refuse_and_close(
+          request.kind_case() == v1::LocalRequest::kEnqueue ? request.enqueue().handle() : 0,
+          absl::StatusCode::kPermissionDenied, not_welcomed);
+      open = false;
+      break;
+    }
     switch (request.kind_case()) {
       case v1::LocalRequest::kHello: {
         v1::LocalReply reply;
@@ -189,30 +214,25 @@ void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
           if (welcome->arena_fd >= 0) close(welcome->arena_fd);
           welcomed = welcome->message;
         } else {
-          reply.mutable_completion()->set_code(static_cast<int>(welcome.status().code()));
-          reply.mutable_completion()->set_message(std::string(welcome.status().message()));
-          connection->Send(reply);
+          refuse_and_close(0, welcome.status().code(), std::string(welcome.status().message()));
+          open = false;
         }
         break;
       }
       case v1::LocalRequest::kEnqueue:
-        handler_->OnEnqueue(welcomed.has_value() ? &*welcomed : nullptr, request.enqueue(),
-                            [weak](const v1::LocalCompletion& c) {
-                              if (auto conn = weak.lock()) {
-                                v1::LocalReply reply;
-                                *reply.mutable_completion() = c;
-                                conn->Send(reply);
-                              }
-                            });
+        handler_->OnEnqueue(&*welcomed, request.enqueue(), [weak](const v1::LocalCompletion& c) {
+          if (auto conn = weak.lock()) {
+            v1::LocalReply reply;
+            *reply.mutable_completion() = c;
+            conn->Send(reply);
+          }
+        });
         break;
       case v1::LocalRequest::kRelease:
-        handler_->OnRelease(welcomed.has_value() ? &*welcomed : nullptr, request.release());
+        handler_->OnRelease(&*welcomed, request.release());
         break;
       case v1::LocalRequest::kReadyEvents:
-        if (absl::Status s = welcomed.has_value()
-                                 ? handler_->OnReadyEvents(request.ready_events())
-                                 : absl::FailedPreconditionError("ready events before a welcome");
-            !s.ok()) {
+        if (absl::Status s = handler_->OnReadyEvents(request.ready_events()); !s.ok()) {
           spdlog::warn("local connection: ready events refused: {}", s.ToString());
           connection->Shutdown();
         }

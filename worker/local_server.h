@@ -51,8 +51,10 @@ class LocalServer {
     // `peer` that may not attach).
     virtual absl::StatusOr<Welcome> OnHello(const v1::LocalHello& hello,
                                             const PeerCredentials& peer) = 0;
+    // Only a welcomed connection's requests come here: any message but a hello before a welcome,
+    // or after a refused hello, is refused (PERMISSION_DENIED) by the server and the connection
+    // closed. `welcome` (never null): what the connection was welcomed with.
     // `reply` may be called from any thread, once per enqueue, even after the connection closed.
-    // `welcome`: what the connection was welcomed with (nullptr: not welcomed).
     virtual void OnEnqueue(const v1::LocalWelcome* welcome, const v1::LocalEnqueue& enqueue,
                            std::function<void(const v1::LocalCompletion&)> reply) = 0;
     virtual void OnRelease(const v1::LocalWelcome* welcome, const v1::LocalRelease& release) = 0;

@@ -18,7 +18,8 @@ std::string MetadataValue(const grpc::ServerContextBase& context, const std::str
 
 Principal Authenticator::WithRoles(Principal p) const {
   p.admin = p.InGroup(options_.admin_group);
-  p.worker = p.InGroup(options_.worker_group);
+  // Only a worker certificate makes a worker: a token, whatever groups its line names, is a user.
+  p.worker = p.via == "certificate" && p.InGroup(options_.worker_group);
   return p;
 }
 
@@ -28,6 +29,15 @@ absl::StatusOr<Principal> Authenticator::Authenticate(
   // must not lock out a caller with a certificate.
   const std::string authorization =
       options_.tokens != nullptr ? MetadataValue(context, kAuthorizationMetadata) : "";
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  const bool certified = auth != nullptr && auth->IsPeerAuthenticated();
+  if (!authorization.empty() && certified) {
+    // Neither may win: a stolen token must not borrow a certificate's channel, nor a token
+    // override who the certificate says the caller is.
+    return absl::UnauthenticatedError(
+        "the call carries two identities, a client certificate and a bearer token: send one "
+        "(drop --token / RINGMASTER_TOKEN, or the client certificate)");
+  }
   if (!authorization.empty()) {
     constexpr absl::string_view kBearer = "Bearer ";
     if (!absl::StartsWithIgnoreCase(authorization, kBearer)) {
@@ -41,8 +51,7 @@ absl::StatusOr<Principal> Authenticator::Authenticate(
     }
     return WithRoles(Principal{.name = entry->user, .groups = entry->groups, .via = "token"});
   }
-  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+  if (certified) {
     std::vector<grpc::string_ref> cn = auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
     if (cn.empty() || cn.front().empty()) {
       return absl::UnauthenticatedError(

@@ -15,11 +15,22 @@ grpc::ServerUnaryReactor* ClusterService::ListWorkers(grpc::CallbackServerContex
                                                       const v1::ListWorkersRequest* request,
                                                       v1::ListWorkersResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::StatusOr<Principal> caller = auth_.Authenticate(*context); !caller.ok()) {
+  absl::StatusOr<Principal> caller = auth_.Authenticate(*context);
+  if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
   std::vector<Worker> workers = coordinator_.ListWorkers();
+  // Which job a busy worker serves is its owner's business (and an admin's): others see it busy.
+  if (!caller->admin) {
+    for (Worker& w : workers) {
+      if (w.job_id.empty()) continue;
+      absl::StatusOr<Job> job = coordinator_.GetJob(w.job_id);
+      if (job.ok() && !caller->worker && job->owner == caller->name) continue;
+      w.job_id.clear();
+      w.rank = -1;
+    }
+  }
   std::sort(workers.begin(), workers.end(), [](const Worker& a, const Worker& b) {
     return std::tie(a.host, a.device, a.id) < std::tie(b.host, b.device, b.id);
   });

@@ -569,7 +569,7 @@ grpc::ServerUnaryReactor* WorkerService::RegisterWorker(grpc::CallbackServerCont
         absl::StrCat(caller->Describe(),
                      " may not register a worker: only a worker identity may (a "
                      "certificate with O=",
-                     auth_.options().worker_group, ", or a token in that group)"))));
+                     auth_.options().worker_group, "; a token never makes a worker)"))));
     return reactor;
   }
   absl::StatusOr<Worker> worker = coordinator_.RegisterWorker(
@@ -588,7 +588,17 @@ grpc::ServerUnaryReactor* WorkerService::RegisterWorker(grpc::CallbackServerCont
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerService::Session(
     grpc::CallbackServerContext* context) {
-  return new SessionReactor(coordinator_, context, auth_.Authenticate(*context));
+  absl::StatusOr<Principal> caller = auth_.Authenticate(*context);
+  // Only a worker identity holds a session (the anonymous operator of a coordinator without
+  // authentication aside): a user, a token above all, never serves ranks.
+  if (caller.ok() && !caller->worker && caller->via != "none") {
+    caller =
+        absl::PermissionDeniedError(absl::StrCat(caller->Describe(),
+                                                 " may not open a worker session: only a worker "
+                                                 "certificate may (O=",
+                                                 auth_.options().worker_group, ")"));
+  }
+  return new SessionReactor(coordinator_, context, std::move(caller));
 }
 
 }  // namespace ringmaster

@@ -67,3 +67,69 @@ def test_a_state_dir_that_cannot_be_created_is_refused_at_start(cluster, tmp_pat
     assert c.p.returncode == 1
     assert c.stderr().strip() == (f"ringmaster-coordinator: --state-dir {blocker}/state: cannot "
                                   "create it: Not a directory")
+
+
+def modes(root):
+    """{path relative to root: mode} of root and everything under it."""
+    out = {".": os.stat(root).st_mode & 0o7777}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            out[os.path.relpath(path, root)] = os.lstat(path).st_mode & 0o7777
+    return out
+
+
+def test_secrets_at_rest_are_private_whatever_the_umask_and_a_state_dir_made_before(cluster,
+                                                                                   tmp_path):
+    """As systemd's StateDirectory= makes it: the directory exists (0755) before the coordinator
+    starts, under umask 022, with a file an earlier version left 0644."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    os.chmod(state, 0o755)
+    (state / "left-by-an-older-version").write_text("x")
+    os.chmod(state / "left-by-an-older-version", 0o644)
+    old_umask = os.umask(0o022)
+    try:
+        c = cluster.coordinator("--state-dir", str(state), port=free_port())
+        cluster.worker(c, host="h0")
+        wait_for(lambda: len(cluster.idle_workers(c)) == 1, 20, "the worker")
+        secret = "s3cr3t-AKIA-7f2d9c"
+        job = submit(cluster, c, "--np", "1", "--env", f"AWS_SECRET_ACCESS_KEY={secret}",
+                     "--timeline", "timeline.json", "--",
+                     "sh", "-c", "echo the key is $AWS_SECRET_ACCESS_KEY")
+        assert cluster.wait_state(c, job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"},
+                                  30)["state"] == "JOB_STATE_SUCCEEDED"
+    finally:
+        os.umask(old_umask)
+    found = modes(state)
+    # The store, its WAL, the logs' journal and the artifacts are there, and all private.
+    assert "jobs.db" in found and "logs" in found and "artifacts" in found, found
+    loose = {p: oct(m) for p, m in found.items()
+             if (m & 0o077) != 0 or (os.path.isdir(state / p) and m != 0o700)}
+    assert loose == {}, loose
+    # The secret is somewhere in the state (the job store keeps it to give it to the worker),
+    # and nowhere another user may read.
+    holders = []
+    for p in found:
+        path = state / p
+        if path.is_file() and secret.encode() in path.read_bytes():
+            holders.append(p)
+            assert found[p] & 0o077 == 0, (p, oct(found[p]))
+    assert holders, "the secret is in no file of the state directory"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand the directory to another user")
+def test_a_state_dir_of_another_user_open_to_others_is_refused(cluster, tmp_path):
+    state = tmp_path / "foreign"
+    state.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chown(state, 65534, 65534)
+    os.chmod(state, 0o755)
+    c = cluster.coordinator("--state-dir", str(state), expect_port=False)
+    assert wait_for(lambda: not c.alive(), 20, "the coordinator to exit")
+    assert c.p.returncode == 1
+    assert c.stderr().strip() == (
+        f"ringmaster-coordinator: --state-dir {state}: it belongs to uid 65534 with mode 755: "
+        f"other users could read the jobs' secrets in it, and this coordinator (uid 0) cannot make "
+        f"it private. Give it to the coordinator's user (chown), remove others' access (chmod "
+        f"o-rwx), or name a directory inside it that the coordinator creates")

@@ -146,6 +146,14 @@ TEST_F(SourceArchiveTest, MembersThatWouldLeaveTheDirectoryAreRefusedAndNothingI
        "source archive member 'fifo' is not a regular file, a directory or a symbolic link"},
       {{{.path = "dev", .type = AE_IFCHR}},
        "source archive member 'dev' is not a regular file, a directory or a symbolic link"},
+      // A link to a directory inside, then a member under the link: the worker would refuse to
+      // unpack through the link, so submission refuses it (the two checks agree).
+      {{{.path = "real", .type = AE_IFDIR},
+        {.path = "alias", .type = AE_IFLNK, .link = "real"},
+        {.path = "alias/evil.txt", .data = "x"}},
+       "source archive member 'alias/evil.txt' lies under 'alias', a symbolic link in the "
+       "archive: it would be unpacked through the link (pack the directory the link points to "
+       "instead, or the link alone)"},
   };
   for (const Case& c : cases) {
     const fs::path archive = Craft(c.members);
@@ -159,6 +167,15 @@ TEST_F(SourceArchiveTest, MembersThatWouldLeaveTheDirectoryAreRefusedAndNothingI
     EXPECT_FALSE(fs::exists(out)) << "extraction began despite: " << c.message;
     EXPECT_FALSE(fs::exists(dir_ / "out" / "evil.txt"));
   }
+}
+
+TEST_F(SourceArchiveTest, ALinkToADirectoryInsideIsKeptAndUnpacks) {
+  const fs::path archive = Craft({{.path = "real", .type = AE_IFDIR},
+                                  {.path = "real/a.py", .data = "A"},
+                                  {.path = "alias", .type = AE_IFLNK, .link = "real"}});
+  ASSERT_TRUE(InspectArchive(archive.string()).ok());
+  ASSERT_TRUE(ExtractArchive(archive.string(), (dir_ / "out").string()).ok());
+  EXPECT_EQ(Read(dir_ / "out" / "alias" / "a.py"), "A");
 }
 
 TEST_F(SourceArchiveTest, ALinkThatStaysInsideIsKept) {

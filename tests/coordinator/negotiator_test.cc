@@ -1218,6 +1218,18 @@ TEST_F(NegotiatorTest, RankThatEndsWithNothingPendingHarmsNoOneAndSetsWithoutItG
   EXPECT_EQ(n.TakeEndedRankFailure(), "");
 }
 
+TEST_F(NegotiatorTest, TheClientsOwnBackgroundCollectiveFailsWithoutFailingTheJob) {
+  Negotiator n(Options(2));
+  // init()'s allgather of local sizes: no rank waits for it unless it asks is_homogeneous().
+  Submit(n, 0, {Allgather("ringmaster.init.local_sizes", {1})});
+  n.RankEnded(1, "rank 1 on host node-b exited with status 0", clock_.Now());
+  std::optional<CycleOutput> out = Poll(n);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_THAT(out->responses, SizeIs(1));
+  EXPECT_EQ(out->responses[0].type, Response::Type::kError);
+  EXPECT_EQ(n.TakeEndedRankFailure(), "");
+}
+
 TEST_F(NegotiatorTest, RankEndedWithATensorInFlightSaysSo) {
   Negotiator n(Options(2));
   Submit(n, 1, {Allreduce("a")});

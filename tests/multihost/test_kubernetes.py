@@ -123,7 +123,7 @@ def test_the_ha_overlay_runs_two_coordinator_replicas_on_etcd():
     (c,) = pod["containers"]
     args = c["args"]
     assert {"--store=$(ETCD)", "--leader-ttl=$(LEADER_TTL)",
-            "--advertise-address=$(POD_IP):50051", "--state-dir=/var/lib/ringmaster",
+            "--advertise-address=$(POD_IP):50051", "--state-dir=/var/lib/ringmaster/state",
             "--tls-cert=/etc/ringmaster/tls/tls.crt"} <= set(args), args
     env = {e["name"]: e.get("valueFrom") for e in c["env"]}
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}

@@ -159,9 +159,10 @@ class SecurityTest : public ::testing::Test {
 
   // Opens a session for `worker_id` with `secret`; OK once the coordinator accepted it.
   static grpc::Status TryOpen(v1::WorkerService::Stub& stub, const std::string& worker_id,
-                              const std::string& secret) {
+                              const std::string& secret, const std::string& token = "") {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
     auto stream = stub.Session(&context);
     v1::WorkerMessage open;
     open.mutable_open()->set_worker_id(worker_id);
@@ -325,7 +326,7 @@ TEST_F(SecurityTest, WorkersMayNotSubmitAndUsersMayNotRegisterWorkers) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(s.error_message(),
             "user 'user' may not register a worker: only a worker identity may (a certificate "
-            "with O=ringmaster:workers, or a token in that group)");
+            "with O=ringmaster:workers; a token never makes a worker)");
   v1::ListWorkersResponse listed;
   ASSERT_TRUE(v1::ClusterService::NewStub(Channel(Certs::Pair("admin")))
                   ->ListWorkers(Ctx().get(), {}, &listed)
@@ -522,6 +523,84 @@ TEST_F(SecurityTest, RendezvousIsOpenOnlyToTheJobsWorkers) {
       EXPECT_FALSE(absl::StartsWith(artifact.name(), "rank-")) << artifact.name();
     }
   }
+  // Once the job has ended, a caller without the token still learns nothing of its state.
+  auto cancel = Jobs(Certs::Pair("user"));
+  v1::CancelJobRequest cancel_request;
+  cancel_request.set_job_id(job.id());
+  v1::CancelJobResponse cancelled;
+  ASSERT_TRUE(cancel->CancelJob(Ctx().get(), cancel_request, &cancelled).ok());
+  auto stranger = v1::RendezvousService::NewStub(Channel(Certs::Pair("host-b")));
+  grpc::Status s = stranger->Set(Ctx().get(), set, &set_response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(), denied);
+  // The member, with the token, is told it is closed.
+  s = rdv->Set(with_token().get(), set, &set_response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(s.error_message(),
+            absl::StrCat("job ", job.id(), " is CANCELLED; its rendezvous is closed"));
+}
+
+// A token never makes a worker, whatever its line's groups say; nor does it ride along with a
+// certificate: a call with both is refused.
+TEST_F(SecurityTest, ATokenNeverMakesAWorkerAndTwoIdentitiesAreRefused) {
+  WriteFile(tokens_,
+            "tok-alice,alice,1001,\"team-a\"\ntok-fake-worker,node-9,0,\"ringmaster:workers\"\n");
+  absl::SleepFor(absl::Milliseconds(1500));  // the file is read again within a second
+  auto workers = v1::WorkerService::NewStub(Channel(Certs::CaOnly()));
+  v1::RegisterWorkerRequest request;
+  request.set_host("host-x");
+  request.set_device("cpu");
+  v1::RegisterWorkerResponse response;
+  grpc::Status s = workers->RegisterWorker(Ctx("tok-fake-worker").get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "user 'node-9' may not register a worker: only a worker identity may (a certificate "
+            "with O=ringmaster:workers; a token never makes a worker)");
+  // Nor open a session for one.
+  SimWorker& real = AddWorker("worker", "host-a");
+  s = TryOpen(*workers, real.worker_id(), real.secret(), "tok-fake-worker");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(s.error_message(),
+            "user 'node-9' may not open a worker session: only a worker certificate may "
+            "(O=ringmaster:workers)");
+  // A user's certificate and alice's token together: neither wins.
+  auto both = Jobs(Certs::Pair("user"));
+  v1::Job job;
+  s = Submit(*both, &job, 1, "tok-alice");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(s.error_message(),
+            "the call carries two identities, a client certificate and a bearer token: send one "
+            "(drop --token / RINGMASTER_TOKEN, or the client certificate)");
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(Jobs(Certs::Pair("admin"))->ListJobs(Ctx().get(), {}, &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+  v1::ListWorkersResponse listed;
+  ASSERT_TRUE(v1::ClusterService::NewStub(Channel(Certs::Pair("admin")))
+                  ->ListWorkers(Ctx().get(), {}, &listed)
+                  .ok());
+  ASSERT_EQ(listed.workers_size(), 1);
+  EXPECT_EQ(listed.workers(0).worker_id(), real.worker_id());
+}
+
+// Which job a busy worker serves is for the job's owner and admins to see.
+TEST_F(SecurityTest, OnlyTheOwnerAndAdminsSeeWhichJobABusyWorkerServes) {
+  AddWorker("worker", "host-a");
+  auto user = Jobs(Certs::Pair("user"));
+  v1::Job job;
+  ASSERT_TRUE(Submit(*user, &job).ok());
+  ASSERT_TRUE(sims_.back()->WaitAssignment(kWait).ok());
+  auto listing = [&](const TlsFiles& tls, const std::string& token) {
+    v1::ListWorkersResponse listed;
+    EXPECT_TRUE(
+        v1::ClusterService::NewStub(Channel(tls))->ListWorkers(Ctx(token).get(), {}, &listed).ok());
+    EXPECT_EQ(listed.workers_size(), 1);
+    return listed.workers_size() == 1
+               ? std::make_pair(listed.workers(0).job_id(), listed.workers(0).rank())
+               : std::make_pair(std::string("?"), -2);
+  };
+  EXPECT_EQ(listing(Certs::Pair("user"), ""), std::make_pair(job.id(), 0));
+  EXPECT_EQ(listing(Certs::Pair("admin"), ""), std::make_pair(job.id(), 0));
+  EXPECT_EQ(listing(Certs::CaOnly(), "tok-alice"), std::make_pair(std::string(), -1));
 }
 
 TEST_F(SecurityTest, BearerTokensAuthenticateUsersAndTheFileIsReloaded) {

@@ -33,14 +33,21 @@ class RecordingHandler : public LocalServer::Handler {
     w.message.set_rank(1);
     return w;
   }
-  void OnEnqueue(const v1::LocalWelcome*, const v1::LocalEnqueue& enqueue,
+  void OnEnqueue(const v1::LocalWelcome* welcome, const v1::LocalEnqueue& enqueue,
                  std::function<void(const v1::LocalCompletion&)> reply) override {
+    {
+      absl::MutexLock lock(&mu_);
+      acted.push_back(welcome == nullptr ? "enqueue without a welcome" : "enqueue");
+    }
     v1::LocalCompletion c;
     c.set_handle(enqueue.handle());
     c.set_message(enqueue.request().name());
     reply(c);
   }
-  void OnRelease(const v1::LocalWelcome*, const v1::LocalRelease& release) override {}
+  void OnRelease(const v1::LocalWelcome* welcome, const v1::LocalRelease& release) override {
+    absl::MutexLock lock(&mu_);
+    acted.push_back(welcome == nullptr ? "release without a welcome" : "release");
+  }
   absl::Status OnReadyEvents(const v1::LocalReadyEvents& events) override {
     absl::MutexLock lock(&mu_);
     ready_events.push_back(events.handles_size());
@@ -63,6 +70,7 @@ class RecordingHandler : public LocalServer::Handler {
   bool refuse_ready_events = false;
   std::vector<int> ready_events;
   std::vector<std::string> disconnects;
+  std::vector<std::string> acted;  // enqueues and releases handed to the handler
 };
 
 class LocalServerTest : public ::testing::Test {
@@ -126,6 +134,9 @@ class LocalServerTest : public ::testing::Test {
 TEST_F(LocalServerTest, ReadyEventsBeforeAWelcomeAreRefusedAndCloseTheConnection) {
   int fd = Dial();
   SendReadyEvents(fd, 4);
+  v1::LocalReply refused;
+  ASSERT_TRUE(ReadFrame(fd, &refused).ok());
+  EXPECT_EQ(refused.completion().code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
   EXPECT_TRUE(Closed(fd));
   close(fd);
   EXPECT_EQ(handler_.Disconnects(1), std::vector<std::string>{"none"});
@@ -172,14 +183,59 @@ TEST_F(LocalServerTest, RefusedReadyEventsCloseOnlyThatConnection) {
   EXPECT_EQ(handler_.Disconnects(2), (std::vector<std::string>{"job-7@3", "job-7@3"}));
 }
 
-TEST_F(LocalServerTest, ARefusedHelloIsAnErrorAndTheDisconnectCarriesNoWelcome) {
+TEST_F(LocalServerTest, ARefusedHelloIsAnErrorAndClosesTheConnection) {
   int fd = Dial();
   v1::LocalReply reply = Hello(fd, 666);
   ASSERT_EQ(reply.kind_case(), v1::LocalReply::kCompletion);
   EXPECT_EQ(reply.completion().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
   EXPECT_EQ(reply.completion().message(), "not you");
+  // Whatever it sends next is never acted on: the connection is closed.
+  v1::LocalRequest m;
+  m.mutable_enqueue()->set_handle(9);
+  m.mutable_enqueue()->mutable_request()->set_name("overwrite.the.rank");
+  WriteFrame(fd, m).IgnoreError();  // may fail: the server closed it already
+  EXPECT_TRUE(Closed(fd));
   close(fd);
   EXPECT_EQ(handler_.Disconnects(1), std::vector<std::string>{"none"});
+  absl::MutexLock lock(&handler_.mu_);
+  EXPECT_TRUE(handler_.acted.empty());
+}
+
+// Every message but a hello, sent before a welcome, is refused and closes the connection; the
+// handler never sees it.
+TEST_F(LocalServerTest, AnEnqueueBeforeAWelcomeIsRefusedAndClosesTheConnection) {
+  int fd = Dial();
+  v1::LocalRequest m;
+  m.mutable_enqueue()->set_handle(17);
+  m.mutable_enqueue()->mutable_request()->set_name("grad");
+  ASSERT_TRUE(WriteFrame(fd, m).ok());
+  v1::LocalReply reply;
+  ASSERT_TRUE(ReadFrame(fd, &reply).ok());
+  EXPECT_EQ(reply.completion().handle(), 17u);
+  EXPECT_EQ(reply.completion().code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(reply.completion().message(),
+            "this connection was not welcomed (its hello was refused or never sent): it may send "
+            "nothing else; connect again and say hello");
+  EXPECT_TRUE(Closed(fd));
+  close(fd);
+  EXPECT_EQ(handler_.Disconnects(1), std::vector<std::string>{"none"});
+  absl::MutexLock lock(&handler_.mu_);
+  EXPECT_TRUE(handler_.acted.empty());
+}
+
+TEST_F(LocalServerTest, AReleaseBeforeAWelcomeIsRefusedAndClosesTheConnection) {
+  int fd = Dial();
+  v1::LocalRequest m;
+  m.mutable_release()->set_offset(4096);
+  ASSERT_TRUE(WriteFrame(fd, m).ok());
+  v1::LocalReply reply;
+  ASSERT_TRUE(ReadFrame(fd, &reply).ok());
+  EXPECT_EQ(reply.completion().code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_TRUE(Closed(fd));
+  close(fd);
+  EXPECT_EQ(handler_.Disconnects(1), std::vector<std::string>{"none"});
+  absl::MutexLock lock(&handler_.mu_);
+  EXPECT_TRUE(handler_.acted.empty());
 }
 
 }  // namespace

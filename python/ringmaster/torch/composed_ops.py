@@ -119,11 +119,12 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 
 
 def _reducescatter_grad(grad, op, prescale_factor, postscale_factor, process_set):
-    # d(part)/d(input): every rank's rows come from every rank's input, scaled as the forward.
-    g = _mpi.allgather(grad, process_set=process_set)
-    if op == Average:
-        g = g / _set_size(process_set)
-    return g * (prescale_factor * postscale_factor)
+    # Horovod's gradient (0.28, single and grouped alike): the allgather of the parts' gradients,
+    # times the set's size for Sum (as an allreduce-Sum's gradient sums identical gradients) and
+    # as is for Average, times the scale factors.
+    if op == Sum:
+        grad = grad * _set_size(process_set)
+    return _mpi.allgather(grad, process_set=process_set) * (prescale_factor * postscale_factor)
 
 
 class HorovodReducescatter(torch.autograd.Function):
