@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -425,12 +426,27 @@ int Submit(const Global& g, v1::JobService::Stub& stub, Args& args) {
         "with `ringmaster artifacts JOB`\n",
         path.c_str(), name.c_str());
   }
+  // Its registration is idempotent (JobSpec.request_id): one that may have gone through without
+  // our hearing of it (the coordinator busy, a connection lost) is retried without a second job.
+  if (spec.request_id().empty()) {
+    absl::BitGen random;
+    spec.set_request_id(absl::StrFormat("submit-%016x%016x", absl::Uniform<uint64_t>(random),
+                                        absl::Uniform<uint64_t>(random)));
+  }
   v1::RegisterJobResponse response;
   grpc::Status status;
   if (source_dir.empty()) {
     v1::RegisterJobRequest request;
     *request.mutable_spec() = spec;
-    status = stub.RegisterJob(Context(g).get(), request, &response);
+    for (int attempt = 1;; ++attempt) {
+      status = stub.RegisterJob(Context(g).get(), request, &response);
+      const bool transient = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                             (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                              absl::StrContains(status.error_message(), "retry in a moment"));
+      if (!transient || attempt == 3) break;
+      absl::SleepFor(absl::Seconds(attempt));
+    }
   } else {
     // Packed in memory up to 1 GiB; the coordinator's own limit (--max-source-bytes) is checked
     // as the archive arrives.

@@ -32,7 +32,11 @@ Coordinator::Coordinator(CoordinatorOptions options)
       started_(options.clock->Now()),
       generation_(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now())) | 1),
       log_linger_(options.log_linger),
-      jobs_(std::move(options.store), options.clock, options.max_active_jobs),
+      jobs_(std::move(options.store), options.clock,
+            JobRegistry::Limits{
+                .max_active = options.max_active_jobs,
+                .max_active_per_user = options.max_active_jobs_per_user,
+                .max_registrations_per_minute = options.max_registrations_per_minute}),
       workers_(options.clock, options.lease, options.reconnect_grace),
       logs_(LogStoreOptions{.clock = options.clock,
                             .max_bytes_per_rank = options.log_bytes_per_rank,

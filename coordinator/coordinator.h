@@ -78,6 +78,10 @@ struct CoordinatorOptions {
   absl::Duration job_retention = absl::Hours(24 * 7);
   // At most this many jobs that have not ended (RegisterJob: RESOURCE_EXHAUSTED past it).
   int64_t max_active_jobs = 1000;
+  // One user's share (JobRegistry::Limits): jobs not ended, and registrations in any minute
+  // (0: no bound).
+  int64_t max_active_jobs_per_user = 0;
+  int64_t max_registrations_per_minute = 0;
   int64_t max_ended_jobs = 10'000;
   absl::Duration retention_check = absl::Minutes(1);
   // Output kept per rank (oldest dropped first), and by all jobs together (ended jobs' logs

@@ -150,6 +150,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
           "their own code");
     }
   }
+  if (spec.request_id.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.request_id must be at most 128 bytes; got ", spec.request_id.size()));
+  }
   // Each field has its bound; together they are bounded too, so that the jobs the coordinator
   // holds (--max-active-jobs of them) have a bounded size.
   size_t bytes = spec.name.size() + spec.working_dir.size();

@@ -47,6 +47,8 @@ struct JobSpec {
   int32_t max_np = 0;
   int32_t reset_limit = 0;              // 0: no limit
   int32_t elastic_timeout_seconds = 0;  // 0: kDefaultElasticTimeoutSeconds
+  // The client's idempotency key (JobSpec.request_id in job.proto); empty: none.
+  std::string request_id;
 
   bool elastic() const { return min_np > 0 || max_np > 0; }
 };

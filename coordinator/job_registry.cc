@@ -33,7 +33,10 @@ bool Allowed(JobState from, JobState to) {
 }  // namespace
 
 JobRegistry::JobRegistry(std::unique_ptr<JobStore> store, Clock* clock, int64_t max_active)
-    : clock_(clock), store_(std::move(store)), max_active_(max_active) {
+    : JobRegistry(std::move(store), clock, Limits{.max_active = max_active}) {}
+
+JobRegistry::JobRegistry(std::unique_ptr<JobStore> store, Clock* clock, Limits limits)
+    : clock_(clock), store_(std::move(store)), limits_(limits) {
   // A durable store may hold jobs of an earlier run: ids go on after the highest one. Pending jobs
   // wait to be placed as before; the coordinator resumes those that were starting or running.
   absl::MutexLock lock(&mu_);
@@ -42,7 +45,8 @@ JobRegistry::JobRegistry(std::unique_ptr<JobStore> store, Clock* clock, int64_t 
     if (absl::StartsWith(job.id, "job-") && absl::SimpleAtoi(job.id.substr(4), &number)) {
       next_job_ = std::max(next_job_, number + 1);
     }
-    if (!IsTerminal(job.state)) active_.insert(job.id);
+    if (!IsTerminal(job.state)) SetActiveLocked(job, true);
+    RememberRequestLocked(job);
   }
 }
 
@@ -57,11 +61,52 @@ absl::StatusOr<Job> JobRegistry::Register(JobSpec spec, std::string owner) {
   Job job;
   {
     absl::MutexLock lock(&mu_);
-    if (static_cast<int64_t>(active_.size()) >= max_active_) {
+    if (!spec.request_id.empty()) {
+      // A retry of a registration that went through: the same job.
+      if (auto it = by_request_.find(absl::StrCat(owner, "\x1f", spec.request_id));
+          it != by_request_.end()) {
+        if (absl::StatusOr<Job> earlier = store_->Get(it->second); earlier.ok()) return earlier;
+      }
+    }
+    if (static_cast<int64_t>(active_.size()) >= limits_.max_active) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the coordinator holds ", active_.size(),
           " jobs that have not ended, the most it takes (--max-active-jobs): wait for some to end, "
           "or cancel some"));
+    }
+    const std::string who =
+        owner.empty() ? "the anonymous operator" : absl::StrCat("user '", owner, "'");
+    if (limits_.max_active_per_user > 0) {
+      auto held = active_by_owner_.find(owner);
+      if (held != active_by_owner_.end() && held->second >= limits_.max_active_per_user) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            who, " holds ", held->second,
+            " jobs that have not ended, the most one user may (--max-active-jobs-per-user): "
+            "wait for some to end, or cancel some"));
+      }
+    }
+    if (limits_.max_registrations_per_minute > 0) {
+      const absl::Time now = clock_->Now();
+      // Owners with no registration in the last minute are forgotten: the map stays small.
+      for (auto it = registrations_.begin(); it != registrations_.end();) {
+        std::deque<absl::Time>& times = it->second;
+        while (!times.empty() && times.front() <= now - absl::Minutes(1)) times.pop_front();
+        if (times.empty()) {
+          registrations_.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+      std::deque<absl::Time>& times = registrations_[owner];
+      if (static_cast<int64_t>(times.size()) >= limits_.max_registrations_per_minute) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            who, " registered ", times.size(),
+            " jobs in the last minute, the most one user may (--max-registrations-per-minute): "
+            "retry in ",
+            absl::FormatDuration(
+                absl::Ceil(times.front() + absl::Minutes(1) - now, absl::Seconds(1)))));
+      }
+      times.push_back(now);
     }
     job.id = absl::StrFormat("job-%06d", next_job_++);
     job.spec = std::move(spec);
@@ -71,11 +116,36 @@ absl::StatusOr<Job> JobRegistry::Register(JobSpec spec, std::string owner) {
     none = CommitLocked(job, absl::StrCat("registered: ", job.spec.np, " ranks"));
     // Acknowledged only once stored (its id is not used again either way).
     if (!last_put_.ok()) {
-      active_.erase(job.id);
+      SetActiveLocked(job, false);
       return last_put_;
     }
+    RememberRequestLocked(job);
   }
   return job;
+}
+
+void JobRegistry::RememberRequestLocked(const Job& job) {
+  if (job.spec.request_id.empty()) return;
+  std::string key = absl::StrCat(job.owner, "\x1f", job.spec.request_id);
+  if (!by_request_.insert_or_assign(key, job.id).second) return;
+  request_order_.push_back(std::move(key));
+  while (request_order_.size() > kRememberedRequests) {
+    by_request_.erase(request_order_.front());
+    request_order_.pop_front();
+  }
+}
+
+void JobRegistry::SetActiveLocked(const Job& job, bool active) {
+  auto it = active_.find(job.id);
+  if (active == (it != active_.end())) return;
+  if (active) {
+    active_.emplace(job.id, job.owner);
+    ++active_by_owner_[job.owner];
+    return;
+  }
+  auto held = active_by_owner_.find(it->second);
+  if (held != active_by_owner_.end() && --held->second <= 0) active_by_owner_.erase(held);
+  active_.erase(it);
 }
 
 absl::StatusOr<Job> JobRegistry::LoadLocked(const std::string& id) const {
@@ -138,10 +208,10 @@ std::vector<std::shared_ptr<JobRegistry::Watcher>> JobRegistry::CommitLocked(Job
   job.update_time = clock_->Now();
   job.events.push_back(JobEvent{job.update_time, job.state, std::move(message)});
   if (IsTerminal(job.state)) {
-    active_.erase(job.id);
+    SetActiveLocked(job, false);
     for (auto& [name, value] : job.spec.env) value.clear();  // no rank needs them any more
   } else {
-    active_.insert(job.id);
+    SetActiveLocked(job, true);
   }
   // The in-memory store cannot fail; a durable one's error is logged here and refuses a
   // registration (Register checks last_put_).

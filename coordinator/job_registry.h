@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -30,14 +31,26 @@ class JobRegistry {
   // into the registry (it runs under the registry's notification lock).
   using Watcher = std::function<void(const Job& job, const JobEvent& event)>;
 
+  // What one user, and everyone together, may hold and start. Zero: no per-user bound.
+  struct Limits {
+    int64_t max_active = 1000;                 // jobs not ended, all users together
+    int64_t max_active_per_user = 0;           // jobs not ended, one owner's
+    int64_t max_registrations_per_minute = 0;  // one owner's, in any 60 s
+  };
+
   // `clock` is borrowed and must outlive the registry.
   // At most `max_active` jobs that have not ended are held: Register refuses more.
   JobRegistry(std::unique_ptr<JobStore> store, Clock* clock, int64_t max_active = 1000);
+  JobRegistry(std::unique_ptr<JobStore> store, Clock* clock, Limits limits);
 
   // Validates the spec (INVALID_ARGUMENT naming the field), fills in nothing else, and records a
-  // new PENDING job owned by `owner` (at most 256 bytes). RESOURCE_EXHAUSTED when max_active jobs
-  // have not ended. A job that ends keeps its environment's names, not their values (secrets are
-  // kept no longer than needed).
+  // new PENDING job owned by `owner` (at most 256 bytes). RESOURCE_EXHAUSTED naming the limit when
+  // max_active jobs have not ended, when `owner` holds max_active_per_user of them, or registered
+  // max_registrations_per_minute jobs in the last minute: one user cannot take the cluster from
+  // the others. A spec with a request_id this owner used before (for a job still kept, among the
+  // last 10,000 so registered) returns that job instead: a retried registration is idempotent.
+  // A job that ends keeps its environment's names, not their values (secrets are kept no longer
+  // than needed).
   absl::StatusOr<Job> Register(JobSpec spec, std::string owner = "");
 
   absl::StatusOr<Job> Get(const std::string& id) const;
@@ -91,8 +104,20 @@ class JobRegistry {
   absl::Mutex notify_mu_ ABSL_ACQUIRED_AFTER(mu_);
   const std::unique_ptr<JobStore> store_ ABSL_PT_GUARDED_BY(mu_);
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
-  const int64_t max_active_;
-  absl::flat_hash_set<std::string> active_ ABSL_GUARDED_BY(mu_);  // jobs not ended
+  const Limits limits_;
+  // Jobs not ended, by id: their owners; and how many each owner has.
+  absl::flat_hash_map<std::string, std::string> active_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> active_by_owner_ ABSL_GUARDED_BY(mu_);
+  // When each owner registered jobs in the last minute (at most the limit each; owners with none
+  // are dropped).
+  absl::flat_hash_map<std::string, std::deque<absl::Time>> registrations_ ABSL_GUARDED_BY(mu_);
+  void SetActiveLocked(const Job& job, bool active) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Jobs registered with a request id, by owner and request id ("owner\x1frequest_id"): the last
+  // kRememberedRequests of them, oldest first out.
+  static constexpr size_t kRememberedRequests = 10'000;
+  absl::flat_hash_map<std::string, std::string> by_request_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> request_order_ ABSL_GUARDED_BY(mu_);
+  void RememberRequestLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status last_put_ ABSL_GUARDED_BY(mu_);  // how the last CommitLocked's write went
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<std::string, absl::flat_hash_map<int64_t, std::shared_ptr<Watcher>>> watchers_

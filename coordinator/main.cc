@@ -87,6 +87,12 @@ ABSL_FLAG(absl::Duration, job_retention, absl::Hours(24 * 7),
 ABSL_FLAG(int64_t, max_active_jobs, 1000,
           "at most this many jobs that have not ended are taken; more are refused "
           "(RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, max_active_jobs_per_user, 100,
+          "at most this many jobs that have not ended per user (their owner); more of that user's "
+          "are refused (RESOURCE_EXHAUSTED), others' still taken; 0: no per-user bound");
+ABSL_FLAG(int64_t, max_registrations_per_minute, 600,
+          "at most this many jobs registered per user in any minute; more are refused "
+          "(RESOURCE_EXHAUSTED saying when to retry); 0: no bound");
 ABSL_FLAG(int64_t, max_ended_jobs, 10000,
           "at most this many ended jobs are kept; the oldest go first");
 ABSL_FLAG(int64_t, max_source_bytes, int64_t{64} << 20,
@@ -171,6 +177,14 @@ int main(int argc, char** argv) {
   options.job_retention = absl::GetFlag(FLAGS_job_retention);
   options.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
   options.max_active_jobs = absl::GetFlag(FLAGS_max_active_jobs);
+  options.max_active_jobs_per_user = absl::GetFlag(FLAGS_max_active_jobs_per_user);
+  options.max_registrations_per_minute = absl::GetFlag(FLAGS_max_registrations_per_minute);
+  if (options.max_active_jobs_per_user < 0 || options.max_registrations_per_minute < 0) {
+    std::fprintf(stderr,
+                 "ringmaster-coordinator: --max-active-jobs-per-user and "
+                 "--max-registrations-per-minute must be at least 0\n");
+    return 2;
+  }
   if (options.job_retention <= absl::ZeroDuration() || options.max_ended_jobs < 1 ||
       options.max_active_jobs < 1) {
     std::fprintf(stderr,

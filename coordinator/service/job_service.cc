@@ -476,9 +476,22 @@ grpc::ServerUnaryReactor* JobService::RegisterJob(grpc::CallbackServerContext* c
   }
   JobSpec spec;
   if (absl::Status s = FromProto(request->spec(), &spec); !s.ok()) return Done(context, s);
-  absl::StatusOr<Job> job = coordinator_.RegisterJob(std::move(spec), caller->name);
-  if (job.ok()) ToClient(*job, response->mutable_job());
-  return Done(context, job.status());
+  // Stored (a durable write) on the I/O executor, never on a callback thread: a flood of
+  // registrations must not keep the threads that serve worker sessions and heartbeats.
+  if (queued_registrations_.fetch_add(1) >= kMaxQueuedRegistrations) {
+    queued_registrations_.fetch_sub(1);
+    return Done(context, absl::ResourceExhaustedError(absl::StrCat(
+                             "the coordinator has ", kMaxQueuedRegistrations,
+                             " registrations waiting to be stored: retry in a moment")));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  uploads_.Post([this, reactor, response, spec = std::move(spec), owner = caller->name]() mutable {
+    absl::StatusOr<Job> job = coordinator_.RegisterJob(std::move(spec), std::move(owner));
+    queued_registrations_.fetch_sub(1);
+    if (job.ok()) ToClient(*job, response->mutable_job());
+    reactor->Finish(ToGrpcStatus(job.status()));
+  });
+  return reactor;
 }
 
 grpc::ServerReadReactor<v1::SubmitJobRequest>* JobService::SubmitJob(

@@ -2,6 +2,8 @@
 // else.
 #pragma once
 
+#include <atomic>
+
 #include "common/executor.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service/auth.h"
@@ -58,10 +60,14 @@ class JobService final : public v1::JobService::CallbackService {
   absl::Status AuthorizeJob(const grpc::CallbackServerContext& context,
                             const std::string& job_id) const;
 
+  // Registrations waiting on `uploads_`; past the bound, RESOURCE_EXHAUSTED at once.
+  static constexpr int kMaxQueuedRegistrations = 64;
+
   Coordinator& coordinator_;
   Executor& io_;
   Executor& uploads_;
   const Authenticator& auth_;
+  std::atomic<int> queued_registrations_{0};
 };
 
 }  // namespace ringmaster

@@ -478,3 +478,77 @@ TEST(JobRegistryBoundsTest, ASpecIsBoundedAsAWholeAndAnEndedJobKeepsNoEnvironmen
 
 }  // namespace
 }  // namespace ringmaster
+
+namespace ringmaster {
+namespace {
+
+// One user cannot take the cluster: a per-user bound on jobs not ended, and on registrations per
+// minute, each refused naming the limit; other users are still served.
+TEST(JobRegistryLimitsTest, OneUserIsBoundedAndOthersAreStillServed) {
+  FakeClock clock;
+  JobRegistry registry(
+      JobStore::InMemory(), &clock,
+      JobRegistry::Limits{
+          .max_active = 100, .max_active_per_user = 3, .max_registrations_per_minute = 5});
+  std::vector<std::string> alices;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<Job> job = registry.Register(ValidSpec(), "alice");
+    ASSERT_TRUE(job.ok()) << job.status();
+    alices.push_back(job->id);
+  }
+  absl::StatusOr<Job> more = registry.Register(ValidSpec(), "alice");
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(more.status().message(),
+            "user 'alice' holds 3 jobs that have not ended, the most one user may "
+            "(--max-active-jobs-per-user): wait for some to end, or cancel some");
+  EXPECT_TRUE(registry.Register(ValidSpec(), "bob").ok());
+  // An ended job frees its place; but the refused one counted no registration.
+  ASSERT_TRUE(registry.Transition(alices[0], JobState::kCancelled, "cancelled").ok());
+  ASSERT_TRUE(registry.Register(ValidSpec(), "alice").ok());  // the 4th in this minute
+  ASSERT_TRUE(registry.Transition(alices[1], JobState::kCancelled, "cancelled").ok());
+  ASSERT_TRUE(registry.Transition(alices[2], JobState::kCancelled, "cancelled").ok());
+  clock.Advance(absl::Seconds(20));
+  ASSERT_TRUE(registry.Register(ValidSpec(), "alice").ok());  // the 5th
+  more = registry.Register(ValidSpec(), "alice");
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(more.status().message(),
+            "user 'alice' registered 5 jobs in the last minute, the most one user may "
+            "(--max-registrations-per-minute): retry in 40s");
+  EXPECT_TRUE(registry.Register(ValidSpec(), "bob").ok());
+  // A minute after the first ones, alice may register again.
+  clock.Advance(absl::Seconds(40));
+  EXPECT_TRUE(registry.Register(ValidSpec(), "alice").ok());
+}
+
+TEST(JobRegistryLimitsTest, ARetriedRegistrationWithItsRequestIdReturnsTheSameJob) {
+  FakeClock clock;
+  JobRegistry registry(JobStore::InMemory(), &clock,
+                       JobRegistry::Limits{.max_active = 100, .max_active_per_user = 2});
+  JobSpec spec = ValidSpec();
+  spec.request_id = "submit-1";
+  absl::StatusOr<Job> first = registry.Register(spec, "alice");
+  ASSERT_TRUE(first.ok());
+  absl::StatusOr<Job> again = registry.Register(spec, "alice");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->id, first->id);
+  EXPECT_THAT(registry.List({}), SizeIs(1));
+  // Another owner's identical key is another registration; another key is another job.
+  absl::StatusOr<Job> bobs = registry.Register(spec, "bob");
+  ASSERT_TRUE(bobs.ok());
+  EXPECT_NE(bobs->id, first->id);
+  spec.request_id = "submit-2";
+  absl::StatusOr<Job> second = registry.Register(spec, "alice");
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE(second->id, first->id);
+  // At alice's bound, a retry of a registration that went through still answers with its job.
+  spec.request_id = "submit-1";
+  again = registry.Register(spec, "alice");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->id, first->id);
+  spec.request_id = std::string(129, 'x');
+  EXPECT_EQ(registry.Register(spec, "alice").status().message(),
+            "spec.request_id must be at most 128 bytes; got 129");
+}
+
+}  // namespace
+}  // namespace ringmaster
