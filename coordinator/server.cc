@@ -2,6 +2,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <chrono>
 
@@ -117,6 +120,8 @@ class FollowerServer::Refusals final : public grpc::CallbackGenericService {
 constexpr absl::Duration kMaxTickPeriod = absl::Milliseconds(10);
 // A ticker round this late means the coordinator did not run (Coordinator::Resumed).
 constexpr absl::Duration kPauseGap = absl::Seconds(2);
+// How often freed memory is handed back to the system (malloc_trim).
+constexpr absl::Duration kTrimPeriod = absl::Seconds(5);
 
 bool IsLoopbackAddress(const std::string& address) {
   std::string host = address;
@@ -270,12 +275,21 @@ absl::StatusOr<int> CoordinatorServer::StartMetrics(const std::string& address) 
 void CoordinatorServer::TickLoop() {
   absl::Time warned = absl::InfinitePast();
   absl::Time last_round = absl::Now();
+  absl::Time last_trim = absl::Now();
   while (!stopping_.load(std::memory_order_acquire)) {
     // A round starts every few milliseconds (the wait below is bounded by kMaxTickPeriod): a gap
     // of seconds between two starts is the process not running.
     const absl::Time now = absl::Now();
     if (now - last_round > kPauseGap) coordinator_->Resumed(now - last_round);
     last_round = now;
+#ifdef __GLIBC__
+    // Memory the jobs that ended (a flood of registrations cancelled) gave back goes back to the
+    // system, not only to the allocator's free lists.
+    if (now - last_trim >= kTrimPeriod) {
+      last_trim = now;
+      malloc_trim(0);
+    }
+#endif
     if (!insecure_remote_address_.empty() && absl::Now() - warned >= absl::Minutes(1)) {
       warned = absl::Now();
       spdlog::warn(

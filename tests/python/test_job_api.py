@@ -119,6 +119,8 @@ def pb(tmp_path_factory):
         worker_pb2_grpc = importlib.import_module("ringmaster.v1.worker_pb2_grpc")
         rendezvous_pb2 = importlib.import_module("ringmaster.v1.rendezvous_pb2")
         rendezvous_pb2_grpc = importlib.import_module("ringmaster.v1.rendezvous_pb2_grpc")
+        cluster_pb2 = importlib.import_module("ringmaster.v1.cluster_pb2")
+        cluster_pb2_grpc = importlib.import_module("ringmaster.v1.cluster_pb2_grpc")
     finally:
         sys.path.remove(str(out_dir))
 
@@ -132,6 +134,8 @@ def pb(tmp_path_factory):
     stubs.worker_pb2_grpc = worker_pb2_grpc
     stubs.rendezvous_pb2 = rendezvous_pb2
     stubs.rendezvous_pb2_grpc = rendezvous_pb2_grpc
+    stubs.cluster_pb2 = cluster_pb2  # for tests/chaos/test_flood.py
+    stubs.cluster_pb2_grpc = cluster_pb2_grpc
     yield stubs
 
     for name in [m for m in sys.modules if m == "ringmaster" or m.startswith("ringmaster.")]:
