@@ -17,6 +17,9 @@ With --latency N instead: a 1-element `hvd.allreduce` N times on each rank, each
 p99 of rank 0's, against the same loop of torch.distributed's all_reduce (bench/torch_anchor.py
 --modes latency), alternating, --repeats times.
 
+With --unnamed N: the same loop with automatic names (`hvd.allreduce(x)`: each call a new tensor
+name, as Horovod's "allreduce.noname.K") against the named loop, alternating, --repeats times.
+
 Inside a job (what each rank runs): torch_api_step.py --rank-main --profile P --steps S.
 """
 import argparse
@@ -42,9 +45,10 @@ def rank_main(args):
     if args.latency:
         x = torch.ones(1)
         times = []
+        name = None if args.unnamed else "latency"
         for i in range(args.latency + 10):
             t0 = time.perf_counter()
-            hvd.allreduce(x, name="latency", op=hvd.Sum)
+            hvd.allreduce(x, name=name, op=hvd.Sum)
             if i >= 10:
                 times.append(time.perf_counter() - t0)
         times.sort()
@@ -101,6 +105,24 @@ def latency(args):
           f"ratio {o / t:.2f}, np {args.np}, 1 float32")
 
 
+def unnamed(args):
+    runs = {"named": [], "unnamed": []}
+    for i in range(args.repeats):
+        for kind in ("named", "unnamed"):
+            out = subprocess.run(
+                [str(ROOT / "build" / "bin" / "ringmaster"), "local", "--np", str(args.np), "--",
+                 "/usr/bin/python3", __file__, "--rank-main", "--latency", str(args.unnamed)]
+                + (["--unnamed", "1"] if kind == "unnamed" else []),
+                capture_output=True, text=True, timeout=900, check=True).stdout
+            m = re.search(r"LATENCY ([\d.]+) ([\d.]+)", out)
+            runs[kind].append(float(m.group(1)))
+        print(f"run {i + 1}: named p50 {runs['named'][-1] * 1e3:.3f} ms, unnamed p50 "
+              f"{runs['unnamed'][-1] * 1e3:.3f} ms", flush=True)
+    n, u = statistics.median(runs["named"]), statistics.median(runs["unnamed"])
+    print(f"median p50: named {n * 1e3:.3f} ms, unnamed {u * 1e3:.3f} ms, ratio {u / n:.2f}, "
+          f"np {args.np}, 1 float32")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=2)
@@ -110,11 +132,15 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency", type=int, default=0,
                         help="iterations of a 1-element allreduce instead of the gradient step")
+    parser.add_argument("--unnamed", type=int, default=0,
+                        help="N calls with automatic names against N named, alternating")
     parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_main:
         rank_main(args)
         return
+    if args.unnamed and not args.rank_main:
+        return unnamed(args)
     if args.latency:
         return latency(args)
     ours, staged, ddp = [], [], []

@@ -276,12 +276,17 @@ void CoordinatorServer::TickLoop() {
   absl::Time warned = absl::InfinitePast();
   absl::Time last_round = absl::Now();
   absl::Time last_trim = absl::Now();
+  absl::Time last_token_check = absl::Now();
   while (!stopping_.load(std::memory_order_acquire)) {
     // A round starts every few milliseconds (the wait below is bounded by kMaxTickPeriod): a gap
     // of seconds between two starts is the process not running.
     const absl::Time now = absl::Now();
     if (now - last_round > kPauseGap) coordinator_->Resumed(now - last_round);
     last_round = now;
+    if (now - last_token_check >= absl::Seconds(1)) {
+      last_token_check = now;
+      job_service_->EndStreamsOfRevokedTokens();
+    }
 #ifdef __GLIBC__
     // Memory the jobs that ended (a flood of registrations cancelled) gave back goes back to the
     // system, not only to the allocator's free lists.

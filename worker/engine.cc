@@ -619,7 +619,10 @@ void Engine::Execute(const Response& r, const std::vector<std::string>& names,
   // The executor says whether the failure leaves the rank unable to go on (a Gloo communicator is
   // unusable after a failed collective; on a GPU the rank would be out of step with its peers):
   // then everything else fails too.
-  if (!status.ok() && (executor_ == nullptr || !executor_ready_ || executor_->Fatal(status))) {
+  // A response of a type this worker does not know (a newer coordinator) reached no communicator:
+  // it fails alone, as on every rank.
+  if (!status.ok() &&
+      (executor_ == nullptr || !executor_ready_ || (known && executor_->Fatal(status)))) {
     Abort(status);
   }
 }

@@ -23,6 +23,19 @@ Principal Authenticator::WithRoles(Principal p) const {
   return p;
 }
 
+std::string Authenticator::BearerToken(const grpc::ServerContextBase& context) const {
+  if (options_.tokens == nullptr) return "";
+  const std::string authorization = MetadataValue(context, kAuthorizationMetadata);
+  constexpr absl::string_view kBearer = "Bearer ";
+  if (!absl::StartsWithIgnoreCase(authorization, kBearer)) return "";
+  return std::string(
+      absl::StripAsciiWhitespace(absl::string_view(authorization).substr(kBearer.size())));
+}
+
+bool Authenticator::TokenValid(absl::string_view token) const {
+  return options_.tokens != nullptr && options_.tokens->Lookup(token).ok();
+}
+
 absl::StatusOr<Principal> Authenticator::Authenticate(
     const grpc::ServerContextBase& context) const {
   // A token is looked at only where there is a token file: elsewhere a leftover RINGMASTER_TOKEN

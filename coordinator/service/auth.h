@@ -36,6 +36,11 @@ class Authenticator {
 
   const AuthOptions& options() const { return options_; }
 
+  // The bearer token the call carries where there is a token file ("" otherwise).
+  std::string BearerToken(const grpc::ServerContextBase& context) const;
+  // Whether `token` is still in the token file (read again when it changed).
+  bool TokenValid(absl::string_view token) const;
+
  private:
   Principal WithRoles(Principal p) const;
 

@@ -74,9 +74,15 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
   void OnCancel() override { state_->Fail(grpc::Status::CANCELLED); }
   void OnDone() override {
     if (watch_id_ != 0) coordinator_.UnwatchJob(job_id_, watch_id_);
+    if (untrack_) untrack_();
     state_->Close();
     delete this;
   }
+  // Ends the stream from any thread (its State outlives it).
+  std::function<void(const grpc::Status&)> Ender() {
+    return [state = state_](const grpc::Status& s) { state->Fail(s); };
+  }
+  void SetUntrack(std::function<void()> untrack) { untrack_ = std::move(untrack); }
 
  private:
   struct State {
@@ -139,6 +145,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
   const std::string job_id_;
   std::shared_ptr<State> state_;
   int64_t watch_id_ = 0;
+  std::function<void()> untrack_;
 };
 
 // Streams a job's output: what is stored when the call starts, then, with follow, new output as it
@@ -181,9 +188,15 @@ class LogsReactor : public grpc::ServerWriteReactor<v1::GetLogsResponse> {
   void OnCancel() override { state_->Fail(grpc::Status::CANCELLED); }
   void OnDone() override {
     if (follow_id_ != 0) coordinator_.UnfollowLogs(job_id_, follow_id_);
+    if (untrack_) untrack_();
     state_->Close();
     delete this;
   }
+  // Ends the stream from any thread (its State outlives it).
+  std::function<void(const grpc::Status&)> Ender() {
+    return [state = state_](const grpc::Status& s) { state->Fail(s); };
+  }
+  void SetUntrack(std::function<void()> untrack) { untrack_ = std::move(untrack); }
 
  private:
   class State {
@@ -261,6 +274,7 @@ class LogsReactor : public grpc::ServerWriteReactor<v1::GetLogsResponse> {
   const std::string job_id_;
   std::shared_ptr<State> state_;
   int64_t follow_id_ = 0;
+  std::function<void()> untrack_;
 };
 
 // Streams an artifact in chunks of at most 1 MiB, reading the next chunk as the previous one is
@@ -587,7 +601,9 @@ grpc::ServerWriteReactor<v1::WatchJobResponse>* JobService::WatchJob(
   if (absl::Status s = AuthorizeJob(*context, request->job_id()); !s.ok()) {
     return new RefusedWriter<v1::WatchJobResponse>(s);
   }
-  return new WatchReactor(coordinator_, request->job_id());
+  auto* reactor = new WatchReactor(coordinator_, request->job_id());
+  reactor->SetUntrack(TrackToken(*context, reactor->Ender()));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* JobService::ListArtifacts(grpc::CallbackServerContext* context,
@@ -625,7 +641,46 @@ grpc::ServerWriteReactor<v1::GetLogsResponse>* JobService::GetLogs(
   if (absl::Status s = AuthorizeJob(*context, request->job_id()); !s.ok()) {
     return new RefusedWriter<v1::GetLogsResponse>(s);
   }
-  return new LogsReactor(coordinator_, *request);
+  auto* reactor = new LogsReactor(coordinator_, *request);
+  reactor->SetUntrack(TrackToken(*context, reactor->Ender()));
+  return reactor;
+}
+
+std::function<void()> JobService::TrackToken(const grpc::CallbackServerContext& context,
+                                             std::function<void(const grpc::Status&)> end) {
+  std::string token = auth_.BearerToken(context);
+  if (token.empty()) return nullptr;
+  int64_t id;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    id = next_stream_++;
+    token_streams_.emplace(id, TokenStream{std::move(token), std::move(end)});
+  }
+  return [this, id] {
+    absl::MutexLock lock(&streams_mu_);
+    token_streams_.erase(id);
+  };
+}
+
+void JobService::EndStreamsOfRevokedTokens() {
+  std::vector<std::function<void(const grpc::Status&)>> revoked;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    for (auto it = token_streams_.begin(); it != token_streams_.end();) {
+      if (auth_.TokenValid(it->second.token)) {
+        ++it;
+        continue;
+      }
+      revoked.push_back(std::move(it->second.end));
+      token_streams_.erase(it++);
+    }
+  }
+  // Outside the lock: ending a stream may call back into OnDone (and so into streams_mu_).
+  for (const auto& end : revoked) {
+    end(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                     "the bearer token that opened this stream was revoked (it is no longer in "
+                     "the coordinator's token file)"));
+  }
 }
 
 }  // namespace ringmaster

@@ -3,7 +3,12 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "common/executor.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service/auth.h"
@@ -47,6 +52,11 @@ class JobService final : public v1::JobService::CallbackService {
       grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) override;
   grpc::ServerWriteReactor<v1::GetLogsResponse>* GetLogs(
       grpc::CallbackServerContext* context, const v1::GetLogsRequest* request) override;
+  // Ends every stream (WatchJob, GetLogs) that a bearer token no longer in the token file opened,
+  // UNAUTHENTICATED: a revoked token keeps nothing open. The server calls it about every second
+  // (the token file's reload period).
+  void EndStreamsOfRevokedTokens();
+
   grpc::ServerUnaryReactor* ListArtifacts(grpc::CallbackServerContext* context,
                                           const v1::ListArtifactsRequest* request,
                                           v1::ListArtifactsResponse* response) override;
@@ -68,6 +78,18 @@ class JobService final : public v1::JobService::CallbackService {
   Executor& uploads_;
   const Authenticator& auth_;
   std::atomic<int> queued_registrations_{0};
+
+  // Streams opened with a bearer token, by id: the token, and how to end the stream.
+  struct TokenStream {
+    std::string token;
+    std::function<void(const grpc::Status&)> end;
+  };
+  // Tracks a stream of `context` when it carries a token; returns what OnDone() must call.
+  std::function<void()> TrackToken(const grpc::CallbackServerContext& context,
+                                   std::function<void(const grpc::Status&)> end);
+  absl::Mutex streams_mu_;
+  absl::flat_hash_map<int64_t, TokenStream> token_streams_ ABSL_GUARDED_BY(streams_mu_);
+  int64_t next_stream_ ABSL_GUARDED_BY(streams_mu_) = 1;
 };
 
 }  // namespace ringmaster

@@ -631,6 +631,34 @@ TEST_F(SecurityTest, BearerTokensAuthenticateUsersAndTheFileIsReloaded) {
   EXPECT_TRUE(tokens_only->ListJobs(Ctx("tok-carol").get(), {}, &list).ok());
 }
 
+// A token removed from the file ends the streams it opened within the reload period.
+TEST_F(SecurityTest, ARevokedTokenEndsTheStreamsItOpened) {
+  auto alice = Jobs(Certs::CaOnly());
+  v1::Job job;
+  ASSERT_TRUE(Submit(*alice, &job, 1, "tok-alice").ok());
+  grpc::ClientContext watching;
+  watching.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  watching.AddMetadata("authorization", "Bearer tok-alice");
+  v1::WatchJobRequest watch;
+  watch.set_job_id(job.id());
+  auto stream = alice->WatchJob(&watching, watch);
+  v1::WatchJobResponse first;
+  ASSERT_TRUE(stream->Read(&first));  // the job as it is
+  EXPECT_EQ(first.job().id(), job.id());
+  const absl::Time revoked = absl::Now();
+  WriteFile(tokens_, "tok-root,root,0,\"ringmaster:admins\"\n");
+  v1::WatchJobResponse more;
+  while (stream->Read(&more)) {
+  }
+  const grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(s.error_message(),
+            "the bearer token that opened this stream was revoked (it is no longer in the "
+            "coordinator's token file)");
+  // The file is read again within a second, and checked every second.
+  EXPECT_LT(absl::Now() - revoked, absl::Seconds(4));
+}
+
 TEST(SecurityRotation, ANewCaBundleIsTrustedWithoutARestart) {
   const std::string dir = absl::StrCat(Certs::Dir(), "/rotation");
   std::filesystem::create_directories(dir);

@@ -22,6 +22,7 @@ namespace {
 using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::StartsWith;
 using ::testing::UnorderedElementsAre;
 
@@ -422,6 +423,24 @@ TEST_F(EngineTest, AFailureTheExecutorSurvivesFailsOnlyItsOwnTensors) {
   }
   Respond(Allreduce({"b"}, {4}));
   EXPECT_EQ(WaitFor(2).code(), 0);
+}
+
+// A response of a type this worker does not know (a coordinator of a newer release) reached no
+// communicator: it fails its own tensors alone, and the next collective works.
+TEST_F(EngineTest, AResponseOfAnUnknownTypeFailsOnlyItsTensors) {
+  Start();
+  Enqueue(1, "new.kind", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  Enqueue(2, "b", v1::REQUEST_TYPE_ALLREDUCE, {4}, 64);
+  v1::Response unknown = Allreduce({"new.kind"}, {4});
+  unknown.set_type(static_cast<v1::Response::Type>(42));
+  Respond(unknown);
+  const v1::LocalCompletion failed = WaitFor(1);
+  EXPECT_EQ(failed.code(), static_cast<int>(absl::StatusCode::kInternal));
+  EXPECT_EQ(failed.message(), "unknown response type 42");
+  Respond(Allreduce({"b"}, {4}));
+  EXPECT_EQ(WaitFor(2).code(), 0);
+  absl::MutexLock lock(&executor_.mu);
+  EXPECT_THAT(executor_.aborts, IsEmpty());
 }
 
 TEST_F(EngineTest, AllgatherOutputsReachTheirCompletions) {
