@@ -186,6 +186,7 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& address,
   job_service_ =
       std::make_unique<JobService>(*coordinator_, reads_.get(), authenticator_.get(), files_.get());
   worker_service_ = std::make_unique<WorkerService>(*coordinator_, authenticator_.get());
+  if (security_.tls.enabled()) trust_ = std::make_unique<CertificateTrust>(security_.tls.ca);
   rendezvous_service_ =
       std::make_unique<RendezvousService>(*coordinator_, authenticator_.get(), files_.get());
   cluster_service_ = std::make_unique<ClusterService>(*coordinator_, authenticator_.get());
@@ -277,6 +278,7 @@ void CoordinatorServer::TickLoop() {
   absl::Time last_round = absl::Now();
   absl::Time last_trim = absl::Now();
   absl::Time last_token_check = absl::Now();
+  absl::Time last_trust_check = absl::Now();
   while (!stopping_.load(std::memory_order_acquire)) {
     // A round starts every few milliseconds (the wait below is bounded by kMaxTickPeriod): a gap
     // of seconds between two starts is the process not running.
@@ -286,6 +288,14 @@ void CoordinatorServer::TickLoop() {
     if (now - last_token_check >= absl::Seconds(1)) {
       last_token_check = now;
       job_service_->EndStreamsOfRevokedTokens();
+      // A CA that left the bundle (checked when it changes) or a certificate that expired (every
+      // minute) ends the worker sessions it admitted.
+      if (trust_ != nullptr && (trust_->Refresh() || now - last_trust_check >= absl::Minutes(1))) {
+        last_trust_check = now;
+        if (const int ended = worker_service_->EndUntrustedSessions(*trust_); ended > 0) {
+          spdlog::warn("ended {} worker sessions whose certificates are no longer trusted", ended);
+        }
+      }
     }
 #ifdef __GLIBC__
     // Memory the jobs that ended (a flood of registrations cancelled) gave back goes back to the

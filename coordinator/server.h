@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/certificate_trust.h"
 #include "common/executor.h"
 #include "common/metrics.h"
 #include "common/metrics_server.h"
@@ -116,6 +117,8 @@ class CoordinatorServer {
   // Made by Start(), with the services that borrow it.
   std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<JobService> job_service_;
+  // The CA bundle as it is now, to end sessions of certificates it no longer trusts (TLS only).
+  std::unique_ptr<CertificateTrust> trust_;
   std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<RendezvousService> rendezvous_service_;
   std::unique_ptr<ClusterService> cluster_service_;

@@ -2,6 +2,9 @@
 
 #include <deque>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -11,7 +14,9 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/wire_format_lite.h"
+#include "grpc/grpc_security_constants.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/security/auth_context.h"
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
@@ -129,8 +134,19 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
  public:
   // `caller`: who opened the stream; an error ends it at once.
   SessionReactor(Coordinator& coordinator, grpc::CallbackServerContext* context,
-                 absl::StatusOr<Principal> caller)
-      : coordinator_(coordinator), context_(context) {
+                 absl::StatusOr<Principal> caller,
+                 std::shared_ptr<WorkerService::CertifiedSessions> certified)
+      : coordinator_(coordinator), context_(context), certified_(std::move(certified)) {
+    // The client certificate it was opened with: a session lives only while that is trusted.
+    if (const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
+        caller.ok() && auth != nullptr && auth->IsPeerAuthenticated()) {
+      std::vector<grpc::string_ref> pem =
+          auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
+      if (!pem.empty()) {
+        absl::MutexLock lock(&certified_->mu);
+        certified_->pem.emplace(this, std::string(pem.front().data(), pem.front().size()));
+      }
+    }
     if (!caller.ok()) {
       absl::MutexLock lock(&mu_);
       finishing_ = true;
@@ -279,6 +295,10 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
   }
 
   void OnDone() override {
+    {
+      absl::MutexLock lock(&certified_->mu);
+      certified_->pem.erase(this);
+    }
     if (!worker_id_.empty()) coordinator_.CloseSession(worker_id_, this);
     delete this;
   }
@@ -538,6 +558,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
 
   Coordinator& coordinator_;
   grpc::CallbackServerContext* const context_;  // gRPC's, valid until OnDone
+  const std::shared_ptr<WorkerService::CertifiedSessions> certified_;
   grpc::ByteBuffer in_;
   std::string identity_;   // the authenticated caller ("" without authentication)
   std::string worker_id_;  // set once the session is open; read only by reactor callbacks
@@ -598,7 +619,22 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* WorkerService::Sess
                                                  "certificate may (O=",
                                                  auth_.options().worker_group, ")"));
   }
-  return new SessionReactor(coordinator_, context, std::move(caller));
+  return new SessionReactor(coordinator_, context, std::move(caller), certified_);
+}
+
+int WorkerService::EndUntrustedSessions(const CertificateTrust& trust) {
+  int ended = 0;
+  // Under the lock: a session leaves the map (OnDone) before it is deleted, and Close() only
+  // queues its end.
+  absl::MutexLock lock(&certified_->mu);
+  for (const auto& [session, pem] : certified_->pem) {
+    if (trust.Trusted(pem)) continue;
+    session->Close(absl::UnauthenticatedError(
+        "the certificate that opened this session is no longer trusted (its CA left the "
+        "coordinator's --tls-ca bundle, or it expired): reconnect with a trusted one"));
+    ++ended;
+  }
+  return ended;
 }
 
 }  // namespace ringmaster

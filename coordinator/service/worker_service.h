@@ -2,6 +2,12 @@
 // stream, whose reactor is the coordinator's WorkerChannel to that worker.
 #pragma once
 
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/certificate_trust.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service/auth.h"
 #include "ringmaster/v1/worker.grpc.pb.h"
@@ -27,11 +33,23 @@ class WorkerService final
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* context) override;
 
+  // Ends, UNAUTHENTICATED, every open session whose client certificate `trust` no longer accepts
+  // (its CA left the bundle, or it expired); returns how many. The server calls it when the CA
+  // bundle changed, and every minute.
+  int EndUntrustedSessions(const CertificateTrust& trust);
+
+  // Sessions opened with a client certificate, and the certificate (PEM) each was opened with.
+  struct CertifiedSessions {
+    absl::Mutex mu;
+    absl::flat_hash_map<WorkerChannel*, std::string> pem ABSL_GUARDED_BY(mu);
+  };
+
  private:
   static const Authenticator kNoAuthentication;
 
   Coordinator& coordinator_;
   const Authenticator& auth_;
+  const std::shared_ptr<CertifiedSessions> certified_ = std::make_shared<CertifiedSessions>();
 };
 
 }  // namespace ringmaster

@@ -691,6 +691,59 @@ TEST(SecurityRotation, ANewCaBundleIsTrustedWithoutARestart) {
   server.Stop();
 }
 
+// A CA that leaves the bundle (the end of a rotation away from it) ends the sessions of the
+// workers whose certificates it signed, within the bundle's reload period; the others go on.
+TEST(SecurityRotation, ACaThatLeavesTheBundleEndsTheSessionsItAdmitted) {
+  const std::string dir = absl::StrCat(Certs::Dir(), "/leaving");
+  std::filesystem::create_directories(dir);
+  const std::string ca = dir + "/ca.crt";
+  const std::string both =
+      ReadFile(Certs::Dir() + "/ca.crt") + ReadFile(Certs::Dir() + "/other-ca/ca.crt");
+  WriteFile(ca, both);
+  ServerSecurity security;
+  security.tls = Certs::Pair("coordinator");
+  security.tls.ca = ca;
+  CoordinatorServer server(CoordinatorOptions{}, std::move(security));
+  absl::StatusOr<int> port = server.Start("127.0.0.1:0");
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto channel = [&](const TlsFiles& tls) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    return grpc::CreateCustomChannel(absl::StrCat("localhost:", *port), MakeChannelCredentials(tls),
+                                     args);
+  };
+  // A worker of the other CA (trusting the coordinator's), and one of the coordinator's own CA.
+  TlsFiles leaving{.cert = Certs::Dir() + "/other-ca/worker/tls.crt",
+                   .key = Certs::Dir() + "/other-ca/worker/tls.key",
+                   .ca = Certs::Dir() + "/ca.crt"};
+  SimWorker old_ca(channel(leaving), "host-old");
+  ASSERT_TRUE(old_ca.Connect().ok());
+  SimWorker staying(channel(Certs::Pair("worker")), "host-new");
+  ASSERT_TRUE(staying.Connect().ok());
+  const absl::Time rotated = absl::Now();
+  WriteFile(ca, ReadFile(Certs::Dir() + "/ca.crt"));
+  auto admin = v1::ClusterService::NewStub(channel(Certs::Pair("admin")));
+  auto connected = [&](const std::string& id) {
+    v1::ListWorkersResponse listed;
+    if (!admin->ListWorkers(Ctx().get(), {}, &listed).ok()) return true;
+    for (const v1::WorkerInfo& w : listed.workers()) {
+      if (w.worker_id() == id) return w.state() == v1::WORKER_STATE_IDLE;
+    }
+    return false;
+  };
+  while (connected(old_ca.worker_id()) && absl::Now() - rotated < kWait) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_LT(absl::Now() - rotated, absl::Seconds(5));  // read again within 2 s, checked every 1 s
+  const grpc::Status ended = old_ca.Close();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(ended.error_message(),
+            "the certificate that opened this session is no longer trusted (its CA left the "
+            "coordinator's --tls-ca bundle, or it expired): reconnect with a trusted one");
+  EXPECT_TRUE(connected(staying.worker_id()));
+  server.Stop();
+}
+
 TEST(SecurityDefaults, PlaintextOnANonLoopbackAddressIsRefusedUnlessAllowed) {
   {
     CoordinatorServer server(CoordinatorOptions{});
