@@ -295,6 +295,7 @@ void CoordinatorServer::TickLoop() {
         if (const int ended = worker_service_->EndUntrustedSessions(*trust_); ended > 0) {
           spdlog::warn("ended {} worker sessions whose certificates are no longer trusted", ended);
         }
+        job_service_->EndStreamsOfUntrustedCertificates(*trust_);
       }
     }
 #ifdef __GLIBC__

@@ -4,6 +4,8 @@
 #include <deque>
 #include <limits>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -11,6 +13,8 @@
 #include "absl/synchronization/mutex.h"
 #include "coordinator/service/grpc_status.h"
 #include "coordinator/service/proto_convert.h"
+#include "grpc/grpc_security_constants.h"
+#include "grpcpp/security/auth_context.h"
 
 namespace ringmaster {
 namespace {
@@ -649,12 +653,19 @@ grpc::ServerWriteReactor<v1::GetLogsResponse>* JobService::GetLogs(
 std::function<void()> JobService::TrackToken(const grpc::CallbackServerContext& context,
                                              std::function<void(const grpc::Status&)> end) {
   std::string token = auth_.BearerToken(context);
-  if (token.empty()) return nullptr;
+  std::string certificate;
+  if (const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+      token.empty() && auth != nullptr && auth->IsPeerAuthenticated()) {
+    std::vector<grpc::string_ref> pem = auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
+    if (!pem.empty()) certificate.assign(pem.front().data(), pem.front().size());
+  }
+  if (token.empty() && certificate.empty()) return nullptr;
   int64_t id;
   {
     absl::MutexLock lock(&streams_mu_);
     id = next_stream_++;
-    token_streams_.emplace(id, TokenStream{std::move(token), std::move(end)});
+    token_streams_.emplace(id,
+                           TokenStream{std::move(token), std::move(certificate), std::move(end)});
   }
   return [this, id] {
     absl::MutexLock lock(&streams_mu_);
@@ -667,7 +678,7 @@ void JobService::EndStreamsOfRevokedTokens() {
   {
     absl::MutexLock lock(&streams_mu_);
     for (auto it = token_streams_.begin(); it != token_streams_.end();) {
-      if (auth_.TokenValid(it->second.token)) {
+      if (it->second.token.empty() || auth_.TokenValid(it->second.token)) {
         ++it;
         continue;
       }
@@ -680,6 +691,26 @@ void JobService::EndStreamsOfRevokedTokens() {
     end(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                      "the bearer token that opened this stream was revoked (it is no longer in "
                      "the coordinator's token file)"));
+  }
+}
+
+void JobService::EndStreamsOfUntrustedCertificates(const CertificateTrust& trust) {
+  std::vector<std::function<void(const grpc::Status&)>> untrusted;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    for (auto it = token_streams_.begin(); it != token_streams_.end();) {
+      if (it->second.certificate.empty() || trust.Trusted(it->second.certificate)) {
+        ++it;
+        continue;
+      }
+      untrusted.push_back(std::move(it->second.end));
+      token_streams_.erase(it++);
+    }
+  }
+  for (const auto& end : untrusted) {
+    end(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                     "the certificate that opened this stream is no longer trusted (its CA left "
+                     "the coordinator's --tls-ca bundle, or it expired)"));
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/certificate_trust.h"
 #include "common/executor.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/service/auth.h"
@@ -56,6 +57,9 @@ class JobService final : public v1::JobService::CallbackService {
   // UNAUTHENTICATED: a revoked token keeps nothing open. The server calls it about every second
   // (the token file's reload period).
   void EndStreamsOfRevokedTokens();
+  // Ends, UNAUTHENTICATED, every stream opened with a client certificate `trust` no longer accepts
+  // (its CA left the bundle, or it expired). The server calls it when the bundle changed.
+  void EndStreamsOfUntrustedCertificates(const CertificateTrust& trust);
 
   grpc::ServerUnaryReactor* ListArtifacts(grpc::CallbackServerContext* context,
                                           const v1::ListArtifactsRequest* request,
@@ -79,12 +83,15 @@ class JobService final : public v1::JobService::CallbackService {
   const Authenticator& auth_;
   std::atomic<int> queued_registrations_{0};
 
-  // Streams opened with a bearer token, by id: the token, and how to end the stream.
+  // Streams opened with a bearer token or a client certificate, by id: the token or the
+  // certificate (PEM), and how to end the stream.
   struct TokenStream {
     std::string token;
+    std::string certificate;
     std::function<void(const grpc::Status&)> end;
   };
-  // Tracks a stream of `context` when it carries a token; returns what OnDone() must call.
+  // Tracks a stream of `context` when it carries a token or a certificate; returns what OnDone()
+  // must call.
   std::function<void()> TrackToken(const grpc::CallbackServerContext& context,
                                    std::function<void(const grpc::Status&)> end);
   absl::Mutex streams_mu_;

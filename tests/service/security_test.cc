@@ -720,6 +720,24 @@ TEST(SecurityRotation, ACaThatLeavesTheBundleEndsTheSessionsItAdmitted) {
   ASSERT_TRUE(old_ca.Connect().ok());
   SimWorker staying(channel(Certs::Pair("worker")), "host-new");
   ASSERT_TRUE(staying.Connect().ok());
+  // A user of the other CA follows a job of theirs.
+  TlsFiles old_user{.cert = Certs::Dir() + "/other-ca/user/tls.crt",
+                    .key = Certs::Dir() + "/other-ca/user/tls.key",
+                    .ca = Certs::Dir() + "/ca.crt"};
+  auto old_jobs = v1::JobService::NewStub(channel(old_user));
+  v1::RegisterJobRequest request;
+  request.mutable_spec()->set_name("followed");
+  request.mutable_spec()->set_np(3);  // never placed: it stays pending
+  request.mutable_spec()->add_command("train");
+  v1::RegisterJobResponse registered;
+  ASSERT_TRUE(old_jobs->RegisterJob(Ctx().get(), request, &registered).ok());
+  grpc::ClientContext watching;
+  watching.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::WatchJobRequest watch;
+  watch.set_job_id(registered.job().id());
+  auto stream = old_jobs->WatchJob(&watching, watch);
+  v1::WatchJobResponse first;
+  ASSERT_TRUE(stream->Read(&first));
   const absl::Time rotated = absl::Now();
   WriteFile(ca, ReadFile(Certs::Dir() + "/ca.crt"));
   auto admin = v1::ClusterService::NewStub(channel(Certs::Pair("admin")));
@@ -741,6 +759,14 @@ TEST(SecurityRotation, ACaThatLeavesTheBundleEndsTheSessionsItAdmitted) {
             "the certificate that opened this session is no longer trusted (its CA left the "
             "coordinator's --tls-ca bundle, or it expired): reconnect with a trusted one");
   EXPECT_TRUE(connected(staying.worker_id()));
+  v1::WatchJobResponse more;
+  while (stream->Read(&more)) {
+  }
+  const grpc::Status watch_ended = stream->Finish();
+  EXPECT_EQ(watch_ended.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(watch_ended.error_message(),
+            "the certificate that opened this stream is no longer trusted (its CA left the "
+            "coordinator's --tls-ca bundle, or it expired)");
   server.Stop();
 }
 

@@ -276,6 +276,82 @@ std::string HelloAsNobody(const std::string& path) {
   return result;
 }
 
+// Says hello claiming `pid`; once refused, sends `kind` ("enqueue", "release" or "ready") on the
+// same connection, as a process the daemon did not admit might: "refused (REFUSAL), then closed"
+// when the daemon closes the connection instead of acting on it.
+std::string RefusedThenSend(const std::string& path, int pid, const std::string& kind) {
+  const int fd = ConnectTo(path);
+  if (fd < 0) return absl::StrCat("connect: errno ", -fd);
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  v1::LocalRequest hello;
+  hello.mutable_hello()->set_pid(pid);
+  v1::LocalReply reply;
+  if (!WriteFrame(fd, hello).ok() || !ReadFrame(fd, &reply).ok()) {
+    close(fd);
+    return "no reply to the hello";
+  }
+  if (reply.has_welcome()) {
+    close(fd);
+    return "welcomed";
+  }
+  const std::string refusal = absl::StrCat(reply.completion().code());
+  v1::LocalRequest m;
+  if (kind == "enqueue") {
+    m.mutable_enqueue()->set_handle(7);
+    m.mutable_enqueue()->mutable_request()->set_name("overwrite.the.rank");
+    m.mutable_enqueue()->mutable_request()->set_type(v1::REQUEST_TYPE_ALLREDUCE);
+    m.mutable_enqueue()->mutable_request()->set_dtype(v1::DATA_TYPE_FLOAT32);
+    m.mutable_enqueue()->mutable_request()->add_shape(4);
+  } else if (kind == "release") {
+    m.mutable_release()->set_offset(0);
+  } else {
+    m.mutable_ready_events()->add_handles(std::string(64, 'x'));
+  }
+  WriteFrame(fd, m).IgnoreError();  // the daemon may have closed it already
+  v1::LocalReply after;
+  const bool closed = !ReadFrame(fd, &after).ok();
+  close(fd);
+  return closed ? absl::StrCat("refused (", refusal, "), then closed")
+                : absl::StrCat("refused (", refusal, "), then answered: ", after.DebugString());
+}
+
+// A process refused at hello (a forged pid, a same-uid process that is not the rank's, another
+// uid where the socket lets it connect) can send nothing else: every kind of message after the
+// refusal finds the connection closed.
+TEST_F(DaemonTest, AProcessRefusedAtHelloCanSendNothingElse) {
+  Assign({"/bin/sleep", "30"});
+  std::optional<v1::RankUpdate> started = coordinator_.NextUpdate();
+  ASSERT_TRUE(started.has_value());
+  for (const char* kind : {"enqueue", "release", "ready"}) {
+    // Not rank 0's process (nor one it started), and a pid that is not the caller's.
+    EXPECT_EQ(RefusedThenSend(socket_, getpid(), kind), "refused (7), then closed") << kind;
+    EXPECT_EQ(RefusedThenSend(socket_, 1, kind), "refused (7), then closed") << kind;
+  }
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a process as another user";
+  ASSERT_EQ(chmod(socket_.c_str(), 0666), 0);  // as a shared --socket-group would let it in
+  for (const char* kind : {"enqueue", "release", "ready"}) {
+    int pipe_fds[2];
+    ASSERT_EQ(pipe(pipe_fds), 0);
+    const pid_t child = fork();
+    if (child == 0) {
+      close(pipe_fds[0]);
+      std::string r = setgid(65534) == 0 && setuid(65534) == 0
+                          ? RefusedThenSend(socket_, getpid(), kind)
+                          : std::string("setuid failed");
+      (void)!write(pipe_fds[1], r.data(), r.size());
+      _exit(0);
+    }
+    close(pipe_fds[1]);
+    std::string result;
+    char buffer[512];
+    for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof(buffer))) > 0;) result.append(buffer, n);
+    close(pipe_fds[0]);
+    waitpid(child, nullptr, 0);
+    EXPECT_EQ(result, "refused (7), then closed") << kind;
+  }
+}
+
 TEST_F(DaemonTest, TheSocketIsTheDaemonsUserAndGroupsOnly) {
   struct stat st {};
   ASSERT_EQ(stat(socket_.c_str(), &st), 0);
