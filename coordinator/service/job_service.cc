@@ -673,45 +673,40 @@ std::function<void()> JobService::TrackToken(const grpc::CallbackServerContext& 
   };
 }
 
-void JobService::EndStreamsOfRevokedTokens() {
-  std::vector<std::function<void(const grpc::Status&)>> revoked;
+void JobService::EndStreamsWhere(absl::FunctionRef<bool(const TokenStream&)> ends,
+                                 const grpc::Status& why) {
+  std::vector<std::function<void(const grpc::Status&)>> ending;
   {
     absl::MutexLock lock(&streams_mu_);
     for (auto it = token_streams_.begin(); it != token_streams_.end();) {
-      if (it->second.token.empty() || auth_.TokenValid(it->second.token)) {
+      if (!ends(it->second)) {
         ++it;
         continue;
       }
-      revoked.push_back(std::move(it->second.end));
+      ending.push_back(std::move(it->second.end));
       token_streams_.erase(it++);
     }
   }
   // Outside the lock: ending a stream may call back into OnDone (and so into streams_mu_).
-  for (const auto& end : revoked) {
-    end(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                     "the bearer token that opened this stream was revoked (it is no longer in "
-                     "the coordinator's token file)"));
-  }
+  for (const auto& end : ending) end(why);
+}
+
+void JobService::EndStreamsOfRevokedTokens() {
+  EndStreamsWhere(
+      [this](const TokenStream& s) { return !s.token.empty() && !auth_.TokenValid(s.token); },
+      grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                   "the bearer token that opened this stream was revoked (it is no longer in the "
+                   "coordinator's token file)"));
 }
 
 void JobService::EndStreamsOfUntrustedCertificates(const CertificateTrust& trust) {
-  std::vector<std::function<void(const grpc::Status&)>> untrusted;
-  {
-    absl::MutexLock lock(&streams_mu_);
-    for (auto it = token_streams_.begin(); it != token_streams_.end();) {
-      if (it->second.certificate.empty() || trust.Trusted(it->second.certificate)) {
-        ++it;
-        continue;
-      }
-      untrusted.push_back(std::move(it->second.end));
-      token_streams_.erase(it++);
-    }
-  }
-  for (const auto& end : untrusted) {
-    end(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                     "the certificate that opened this stream is no longer trusted (its CA left "
-                     "the coordinator's --tls-ca bundle, or it expired)"));
-  }
+  EndStreamsWhere(
+      [&trust](const TokenStream& s) {
+        return !s.certificate.empty() && !trust.Trusted(s.certificate);
+      },
+      grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                   "the certificate that opened this stream is no longer trusted (its CA left the "
+                   "coordinator's --tls-ca bundle, or it expired)"));
 }
 
 }  // namespace ringmaster

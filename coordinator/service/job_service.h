@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "common/certificate_trust.h"
 #include "common/executor.h"
@@ -94,6 +95,9 @@ class JobService final : public v1::JobService::CallbackService {
   // must call.
   std::function<void()> TrackToken(const grpc::CallbackServerContext& context,
                                    std::function<void(const grpc::Status&)> end);
+  // Ends (with `why`) and forgets every tracked stream `ends` picks.
+  void EndStreamsWhere(absl::FunctionRef<bool(const TokenStream&)> ends, const grpc::Status& why)
+      ABSL_LOCKS_EXCLUDED(streams_mu_);
   absl::Mutex streams_mu_;
   absl::flat_hash_map<int64_t, TokenStream> token_streams_ ABSL_GUARDED_BY(streams_mu_);
   int64_t next_stream_ ABSL_GUARDED_BY(streams_mu_) = 1;

@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -254,16 +255,14 @@ std::string RawHello(const std::string& path, int pid, const std::string& attach
   return out;
 }
 
-// In a child process of uid and gid 65534 (nobody): `RawHello(path, getpid())` or the connect
-// error, written to `result`.
-std::string HelloAsNobody(const std::string& path) {
+// What `f` returns, run in a child process of uid and gid 65534 (nobody).
+std::string AsNobody(const std::function<std::string()>& f) {
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) return "pipe";
   const pid_t child = fork();
   if (child == 0) {
     close(pipe_fds[0]);
-    std::string r = setgid(65534) == 0 && setuid(65534) == 0 ? RawHello(path, getpid())
-                                                             : std::string("setuid failed");
+    std::string r = setgid(65534) == 0 && setuid(65534) == 0 ? f() : std::string("setuid failed");
     (void)!write(pipe_fds[1], r.data(), r.size());
     _exit(0);
   }
@@ -274,6 +273,12 @@ std::string HelloAsNobody(const std::string& path) {
   close(pipe_fds[0]);
   waitpid(child, nullptr, 0);
   return result;
+}
+
+// In a child process of uid and gid 65534 (nobody): `RawHello(path, getpid())` or the connect
+// error.
+std::string HelloAsNobody(const std::string& path) {
+  return AsNobody([&path] { return RawHello(path, getpid()); });
 }
 
 // Says hello claiming `pid`; once refused, sends `kind` ("enqueue", "release" or "ready") on the
@@ -331,24 +336,10 @@ TEST_F(DaemonTest, AProcessRefusedAtHelloCanSendNothingElse) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run a process as another user";
   ASSERT_EQ(chmod(socket_.c_str(), 0666), 0);  // as a shared --socket-group would let it in
   for (const char* kind : {"enqueue", "release", "ready"}) {
-    int pipe_fds[2];
-    ASSERT_EQ(pipe(pipe_fds), 0);
-    const pid_t child = fork();
-    if (child == 0) {
-      close(pipe_fds[0]);
-      std::string r = setgid(65534) == 0 && setuid(65534) == 0
-                          ? RefusedThenSend(socket_, getpid(), kind)
-                          : std::string("setuid failed");
-      (void)!write(pipe_fds[1], r.data(), r.size());
-      _exit(0);
-    }
-    close(pipe_fds[1]);
-    std::string result;
-    char buffer[512];
-    for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof(buffer))) > 0;) result.append(buffer, n);
-    close(pipe_fds[0]);
-    waitpid(child, nullptr, 0);
-    EXPECT_EQ(result, "refused (7), then closed") << kind;
+    const std::string path = socket_;
+    EXPECT_EQ(AsNobody([&] { return RefusedThenSend(path, getpid(), kind); }),
+              "refused (7), then closed")
+        << kind;
   }
 }
 
