@@ -395,7 +395,15 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
   const RankInfo& rank = job->ranks[update.rank];
   // A restoring job does not wait for a rank that exited.
   if (update.state == RankState::kExited) TryEndRestore(update.job_id);
+  // Whether this rank's end made the job's pending failure (a peer's collective that can never
+  // complete): its own failure, if it has one, is the cause and takes that failure's place.
+  bool end_made_failure = false;
   if (update.state == RankState::kExited && !job->spec.elastic()) {
+    bool had_failure;
+    {
+      absl::MutexLock lock(&mu_);
+      had_failure = pending_failures_.contains(update.job_id);
+    }
     // Whatever its status: every collective that needs the rank now fails on the ranks waiting
     // in it (Horovod's shutdown), instead of waiting for ever.
     std::string ended =
@@ -406,6 +414,10 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     const absl::Time now = clock_->Now();
     (*runtime)->RankEnded(update.rank, std::move(ended), now);
     Flush(**runtime, now);
+    if (!had_failure) {
+      absl::MutexLock lock(&mu_);
+      end_made_failure = pending_failures_.contains(update.job_id);
+    }
     if (const absl::Time next = (*runtime)->NextDeadline(); next != absl::InfiniteFuture()) {
       WakeTicker(next);
     }
@@ -458,10 +470,12 @@ absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpd
     }
     absl::MutexLock lock(&mu_);
     if (runtimes_.contains(update.job_id)) {
-      // The first failure stands.
-      pending_failures_.try_emplace(
-          update.job_id,
-          PendingFailure{std::move(reason), stopped_already, clock_->Now() + failure_settle_});
+      // The first failure stands, but for the symptom of this very exit.
+      PendingFailure failure{std::move(reason), stopped_already, clock_->Now() + failure_settle_};
+      if (auto [it, added] = pending_failures_.try_emplace(update.job_id, failure);
+          !added && end_made_failure) {
+        it->second = std::move(failure);
+      }
     }
     return absl::OkStatus();
   }

@@ -517,6 +517,41 @@ TEST_F(CoordinatorTest, NonzeroExitFailsTheJobNamingTheRankAndStopsTheOthers) {
   EXPECT_EQ(GetJob(next).state, JobState::kFailed);
 }
 
+TEST_F(CoordinatorTest, ARankKilledWhilePeersWaitFailsTheJobWithItsOwnExitNotTheSymptom) {
+  const std::string w1 = Connect("host-a", "cuda:0");
+  const std::string w2 = Connect("host-b", "cuda:0");
+  const std::string id = coordinator_.RegisterJob(Spec(2))->id;
+  for (auto [w, r] : {std::pair{w1, 0}, std::pair{w2, 1}}) {
+    ASSERT_TRUE(Update(w, id, r, RankState::kStarted).ok());
+  }
+  ASSERT_TRUE(Submit(w1, id, 0, {Allreduce("grad")}).ok());
+  // Rank 1 is killed: rank 0's allreduce fails at once, but the job's reason is the kill.
+  ASSERT_TRUE(Update(w2, id, 1, RankState::kExited, 137, "killed by signal 9 (Killed)").ok());
+  ASSERT_TRUE(Update(w1, id, 0, RankState::kExited, 1, "allreduce failed").ok());
+  clock_.Advance(absl::Milliseconds(300));
+  coordinator_.Tick();
+  EXPECT_EQ(GetJob(id).state, JobState::kFailed);
+  EXPECT_EQ(GetJob(id).reason,
+            "rank 1 on host host-b (worker-000002) exited with status 137: killed by signal 9 "
+            "(Killed)");
+
+  // A rank that exits 0 with a peer waiting: the job fails with the collective that could never
+  // complete, and the waiting rank's exit (the symptom) does not take its place.
+  const std::string next = coordinator_.RegisterJob(Spec(2))->id;
+  for (auto [w, r] : {std::pair{w1, 0}, std::pair{w2, 1}}) {
+    ASSERT_TRUE(Update(w, next, r, RankState::kStarted).ok());
+  }
+  ASSERT_TRUE(Submit(w1, next, 0, {Allreduce("grad")}).ok());
+  ASSERT_TRUE(Update(w2, next, 1, RankState::kExited, 0).ok());
+  ASSERT_TRUE(Update(w1, next, 0, RankState::kExited, 1, "allreduce failed").ok());
+  clock_.Advance(absl::Milliseconds(300));
+  coordinator_.Tick();
+  EXPECT_EQ(GetJob(next).state, JobState::kFailed);
+  EXPECT_EQ(GetJob(next).reason,
+            "Allreduce of tensor 'grad' can never complete: rank 1 on host host-b (worker-000002) "
+            "exited with status 0 before submitting it (one of the ranks finished execution).");
+}
+
 TEST_F(CoordinatorTest, ARanksFailedDataPlaneFailsTheJobWithItsMessageAndStopsEveryRank) {
   const std::string w1 = Connect("host-a", "cuda:0");
   const std::string w2 = Connect("host-b", "cuda:0");
