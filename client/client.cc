@@ -125,7 +125,7 @@ class ClientImpl : public Client {
   absl::StatusOr<std::vector<Handle>> GroupedAllreduceAsync(
       const std::vector<std::string>& names, const std::vector<void*>& data, DataType dtype,
       const std::vector<std::vector<int64_t>>& shapes, ReduceOp op, double prescale,
-      double postscale) override {
+      double postscale, int32_t reserved_group) override {
     if (names.empty() || names.size() != data.size() || names.size() != shapes.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("grouped allreduce needs as many names, tensors and shapes (got ",
@@ -150,7 +150,7 @@ class ClientImpl : public Client {
           " bytes for this process: start the workers with a larger --arena-mb (ringmaster local "
           "--arena-mb)"));
     }
-    const int32_t group = static_cast<int32_t>(++groups_);
+    const int32_t group = reserved_group > 0 ? reserved_group : ReserveGroup();
     std::vector<Handle> handles;
     for (size_t i = 0; i < names.size(); ++i) {
       v1::TensorRequest r = Request(names[i], v1::REQUEST_TYPE_ALLREDUCE, dtype, shapes[i]);
@@ -178,6 +178,8 @@ class ClientImpl : public Client {
     return Submit(Request(name, v1::REQUEST_TYPE_ALLGATHER, dtype, shape), const_cast<void*>(data),
                   /*copy_out=*/false);
   }
+
+  int32_t ReserveGroup() override { return static_cast<int32_t>(++groups_); }
 
   bool Poll(Handle handle) override {
     absl::MutexLock lock(&mu_);
@@ -212,13 +214,35 @@ class ClientImpl : public Client {
     if (it == ops_.end()) {
       return absl::NotFoundError(absl::StrCat("no operation in flight with handle ", handle));
     }
-    op = &it->second;
-    absl::Status status = op->status;
-    *op_stream = op->stream;
-    if (op->allgather && status.ok()) {
-      gathered_[handle] = std::move(op->gathered);
+    *op_stream = it->second.stream;
+    return TakeLocked(handle);
+  }
+
+  absl::Status Then(Handle handle, std::function<void(absl::Status)> done) override {
+    absl::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = ops_.find(handle);
+      if (it == ops_.end()) {
+        return absl::NotFoundError(absl::StrCat("no operation in flight with handle ", handle));
+      }
+      if (!it->second.done) {
+        it->second.then = std::move(done);
+        return absl::OkStatus();
+      }
+      status = TakeLocked(handle);
     }
-    last_joined_rank_ = op->last_joined_rank;
+    done(std::move(status));
+    return absl::OkStatus();
+  }
+
+  // A completed operation's status; its allgather output goes to gathered_, and it is forgotten.
+  absl::Status TakeLocked(Handle handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = ops_.find(handle);
+    Op& op = it->second;
+    absl::Status status = op.status;
+    if (op.allgather && status.ok()) gathered_[it->first] = std::move(op.gathered);
+    last_joined_rank_ = op.last_joined_rank;
     ops_.erase(it);
     return status;
   }
@@ -317,8 +341,9 @@ class ClientImpl : public Client {
     int64_t elem = 0;
     AllgatherOutput gathered;
     int last_joined_rank = -1;
-    int ready_slot = -1;     // GPU: the ready event in use until completion
-    int32_t group = 0;       // grouped allreduce: its group id
+    std::function<void(absl::Status)> then;  // Then()'s callback, called once it is done
+    int ready_slot = -1;                     // GPU: the ready event in use until completion
+    int32_t group = 0;                       // grouped allreduce: its group id
     void* stream = nullptr;  // GPU: the caller's stream at submission (cudaStream_t)
   };
 
@@ -448,6 +473,8 @@ class ClientImpl : public Client {
     absl::Status waited = staging_->WaitDone(c.done_event(), op->stream);
     if (status.ok()) status = waited;
     AllgatherOutput gathered;
+    std::function<void(absl::Status)> then;
+    absl::Status then_status;
     int64_t release_offset = -1;
     if (status.ok() && op->allgather) {
       gathered.shape.assign(c.output_shape().begin(), c.output_shape().end());
@@ -482,7 +509,12 @@ class ClientImpl : public Client {
       }
       op->last_joined_rank = c.last_joined_rank();
       op->done = true;
+      if (op->then) {
+        then = std::move(op->then);
+        then_status = TakeLocked(c.handle());  // op is gone from here on
+      }
     }
+    if (then) then(std::move(then_status));
     if (release_offset >= 0) {
       // Give the daemon its output memory back (the write may block: no lock but the writer's).
       v1::LocalRequest release;
@@ -539,14 +571,28 @@ class ClientImpl : public Client {
   }
 
   void FailAll(const absl::Status& status) {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-    for (auto& [handle, op] : ops_) {
-      if (op.done) continue;
-      op.status = status;
-      op.done = true;
-      // A staged buffer stays allocated: the daemon may still write it.
+    std::vector<std::function<void(absl::Status)>> thens;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      for (auto it = ops_.begin(); it != ops_.end();) {
+        Op& op = it->second;
+        if (op.done) {
+          ++it;
+          continue;
+        }
+        op.status = status;
+        op.done = true;
+        // A staged buffer stays allocated: the daemon may still write it.
+        if (!op.then) {
+          ++it;
+          continue;
+        }
+        thens.push_back(std::move(op.then));
+        ops_.erase(it++);
+      }
     }
+    for (auto& then : thens) then(status);
   }
 
   const int fd_;

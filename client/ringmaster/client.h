@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,12 +94,16 @@ class Client {
                                                 ReduceOp op = ReduceOp::kAverage,
                                                 double prescale = 1.0, double postscale = 1.0) = 0;
   // Allreduces the tensors as one group: they are negotiated and fused together (in one response,
-  // whatever the fusion threshold). Every rank must issue its grouped allreduces in the same order.
-  // One handle per tensor.
+  // whatever the fusion threshold). Every rank must issue its grouped allreduces in the same order,
+  // or pass each the `group` it reserved (ReserveGroup) in that order. One handle per tensor.
   virtual absl::StatusOr<std::vector<Handle>> GroupedAllreduceAsync(
       const std::vector<std::string>& names, const std::vector<void*>& data, DataType dtype,
       const std::vector<std::vector<int64_t>>& shapes, ReduceOp op = ReduceOp::kAverage,
-      double prescale = 1.0, double postscale = 1.0) = 0;
+      double prescale = 1.0, double postscale = 1.0, int32_t group = 0) = 0;
+  // The id of a grouped allreduce submitted later, possibly from another thread and after groups
+  // reserved after it (an engine that runs operations out of order): ids follow the order of
+  // these calls, which every rank must follow.
+  virtual int32_t ReserveGroup() = 0;
   virtual absl::StatusOr<Handle> BroadcastAsync(const std::string& name, void* data, DataType dtype,
                                                 absl::Span<const int64_t> shape, int root) = 0;
   // The first dimension may differ per rank; the output comes from TakeAllgather().
@@ -113,6 +118,12 @@ class Client {
   virtual absl::Status Wait(Handle handle, absl::Duration timeout = absl::InfiniteDuration()) = 0;
   // The result of a completed allgather (after Wait() returned OK).
   virtual absl::StatusOr<AllgatherOutput> TakeAllgather(Handle handle) = 0;
+  // Instead of Wait(): calls `done` with the operation's status once it completes, on the
+  // client's reader thread (at once on this thread if it has completed already). The handle is
+  // consumed as by Wait(); an allgather's output is kept for TakeAllgather(). `done` must not block
+  // (nor call Wait()); it is called exactly once, also when the connection closes (CANCELLED).
+  // CPU slots: a GPU slot's result is ordered on the operation's stream, not waited for.
+  virtual absl::Status Then(Handle handle, std::function<void(absl::Status)> done) = 0;
 
   // Blocks until every rank has joined; returns the last rank that joined. While joined, this rank
   // contributes zeros to other ranks' allreduces.

@@ -11,6 +11,8 @@
 //
 // Blocking calls (connect, wait, join, barrier, shutdown) release the GIL; waits wake every 100 ms
 // to let Python deliver signals (Ctrl-C raises KeyboardInterrupt, the operation stays in flight).
+#include "python/src/binding.h"
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -138,6 +140,8 @@ class PyClient {
 
   explicit PyClient(std::shared_ptr<Client> client) : client_(std::move(client)) {}
 
+  const std::shared_ptr<Client>& shared() const { return client_; }
+
   const Topology& topology() const { return client_->topology(); }
   bool hosts_updated() const { return client_->hosts_updated(); }
 
@@ -250,6 +254,13 @@ class PyClient {
 };
 
 }  // namespace
+
+namespace python {
+std::shared_ptr<Client> ClientOf(py::handle py_client) {
+  return py::cast<const PyClient&>(py_client).shared();
+}
+}  // namespace python
+
 }  // namespace ringmaster
 
 PYBIND11_MODULE(_ringmaster, m) {
@@ -368,6 +379,7 @@ PYBIND11_MODULE(_ringmaster, m) {
            "GPU slots: the cudaStream_t (as an integer; 0: the legacy default stream) that tensors "
            "are produced and consumed on.")
       .def("shutdown", &PyClient::Shutdown);
+  python::DefineMxnetEngine(m);
 #ifdef RINGMASTER_HAVE_CUDA
   m.attr("CUDA_BUILT") = true;
 #else

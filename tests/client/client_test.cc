@@ -11,11 +11,14 @@
 
 #include <cstring>
 #include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/client_internal.h"
 #include "common/framing.h"
@@ -253,6 +256,65 @@ TEST(ClientTest, ALostConnectionFailsWhatIsInFlightAndRefusesMore) {
       client->AllreduceAsync("b", a.data(), DataType::kFloat32, {2}, ReduceOp::kSum, 1.0, 1.0);
   EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(after.status().message(), "the connection to the worker is closed");
+}
+
+TEST(ClientTest, ThenCallsBackOnceWithTheStatusAndTheResultInPlace) {
+  FakeDaemon daemon;
+  std::unique_ptr<Client> client = daemon.Connect();
+  struct Seen {
+    absl::Mutex mu;
+    std::vector<std::pair<std::string, absl::Status>> calls ABSL_GUARDED_BY(mu);
+  } seen;
+  auto record = [&seen](std::string what) {
+    return [&seen, what](absl::Status s) {
+      absl::MutexLock lock(&seen.mu);
+      seen.calls.emplace_back(what, std::move(s));
+    };
+  };
+  auto calls = [&seen](size_t n) {
+    absl::MutexLock lock(&seen.mu);
+    auto enough = [&seen, n]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(seen.mu) { return seen.calls.size() >= n; };
+    seen.mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return seen.calls;
+  };
+  std::vector<float> a = {1, 2}, b = {3, 4}, c = {5, 6};
+  absl::StatusOr<Handle> ha =
+      client->AllreduceAsync("a", a.data(), DataType::kFloat32, {2}, ReduceOp::kSum, 1.0, 1.0);
+  absl::StatusOr<Handle> hb =
+      client->AllreduceAsync("b", b.data(), DataType::kFloat32, {2}, ReduceOp::kSum, 1.0, 1.0);
+  ASSERT_TRUE(ha.ok() && hb.ok());
+  ASSERT_TRUE(client->Then(*ha, record("a")).ok());
+  v1::LocalEnqueue ea = daemon.NextEnqueue();
+  v1::LocalEnqueue eb = daemon.NextEnqueue();
+  daemon.Floats(ea.offset())[0] = 100;
+  daemon.Complete(*hb, absl::InvalidArgumentError("mismatched shapes"));
+  daemon.Complete(*ha);
+  auto done = calls(1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].first, "a");
+  EXPECT_TRUE(done[0].second.ok()) << done[0].second;
+  EXPECT_EQ(a, (std::vector<float>{100, 2}));  // copied back before the callback
+  // Consumed: no Wait() on it; one completed already calls back at once, on this thread.
+  EXPECT_EQ(client->Wait(*ha, absl::Seconds(1)).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(client->Then(*hb, record("b")).ok());
+  done = calls(2);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[1].first, "b");
+  EXPECT_EQ(done[1].second, absl::InvalidArgumentError("mismatched shapes"));
+  EXPECT_EQ(client->Then(*hb, record("b again")).code(), absl::StatusCode::kNotFound);
+  // The connection closing calls back what is still in flight.
+  absl::StatusOr<Handle> hc =
+      client->AllreduceAsync("c", c.data(), DataType::kFloat32, {2}, ReduceOp::kSum, 1.0, 1.0);
+  ASSERT_TRUE(hc.ok());
+  ASSERT_TRUE(client->Then(*hc, record("c")).ok());
+  daemon.NextEnqueue();
+  daemon.Close();
+  done = calls(3);
+  ASSERT_EQ(done.size(), 3u);
+  EXPECT_EQ(done[2].first, "c");
+  EXPECT_EQ(done[2].second.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(c, (std::vector<float>{5, 6}));
 }
 
 TEST(ClientTest, AFullArenaWaitsForStagedTensorsToComeBack) {

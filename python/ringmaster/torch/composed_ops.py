@@ -17,6 +17,7 @@ from ringmaster import _ringmaster
 from ringmaster import basics as _basics
 from ringmaster.torch import mpi_ops as _mpi
 from ringmaster.torch.compression import Compression
+from ringmaster.common.ops import rows_of
 from ringmaster.torch.mpi_ops import Average, Sum, global_process_set
 
 _OP_NAMES = {0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Product"}
@@ -64,13 +65,6 @@ def _gathered(c, entry):
 
 # ---- Reducescatter ----
 
-def _rows_of(dim0, size, rank):
-    """(first row, rows) of `rank`'s part of a first dimension of `dim0` rows split over `size`
-    ranks as Horovod splits it: dim0 // size rows each, one more for the first dim0 % size."""
-    base, extra = divmod(dim0, size)
-    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
-
-
 def _check_reducescatter(tensor, op):
     if op not in (Average, Sum):
         raise ValueError(f"reducescatter supports op=Average and op=Sum, not "
@@ -91,7 +85,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     full = _mpi._copy_for_output(tensor)
     inner = _absorb(_mpi._allreduce_async(tensor, full, name, op, prescale_factor,
                                           postscale_factor, process_set, prefix="reducescatter"))
-    start, rows = _rows_of(tensor.shape[0], _set_size(process_set), process_set.rank())
+    start, rows = rows_of(tensor.shape[0], _set_size(process_set), process_set.rank())
     return _compose(inner.handles, lambda: inner.finish().narrow(0, start, rows).clone(),
                     inner.keep, inner.names)
 
@@ -109,7 +103,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                                   postscale_factor, process_set,
                                                   prefix="grouped_reducescatter"))
     size, rank = _set_size(process_set), process_set.rank()
-    parts = [_rows_of(t.shape[0], size, rank) for t in tensors]
+    parts = [rows_of(t.shape[0], size, rank) for t in tensors]
 
     def finish():
         return [o.narrow(0, start, rows).clone()

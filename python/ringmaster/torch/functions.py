@@ -1,14 +1,12 @@
 """Horovod's helpers built on the collectives (horovod.torch.functions): broadcasting model
 parameters, optimizer state and picklable objects, and gathering objects."""
 import collections
-import io
-import pickle
 
 import torch
 
-from ringmaster import basics as _basics
-from ringmaster.torch.mpi_ops import (allgather, broadcast_, broadcast_async_, global_process_set,
-                                      synchronize, _check_process_set)
+from ringmaster.common.objects import allgather_object, broadcast_object  # noqa: F401
+from ringmaster.torch.mpi_ops import (broadcast_async_, global_process_set, synchronize,
+                                      _check_process_set)
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
@@ -90,43 +88,3 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
                                   name="optimizer.state.scalars", process_set=process_set)
         for key, (pid, name, _) in scalars.items():
             state_dict["state"][pid][name] = values[key]
-
-
-def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns root_rank's `obj` (any picklable object) on every rank."""
-    _check_process_set(process_set)
-    if name is None:
-        name = type(obj).__name__
-    if _basics.rank() == root_rank:
-        b = io.BytesIO()
-        pickle.dump(obj, b)
-        t = torch.ByteTensor(bytearray(b.getvalue()))
-        sz = torch.IntTensor([t.shape[0]])
-        broadcast_(sz, root_rank, name + ".sz", process_set)
-    else:
-        sz = torch.IntTensor([0])
-        broadcast_(sz, root_rank, name + ".sz", process_set)
-        t = torch.ByteTensor(sz.tolist()[0])
-    broadcast_(t, root_rank, name + ".t", process_set)
-    if _basics.rank() != root_rank:
-        obj = pickle.loads(t.numpy().tobytes())
-    return obj
-
-
-def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every rank's `obj` (any picklable object), in rank order."""
-    _check_process_set(process_set)
-    if name is None:
-        name = type(obj).__name__
-    b = io.BytesIO()
-    pickle.dump(obj, b)
-    t = torch.ByteTensor(bytearray(b.getvalue()))
-    sz = torch.IntTensor([t.shape[0]])
-    sizes = allgather(sz, name=name + ".sz", process_set=process_set).tolist()
-    gathered = allgather(t, name=name + ".t", process_set=process_set).numpy()
-    out = []
-    start = 0
-    for s in sizes:
-        out.append(pickle.loads(gathered[start:start + s].tobytes()))
-        start += s
-    return out

@@ -11,9 +11,7 @@ place; the client copies any other tensor into the arena and back.
 Unnamed operations get Horovod's automatic names (`allreduce.noname.<handle>`, ...): every rank
 must issue its unnamed collectives in the same order, as with Horovod.
 """
-import collections
 import itertools
-import os
 import threading
 import warnings
 
@@ -21,24 +19,16 @@ import torch
 
 from ringmaster import _ringmaster
 from ringmaster import basics as _basics
-from ringmaster.exceptions import HorovodInternalError
 from ringmaster.torch.compression import Compression
 
-# Horovod's reduction op values (horovod.common.basics).
-Average = 0
-Sum = 1
-Adasum = 2
-Min = 3
-Max = 4
-Product = 5
-
-_RING_OPS = {
-    Average: _ringmaster.op.average,
-    Sum: _ringmaster.op.sum,
-    Min: _ringmaster.op.min,
-    Max: _ringmaster.op.max,
-    Product: _ringmaster.op.product,
-}
+# The framework-neutral parts (horovod/common's): ops, names, process sets.
+from ringmaster.common.ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401
+                                   RING_OPS as _RING_OPS, handle_average_backwards_compatibility,
+                                   op_name as _op_name, status_error as _status_error)
+from ringmaster.common.process_sets import (InSet as _InSet, ProcessSet,  # noqa: F401
+                                            add_process_set, check as _check_process_set,
+                                            global_process_set, init as _init_process_sets,
+                                            remove_process_set)
 
 _DTYPES = {
     torch.uint8: _ringmaster.dtype.uint8,
@@ -50,208 +40,6 @@ _DTYPES = {
     torch.float32: _ringmaster.dtype.float32,
     torch.float64: _ringmaster.dtype.float64,
 }
-
-
-class ProcessSet:
-    """Horovod's process set: a subset of the job's ranks whose collectives run among them alone.
-    `ProcessSet([0, 2])`, registered with `init(process_sets=[...])` or `add_process_set()`;
-    `global_process_set` is every rank. `rank()` is this process's place in the set (-1 when not
-    included), `size()` its number of ranks."""
-
-    def __init__(self, ranks):
-        self.ranks = sorted(set(int(r) for r in ranks))
-        self.process_set_id = None  # set when registered
-        self._wire_id = None  # the workers' id of it, while registered
-
-    def size(self):
-        return len(self.ranks)
-
-    def rank(self):
-        me = _basics.rank()
-        return self.ranks.index(me) if me in self.ranks else -1
-
-    def included(self):
-        return _basics.rank() in self.ranks
-
-    def __repr__(self):
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
-
-
-class _GlobalProcessSet(ProcessSet):
-    """Every rank of the job (id 0)."""
-
-    def __init__(self):
-        self.process_set_id = 0
-
-    @property
-    def ranks(self):
-        return list(range(_basics.size()))
-
-    def size(self):
-        return _basics.size()
-
-    def rank(self):
-        return _basics.rank()
-
-    def included(self):
-        return True
-
-    def __repr__(self):
-        return "ProcessSet(process_set_id=0, global)"
-
-
-global_process_set = _GlobalProcessSet()
-_process_sets = {}  # id -> registered ProcessSet (the global one excluded)
-_next_process_set_id = [1]
-# Ids of removed sets, reused first in the order they were freed (as Horovod's ProcessSetTable).
-_free_process_set_ids = collections.deque()
-# What the workers know a set by: never reused in this process, across init() calls too, so a set
-# added after another was removed never meets the removed one's state on the workers (every rank
-# adds and removes the same sets in the same order, so every rank numbers them alike).
-_next_wire_id = [1]
-_dynamic_process_sets = [False]
-
-
-def _dynamic_enabled():
-    return _dynamic_process_sets[0] or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "") not in (
-        "", "0", "false", "False")
-
-
-def _register_process_set(process_set):
-    """Registers `process_set` (a ProcessSet or a list of ranks) on every rank at once: a
-    collective of all ranks, which must pass the same ranks in the same order. ValueError names
-    what differs."""
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    if process_set.process_set_id is not None:
-        raise ValueError(f"{process_set} is registered already")
-    size = _basics.size()
-    ranks = process_set.ranks
-    if not ranks or ranks[0] < 0 or ranks[-1] >= size:
-        raise ValueError(f"process set ranks {ranks} must be ranks of the job, in [0, {size - 1}]")
-    for existing in _process_sets.values():
-        if existing.ranks == ranks:
-            raise ValueError(f"a process set with ranks {ranks} exists already: {existing}")
-    # Every rank must register the same set: compare what each one passed.
-    mine = torch.full((1, size + 1), -1, dtype=torch.int64)
-    mine[0, 0] = len(ranks)
-    mine[0, 1:1 + len(ranks)] = torch.tensor(ranks, dtype=torch.int64)
-    ps_id = _free_process_set_ids[0] if _free_process_set_ids else _next_process_set_id[0]
-    wire_id = _next_wire_id[0]
-    everyone = synchronize(allgather_async(mine, name=f"process_set.register.{wire_id}"))
-    for r in range(size):
-        if not torch.equal(everyone[r], mine[0]):
-            theirs = everyone[r, 1:1 + int(everyone[r, 0])].tolist()
-            raise ValueError(f"rank {r} registered process set {ps_id} with ranks {theirs}, rank "
-                             f"{_basics.rank()} with {ranks}: every rank must add the same "
-                             f"process sets in the same order")
-    if _free_process_set_ids:
-        _free_process_set_ids.popleft()
-    else:
-        _next_process_set_id[0] += 1
-    _next_wire_id[0] += 1
-    process_set.process_set_id = ps_id
-    process_set._wire_id = wire_id
-    _process_sets[ps_id] = process_set
-    return process_set
-
-
-def _init_process_sets(process_sets):
-    """init(process_sets=...): a list of ProcessSets (or rank lists) registered in order, or
-    "dynamic" to allow add_process_set() and remove_process_set() later."""
-    _process_sets.clear()
-    _next_process_set_id[0] = 1
-    _free_process_set_ids.clear()
-    _dynamic_process_sets[0] = process_sets == "dynamic"
-    if process_sets in (None, "dynamic"):
-        return
-    for ps in process_sets:
-        _register_process_set(ps)
-
-
-def add_process_set(process_set):
-    """Registers a process set while the job runs (every rank must call it with the same ranks,
-    in the same order); returns it. Needs HOROVOD_DYNAMIC_PROCESS_SETS=1 or
-    init(process_sets="dynamic"), as Horovod does."""
-    if not _dynamic_enabled():
-        raise ValueError("Process sets can only be added when dynamic process sets are enabled: "
-                         "set HOROVOD_DYNAMIC_PROCESS_SETS=1 or call "
-                         "hvd.init(process_sets='dynamic')")
-    return _register_process_set(process_set)
-
-
-def remove_process_set(process_set):
-    """Unregisters a process set added before (every rank must call it); True when it was
-    registered. The global process set cannot be removed."""
-    if not _dynamic_enabled():
-        raise ValueError("Process sets can only be removed when dynamic process sets are "
-                         "enabled: set HOROVOD_DYNAMIC_PROCESS_SETS=1 or call "
-                         "hvd.init(process_sets='dynamic')")
-    if process_set is global_process_set or process_set.process_set_id == 0:
-        raise ValueError("The global process set cannot be removed")
-    ps_id = process_set.process_set_id
-    if ps_id is None or _process_sets.get(ps_id) is not process_set:
-        return False
-    # A barrier of every rank (each removes it at the same point of its operations), after which
-    # the daemons release the set's communicators.
-    try:
-        _basics.client().release_process_set(process_set._wire_id)
-    except _ringmaster.StatusError as e:
-        raise _status_error(e) from None
-    del _process_sets[ps_id]
-    _free_process_set_ids.append(ps_id)
-    process_set.process_set_id = None
-    process_set._wire_id = None
-    return True
-
-
-def _set_of(process_set):
-    """(id, ranks) of a process set this rank may run collectives in; ValueError otherwise."""
-    if process_set is None or process_set is global_process_set or \
-            process_set.process_set_id == 0:
-        return 0, []
-    if not isinstance(process_set, ProcessSet):
-        raise ValueError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
-    ps_id = process_set.process_set_id
-    if ps_id is None or _process_sets.get(ps_id) is not process_set:
-        raise ValueError(f"{process_set} is not registered: pass it to hvd.init(process_sets=...) "
-                         f"or hvd.add_process_set() first")
-    if not process_set.included():
-        raise ValueError(f"rank {_basics.rank()} is not in process set {ps_id} (ranks "
-                         f"{process_set.ranks})")
-    return process_set._wire_id, process_set.ranks
-
-
-def _check_process_set(process_set):
-    _set_of(process_set)
-
-
-class _InSet:
-    """Within it, the client's operations submitted by this thread run in `process_set`."""
-
-    def __init__(self, process_set):
-        self.ps_id, self.ranks = _set_of(process_set)
-
-    def __enter__(self):
-        if self.ps_id != 0:
-            _basics.client().set_process_set(self.ps_id, self.ranks)
-        return self
-
-    def __exit__(self, *exc):
-        if self.ps_id != 0:
-            _basics.client().set_process_set(0, [])
-
-
-def handle_average_backwards_compatibility(op, average):
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
-                      DeprecationWarning)
-        return Average if average else Sum
-    return Average
 
 
 # ---- Handles ----
@@ -315,19 +103,11 @@ def _new_handle():
         return next(_handle_counter)
 
 
-def _op_name(prefix, name, handle):
-    return name if name is not None else f"{prefix}.noname.{handle}"
-
-
 def _register(handle, op):
     _handle_map[handle] = op
     if op.names:
         _named_handles(op.names, op.handles)
     return handle
-
-
-def _status_error(e):
-    return HorovodInternalError(e.args[1] if len(e.args) > 1 else str(e))
 
 
 def poll(handle):

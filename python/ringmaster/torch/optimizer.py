@@ -17,15 +17,10 @@ import torch
 from ringmaster import basics as _basics
 from ringmaster.torch.compression import Compression
 from ringmaster.torch.functions import broadcast_object
+from ringmaster.common.ops import split_list
 from ringmaster.torch.mpi_ops import (Adasum, Average, allreduce_async_, global_process_set,
                                       grouped_allreduce_async_, sparse_allreduce_async,
                                       synchronize, _arena_empty, _check_process_set)
-
-
-def _split_list(items, n):
-    """`items` in n contiguous groups of near-equal length."""
-    d, r = divmod(len(items), n)
-    return [items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
 
 
 
@@ -170,7 +165,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     if id(p) not in grouped_id:
                         p_groups.append([p])
             else:
-                p_groups = _split_list(p_list, self._groups)
+                p_groups = split_list(p_list, self._groups)
             p_groups = [tuple(p) for p in p_groups if p]
             for group in p_groups:
                 for p in group:
