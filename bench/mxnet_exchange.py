@@ -8,7 +8,8 @@ in backward order (the last layer's first, priority -i as Horovod's trainer give
 for all of them: through ringmaster.mxnet, allreduce_ of each (Average) under `ringmaster local`;
 through dist_sync, push then pull of each, with its scheduler, servers and workers launched with
 DMLC_ROLE / DMLC_PS_ROOT_URI / DMLC_PS_ROOT_PORT / DMLC_NUM_SERVER / DMLC_NUM_WORKER as MXNet's
-launcher (tools/launch.py --launcher local) sets them. Prints each configuration's median step time
+launcher (tools/launch.py --launcher local) sets them; and Ringmaster's C++ path on the same bytes
+(ringmaster-bench with the ResNet-50 profile). Prints each configuration's median step time
 (over --steps after 3 warmup steps, median of the workers) and the ratios; the figures go to
 docs/benchmarks.md.
 
@@ -66,7 +67,7 @@ def kvstore_worker(steps):
     grads = gradients()
     for i, g in enumerate(grads):
         kv.init(i, g)
-    kv.barrier()
+    kv._barrier()
     times = []
     for _ in range(WARMUP + steps):
         started = time.perf_counter()
@@ -98,6 +99,20 @@ def run_ringmaster(np_, steps):
     if r.returncode != 0:
         sys.exit(f"ringmaster run failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return medians(r.stdout, "ringmaster")
+
+
+def run_cpp(np_, steps):
+    """Ringmaster's C++ path on the same bytes (ringmaster-bench, the ResNet-50 profile, tensors in
+    the shared arena): what the Python and engine layers add to."""
+    r = subprocess.run([os.path.join(ROOT, "build", "bin", "ringmaster"), "local", "--np",
+                        str(np_), "--", os.path.join(ROOT, "build", "bin", "ringmaster-bench"),
+                        "--profile", os.path.join(HERE, "profiles", "resnet50.json"), "--steps",
+                        str(steps), "--warmup", str(WARMUP), "--json"],
+                       capture_output=True, text=True, timeout=900)
+    m = re.search(r'"system":"ringmaster".*"step_time_s_median":([0-9.]+)', r.stdout)
+    if r.returncode != 0 or m is None:
+        sys.exit(f"ringmaster-bench failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return float(m[1]) * 1000
 
 
 def run_kvstore(np_, servers, steps):
@@ -140,7 +155,8 @@ def main():
             import mxnet  # noqa: F401 - the server and scheduler run at import
             return None
         return kvstore_worker(args.steps)
-    rows = [("ringmaster.mxnet (allreduce_, engine)", run_ringmaster(args.np, args.steps))]
+    rows = [("ringmaster.mxnet (allreduce_, engine)", run_ringmaster(args.np, args.steps)),
+            ("Ringmaster's C++ path (ringmaster-bench)", run_cpp(args.np, args.steps))]
     for servers in args.servers:
         rows.append((f"kvstore dist_sync, {servers} server(s)",
                      run_kvstore(args.np, servers, args.steps)))
