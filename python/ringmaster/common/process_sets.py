@@ -113,6 +113,15 @@ def _register(process_set):
     return process_set
 
 
+def init_framework(comm=None, process_sets=None):
+    """A framework API's init(): connects this process to its rank's worker daemon (once; init()
+    after shutdown() works), then registers `process_sets`: ProcessSets (or lists of ranks), in
+    order (every rank passes the same), or "dynamic" to allow add_process_set() later."""
+    if _basics.init(comm, None) is False:
+        return
+    init(process_sets)
+
+
 def init(process_sets):
     """init(process_sets=...): a list of ProcessSets (or rank lists) registered in order, or
     "dynamic" to allow add_process_set() and remove_process_set() later."""

@@ -3,12 +3,12 @@
 `ringmaster local --np N -- $(scripts/mxnet-venv.sh) train.py` (or `ringmaster submit`); see
 docs/mxnet.md for the API against Horovod's and what differs."""
 from ringmaster.basics import (ccl_built, cross_rank, cross_size, cuda_built,  # noqa: F401
-                               ddl_built, gloo_built, gloo_enabled, init as _init,
+                               ddl_built, gloo_built, gloo_enabled,
                                is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
                                mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
                                shutdown, size, start_timeline, stop_timeline)
 from ringmaster.common.objects import allgather_object, broadcast_object  # noqa: F401
-from ringmaster.common import process_sets as _process_sets
+from ringmaster.common.process_sets import init_framework as init  # noqa: F401
 from ringmaster.exceptions import HorovodInternalError  # noqa: F401
 from ringmaster.mxnet.compression import Compression  # noqa: F401
 from ringmaster.mxnet.mpi_ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401
@@ -20,12 +20,3 @@ from ringmaster.mxnet.mpi_ops import (Adasum, Average, Max, Min, Product, Sum,  
                                       remove_process_set)
 from ringmaster.mxnet.trainer import (DistributedOptimizer, DistributedTrainer,  # noqa: F401
                                       broadcast_parameters)
-
-
-def init(comm=None, process_sets=None):
-    """Connects this process to its rank's worker daemon. Call it once, before anything else;
-    init() after shutdown() works. `process_sets`: ProcessSets (or lists of ranks) to register, in
-    order (every rank passes the same), or "dynamic" to allow add_process_set() later."""
-    if _init(comm, None) is False:
-        return
-    _process_sets.init(process_sets)

@@ -2,10 +2,11 @@
 `import horovod.torch as hvd`. Run the script with `ringmaster local --np N -- python3 train.py`
 (or `ringmaster submit`); see docs/pytorch.md for what differs from Horovod."""
 from ringmaster.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
-                               gloo_enabled, init as _init, is_homogeneous, is_initialized,
+                               gloo_enabled, is_homogeneous, is_initialized,
                                local_rank, local_size, mpi_built, mpi_enabled,
                                mpi_threads_supported, nccl_built, rank, rocm_built,
                                shutdown as _shutdown, size, start_timeline, stop_timeline)
+from ringmaster.common.process_sets import init_framework as init  # noqa: F401
 from ringmaster.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from ringmaster.torch.compression import Compression
 from ringmaster.torch.functions import (allgather_object, broadcast_object,
@@ -26,13 +27,6 @@ from ringmaster.torch import mpi_ops as _mpi_ops
 from ringmaster.torch.optimizer import DistributedOptimizer
 
 
-def init(comm=None, process_sets=None):
-    """Connects this process to its rank's worker daemon. Call it once, before anything else;
-    init() after shutdown() works. `process_sets`: ProcessSets (or lists of ranks) to register, in
-    order (every rank passes the same), or "dynamic" to allow add_process_set() later."""
-    if _init(comm, None) is False:
-        return
-    _mpi_ops._init_process_sets(process_sets)
 
 
 def shutdown():

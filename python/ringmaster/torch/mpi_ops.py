@@ -27,8 +27,7 @@ from ringmaster.common.ops import (Adasum, Average, Max, Min, Product, Sum,  # n
                                    op_name as _op_name, status_error as _status_error)
 from ringmaster.common.process_sets import (InSet as _InSet, ProcessSet,  # noqa: F401
                                             add_process_set, check as _check_process_set,
-                                            global_process_set, init as _init_process_sets,
-                                            remove_process_set)
+                                            global_process_set, remove_process_set)
 
 _DTYPES = {
     torch.uint8: _ringmaster.dtype.uint8,
