@@ -462,8 +462,7 @@ void Negotiator::Join(int rank, const std::string& name, absl::Time now) {
   if (joined_[rank]) return;
   for (int r = 0; r < size_; ++r) {
     if (ended_[r].empty()) continue;
-    std::string error = absl::StrCat("Join can never complete: ", ended_[r],
-                                     " without joining (one of the ranks finished execution).");
+    std::string error = JoinNeverCompletes(r);
     if (ended_failure_.empty()) ended_failure_ = error;
     RankError(rank, name, std::move(error));
     return;
@@ -517,7 +516,6 @@ void Negotiator::RankEnded(int rank, std::string why, absl::Time now) {
   });
   for (Pending* pending : concerned) {
     Pending& p = *pending;
-    // Ready and not yet sent: it would run without the rank's worker, which has left the job.
     // Ringmaster's own background collectives (init's allgather of local sizes, which a rank
     // waits for only when it asks is_homogeneous()) fail without failing the job.
     const bool others_wait = p.count > (p.submitted[rank] ? 1 : 0) &&
@@ -526,12 +524,11 @@ void Negotiator::RankEnded(int rank, std::string why, absl::Time now) {
       p.error = NeverCompletes(p.request, rank, p.submitted[rank]);
       if (others_wait && ended_failure_.empty()) ended_failure_ = p.error;
     }
+    // Ready and not yet sent: it would run without the rank's worker, which has left the job.
     if (!p.ready) MarkReady(&p, now);
   }
   // Ranks in a join wait for every rank: this one will never join.
-  const std::string join_error =
-      absl::StrCat("Join can never complete: ", ended_[rank],
-                   " without joining (one of the ranks finished execution).");
+  const std::string join_error = JoinNeverCompletes(rank);
   for (int r = 0; r < size_; ++r) {
     if (!joined_[r]) continue;
     joined_[r] = 0;
@@ -540,6 +537,11 @@ void Negotiator::RankEnded(int rank, std::string why, absl::Time now) {
     RankError(r, join_names_[r], join_error);
     if (ended_failure_.empty()) ended_failure_ = join_error;
   }
+}
+
+std::string Negotiator::JoinNeverCompletes(int rank) const {
+  return absl::StrCat("Join can never complete: ", ended_[rank],
+                      " without joining (one of the ranks finished execution).");
 }
 
 std::string Negotiator::TakeEndedRankFailure() {

@@ -167,6 +167,8 @@ class Negotiator {
   // "Allreduce of tensor 'x' can never complete: <why>" for rank `rank`'s end.
   std::string NeverCompletes(const TensorRequest& r, int rank, bool submitted_by_it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The error of a join that waits for ended rank `rank`.
+  std::string JoinNeverCompletes(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The first ended rank of the request's set, -1 for none.
   int EndedRankOf(const TensorRequest& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::string Validate(const TensorRequest& r, int size);
