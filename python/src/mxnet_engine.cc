@@ -45,8 +45,19 @@ struct MxnetApi {
   mxnet_abi::GetLastErrorFn last_error;
 };
 
-// One pushed operation: what the engine hands back to Run(), deleted by the engine after it.
+// One pushed operation: what the engine hands back to Run(), deleted by the engine after it (its
+// handles go with it: the memory too if Python dropped the arrays meanwhile).
 struct EngineOp {
+  EngineOp() = default;
+  EngineOp(const EngineOp&) = delete;
+  EngineOp& operator=(const EngineOp&) = delete;
+  ~EngineOp() {
+    for (size_t i = 0; i < output_arrays.size(); ++i) {
+      if (output_arrays[i] != input_arrays[i]) api.free(output_arrays[i]);
+    }
+    for (void* array : input_arrays) api.free(array);
+  }
+
   std::shared_ptr<Client> client;
   MxnetApi api;
   Kind kind = Kind::kAllreduce;
@@ -172,16 +183,7 @@ void Run(void* /*run_context*/, void* on_complete, void* param) {
   }
 }
 
-// The engine deletes the operation once it is done: its handles go (the memory with them if
-// Python dropped the arrays meanwhile).
-void Delete(void* param) {
-  auto* op = static_cast<EngineOp*>(param);
-  for (size_t i = 0; i < op->input_arrays.size(); ++i) {
-    if (op->output_arrays[i] != op->input_arrays[i]) op->api.free(op->output_arrays[i]);
-    op->api.free(op->input_arrays[i]);
-  }
-  delete op;
-}
+void Delete(void* param) { delete static_cast<EngineOp*>(param); }
 
 size_t Elements(const std::vector<int64_t>& shape) {
   size_t n = 1;
@@ -263,7 +265,7 @@ class MxnetEngine {
       throw py::value_error("MxnetEngine: names, inputs, outputs and shapes differ in length");
     }
     std::vector<void*> reads, writes;
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n; ++i) {  // a failed Detach() leaves op to free what it holds
       op->input_arrays.push_back(Detach(inputs[i]));
       op->output_arrays.push_back(inputs[i] == outputs[i] ? op->input_arrays.back()
                                                           : Detach(outputs[i]));

@@ -18,52 +18,20 @@ rank's deterministic inputs, one process running every check in sequence as a us
 Prints one line per failure and "mxnet_api_checks: rank R: N checks passed"; exits 0 only if every
 check passed.
 """
-import os
 import re
 import sys
 import time
-import traceback
 import warnings
 
 import mxnet as mx
 import numpy as np
 
 import ringmaster.mxnet as hvd
+import rank_checks
+from rank_checks import check, raises
 
-_failures = 0
-_checks = 0
 RANK = 0
 SIZE = 1
-
-
-def check(ok, what):
-    global _failures, _checks
-    _checks += 1
-    if not ok:
-        _failures += 1
-        print(f"FAIL rank {RANK}: {what}", flush=True)
-
-
-def section(fn):
-    """Runs a group of checks; an unexpected exception is one failure (the others still run)."""
-    try:
-        fn()
-    except Exception:  # noqa: BLE001 - report and go on
-        check(False, f"{fn.__name__} raised:\n{traceback.format_exc()}")
-
-
-def raises(exc_type, fn, *contains):
-    """The exception fn() raised, if it is an exc_type whose message contains every string."""
-    try:
-        fn()
-    except exc_type as e:
-        message = str(e)
-        missing = [c for c in contains if c not in message]
-        return None if missing else e
-    except Exception as e:  # noqa: BLE001
-        print(f"rank {RANK}: expected {exc_type.__name__}, got {type(e).__name__}: {e}", flush=True)
-        return None
-    return None
 
 
 DTYPES = ["float32", "float64", "float16", "int32", "int64", "uint8", "int8"]
@@ -364,17 +332,13 @@ def main():
     global RANK, SIZE
     hvd.init(process_sets="dynamic")
     RANK, SIZE = hvd.rank(), hvd.size()
+    rank_checks.rank = RANK
     for fn in (topology_checks, allreduce_checks, grouped_checks, asynchronous_checks,
                broadcast_checks, gather_checks, object_and_set_checks, bad_input_checks,
                trainer_checks):
-        if os.environ.get("MXNET_API_CHECKS_VERBOSE"):
-            print(f"section {fn.__name__}", flush=True)
-        section(fn)
+        rank_checks.section(fn, "MXNET_API_CHECKS_VERBOSE")
     hvd.shutdown()
-    if _failures:
-        print(f"mxnet_api_checks: rank {RANK}: {_failures} of {_checks} checks failed", flush=True)
-        sys.exit(1)
-    print(f"mxnet_api_checks: rank {RANK}: {_checks} checks passed", flush=True)
+    sys.exit(rank_checks.finish("mxnet_api_checks"))
 
 
 if __name__ == "__main__":

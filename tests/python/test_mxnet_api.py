@@ -5,19 +5,15 @@ built package (<build>/python, which `ringmaster local` puts on PYTHONPATH).
 Run by ctest (label `python;mxnet`) after the `mxnet_venv` test made the environment. Where MXNet
 could not be installed, every test here is skipped saying why (pytest -rs prints it).
 """
-import glob
 import os
 import re
 import subprocess
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BIN = os.path.abspath(os.environ.get("RINGMASTER_BIN_DIR", os.path.join(ROOT, "build", "bin")))
-PYTHON_DIR = os.path.normpath(os.path.join(BIN, "..", "python"))
+from local_jobs import EXAMPLES, HERE, ROOT, describe, not_built, run_local
+
 CHECKS = os.path.join(HERE, "mxnet_api_checks.py")
-EXAMPLES = os.path.join(ROOT, "examples")
 
 
 def _venv_python():
@@ -35,34 +31,14 @@ def _venv_python():
 
 PYTHON, WHY = _venv_python()
 
-pytestmark = [
-    pytest.mark.skipif(
-        not glob.glob(os.path.join(PYTHON_DIR, "ringmaster", "_ringmaster*.so"))
-        or not os.path.exists(os.path.join(BIN, "ringmaster-worker")),
-        reason=f"the ringmaster Python module or the workers are not built under {BIN}/.."),
-    pytest.mark.skipif(PYTHON is None, reason=WHY or "no MXNet environment"),
-]
-
-
-def run_local(np, *command, extra=(), timeout=300):
-    """Runs `command` as every rank of an np-rank `ringmaster local` job; returns the result."""
-    try:
-        return subprocess.run(
-            [os.path.join(BIN, "ringmaster"), "local", "--np", str(np), *extra, "--", *command],
-            capture_output=True, text=True, timeout=timeout, cwd=HERE)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"`ringmaster local --np {np}` did not finish within {timeout}s; output:\n"
-                    f"{e.stdout}\n{e.stderr}")
-
-
-def describe(r):
-    return f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+pytestmark = [not_built,
+              pytest.mark.skipif(PYTHON is None, reason=WHY or "no MXNet environment")]
 
 
 @pytest.mark.parametrize("np, extra", [(2, ()), (3, ("--processes-per-host", "2"))],
                          ids=["np2", "np3-two-hosts"])
 def test_mxnet_api_checks(np, extra):
-    r = run_local(np, PYTHON, CHECKS, extra=extra)
+    r = run_local(np, PYTHON, CHECKS, extra=extra, timeout=300)
     assert r.returncode == 0, describe(r)
     assert "FAIL" not in r.stdout, describe(r)
     for rank in range(np):
@@ -73,7 +49,8 @@ def test_mxnet_api_checks(np, extra):
 def test_mxnet_gluon_example_converges():
     """The reference workflow's skeleton: init, broadcast_parameters, DistributedTrainer, a Gluon
     CNN on generated data sharded by rank."""
-    r = run_local(2, PYTHON, os.path.join(EXAMPLES, "mxnet_gluon_cnn.py"), "--epochs", "3")
+    r = run_local(2, PYTHON, os.path.join(EXAMPLES, "mxnet_gluon_cnn.py"), "--epochs", "3",
+                  timeout=300)
     assert r.returncode == 0, describe(r)
     accuracy = [float(a) for a in re.findall(r"^\[0\] epoch \d+ .* accuracy ([0-9.]+)$",
                                              r.stdout, re.M)]

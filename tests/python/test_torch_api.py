@@ -6,42 +6,20 @@ Run by ctest (label `python`) as: /usr/bin/python3 -m pytest tests/python/test_t
 RINGMASTER_BIN_DIR pointing at build/bin. Every run has a deadline; when it passes,
 `ringmaster local` is killed and its workers and ranks die with it (PR_SET_PDEATHSIG).
 """
-import glob
 import os
 import re
 import subprocess
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BIN = os.path.abspath(os.environ.get("RINGMASTER_BIN_DIR", os.path.join(ROOT, "build", "bin")))
-PYTHON_DIR = os.path.normpath(os.path.join(BIN, "..", "python"))
+from local_jobs import BIN, EXAMPLES, HERE, PYTHON_DIR, describe, not_built, run_local
+
 PYTHON = "/usr/bin/python3"
 CHECKS = os.path.join(HERE, "torch_api_checks.py")
 COLLECTIVES_CHECKS = os.path.join(HERE, "torch_collectives_checks.py")
 DEVICE_CHECKS = os.path.join(HERE, "torch_device_checks.py")
-EXAMPLES = os.path.join(ROOT, "examples")
 
-pytestmark = pytest.mark.skipif(
-    not glob.glob(os.path.join(PYTHON_DIR, "ringmaster", "_ringmaster*.so"))
-    or not os.path.exists(os.path.join(BIN, "ringmaster-worker")),
-    reason=f"the ringmaster Python module or the workers are not built under {BIN}/..")
-
-
-def run_local(np, *command, extra=(), timeout=150):
-    """Runs `command` as every rank of an np-rank `ringmaster local` job; returns the result."""
-    try:
-        return subprocess.run(
-            [os.path.join(BIN, "ringmaster"), "local", "--np", str(np), *extra, "--", *command],
-            capture_output=True, text=True, timeout=timeout, cwd=HERE)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"`ringmaster local --np {np}` did not finish within {timeout}s; output:\n"
-                    f"{e.stdout}\n{e.stderr}")
-
-
-def describe(r):
-    return f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+pytestmark = not_built
 
 
 @pytest.mark.parametrize("np, extra", [(2, ()), (3, ("--processes-per-host", "2"))],

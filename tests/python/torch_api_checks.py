@@ -23,54 +23,21 @@ import hashlib
 import os
 import sys
 import time
-import traceback
 import warnings
 
 import torch
 import torch.nn.functional as F
 
 import ringmaster.torch as hvd
+import rank_checks
+from rank_checks import check, raises
 
-_failures = 0
-_checks = 0
 RANK = 0
 SIZE = 1
 
 
-def check(ok, what):
-    global _failures, _checks
-    _checks += 1
-    if not ok:
-        _failures += 1
-        print(f"FAIL rank {RANK}: {what}", flush=True)
-
-
 def section(fn):
-    """Runs a group of checks; an unexpected exception is one failure (the others still run)."""
-    if os.environ.get("TORCH_API_CHECKS_VERBOSE"):
-        print(f"section {fn.__name__}", flush=True)
-    try:
-        fn()
-    except Exception:  # noqa: BLE001 - report and go on
-        check(False, f"{fn.__name__} raised:\n{traceback.format_exc()}")
-
-
-def raises(exc_type, fn, *contains):
-    """The exception fn() raised, if it is an exc_type whose message contains every string."""
-    try:
-        fn()
-    except exc_type as e:
-        message = str(e)
-        if all(c in message for c in contains):
-            return e
-        check(False, f"{exc_type.__name__} {message!r} lacks {contains}")
-        return None
-    except Exception as e:  # noqa: BLE001
-        check(False, f"expected {exc_type.__name__} containing {contains}, got "
-                     f"{type(e).__name__}: {e}")
-        return None
-    check(False, f"expected {exc_type.__name__} containing {contains}, nothing was raised")
-    return None
+    rank_checks.section(fn, "TORCH_API_CHECKS_VERBOSE")
 
 
 # ---- Deterministic inputs ----
@@ -632,6 +599,7 @@ def main():
     check(not hvd.is_initialized(), "initialized before init()")
     hvd.init()
     RANK, SIZE = hvd.rank(), hvd.size()
+    rank_checks.rank = RANK
     if SIZE < 2:
         print("torch_api_checks: run it with at least 2 ranks (mismatches need two)", flush=True)
         return 2
@@ -640,11 +608,7 @@ def main():
                errors, distributed_optimizer_parity, distributed_optimizer_misuse, autograd,
                topology_and_capabilities, join_and_barrier, shutdown_then_init):
         section(fn)
-    if _failures:
-        print(f"torch_api_checks: rank {RANK}: {_failures} of {_checks} checks failed", flush=True)
-        return 1
-    print(f"torch_api_checks: rank {RANK}: {_checks} checks passed", flush=True)
-    return 0
+    return rank_checks.finish("torch_api_checks")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import sys
 import torch
 
 import ringmaster.torch as hvd
+import rank_checks
 import torch_api_checks as base
 from torch_api_checks import check, raises, same, section, values
 
@@ -459,6 +460,7 @@ def main():
     hvd.init()
     RANK, SIZE = hvd.rank(), hvd.size()
     base.RANK, base.SIZE = RANK, SIZE
+    rank_checks.rank = RANK
     if SIZE < 2:
         print("torch_collectives_checks: run it with at least 2 ranks", flush=True)
         return 2
@@ -466,12 +468,7 @@ def main():
                join_while_others_run,
                three_hundred_ops):
         section(fn)
-    if base._failures:
-        print(f"torch_collectives_checks: rank {RANK}: {base._failures} of {base._checks} checks "
-              f"failed", flush=True)
-        return 1
-    print(f"torch_collectives_checks: rank {RANK}: {base._checks} checks passed", flush=True)
-    return 0
+    return rank_checks.finish("torch_collectives_checks")
 
 
 if __name__ == "__main__":

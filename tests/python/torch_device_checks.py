@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import ringmaster.torch as hvd
+import rank_checks
 import torch_api_checks as base
 from ringmaster import basics
 from torch_api_checks import check, expected_allreduce, section, values
@@ -272,18 +273,13 @@ def main():
         return 2
     hvd.init()
     base.RANK, base.SIZE = hvd.rank(), hvd.size()
+    rank_checks.rank = base.RANK
     if DEVICE == "cuda":
         torch.cuda.set_device(hvd.local_rank())
     for fn in (allreduce_every_op_and_type, fused_batch, large_tensor, stream_order,
                views_and_groups, broadcast_and_allgather, model_state_and_training):
         section(fn)
-    if base._failures:
-        print(f"torch_device_checks: rank {base.RANK} on {DEVICE}: {base._failures} of "
-              f"{base._checks} checks failed", flush=True)
-        return 1
-    print(f"torch_device_checks: rank {base.RANK} on {DEVICE}: {base._checks} checks passed",
-          flush=True)
-    return 0
+    return rank_checks.finish("torch_device_checks", f" on {DEVICE}")
 
 
 if __name__ == "__main__":
