@@ -321,7 +321,10 @@ void Engine::SendToCoordinator(RequestBatch batch) {
 }
 
 bool Engine::TryLocalRound(const TensorRequest& request) {
-  const uint32_t id = cache_.Find(request);
+  // An automatic name is new every call: its family's cache entry stands for it (the ranks' lone
+  // collectives at one point are matched by position, the round checks that they agree on it).
+  uint32_t id = cache_.Find(request);
+  if (id == 0) id = cache_.FindFamily(request);
   if (id == 0 || id > LocalRounds::kMaxId || request.type != RequestType::kAllreduce ||
       request.process_set_id != 0 || request.group_id != 0 || request.device != -1) {
     return false;

@@ -4,10 +4,12 @@
 //
 // When a rank has exactly one collective to negotiate, nothing else awaits a response, and the
 // collective is in its response cache, it joins a *round* instead of sending the request: it
-// posts the cache id in one shared 64-bit word. Once every rank of the job posted the same id at
-// the same point, the round is complete and every rank executes the response the coordinator would
-// have sent (its cache entry says what it is), in the same place in its sequence. Anything else
-// diverts the round, and each rank then sends its request to the coordinator as before:
+// posts the cache id in one shared 64-bit word. (A collective under one of Horovod's automatic
+// names, new every call, posts the id of its family's last cached name with the same metadata.)
+// Once every rank of the job posted the same id at the same point, the round is complete and every
+// rank executes the response the coordinator would have sent (its cache entry says what it is), in
+// the same place in its sequence. Anything else diverts the round, and each rank then sends its
+// request to the coordinator as before:
 //   - a rank sent requests to the coordinator at this point (it was not quiet: its requests
 //     outstanding there need the others' too), or posted another id;
 //   - a rank had more work meanwhile (another collective, a response list), or waited too long;

@@ -16,7 +16,8 @@ Scenarios:
   process-sets  add_process_set / remove_process_set test after test in one process, across
                 shutdown() and init(): Horovod's ids, every collective exact.
   unnamed N     N unnamed allreduces; rank 0 prints its worker's and the coordinator's resident
-                memory after a quarter of them and at the end.
+                memory after a quarter of them and at the end, and, given
+                SHUTDOWN_CHECKS_METRICS_BASE, how many each worker negotiated locally.
   kill-worker   rank 1 kills the worker daemon serving it while rank 0 waits in a barrier.
   pause N       N exact allreduces 0.5 s apart, while the test stops the coordinator.
 """
@@ -279,7 +280,22 @@ def unnamed(count):
         after = (rss_mib(daemon), rss_mib(coordinator_pid))
         say(rank, "unnamed", f"worker {before[0]:.1f} -> {after[0]:.1f} MiB, coordinator "
             f"{before[1]:.1f} -> {after[1]:.1f} MiB")
+        base = os.environ.get("SHUTDOWN_CHECKS_METRICS_BASE")
+        if base:
+            # Worker i serves its metrics on base + 1 + i (ringmaster local --metrics-port-base).
+            counts = [local_negotiations(int(base) + 1 + i) for i in range(hvd.size())]
+            say(rank, "unnamed", "negotiated locally: " + " ".join(str(c) for c in counts))
     return 0
+
+
+def local_negotiations(port):
+    """A worker's ringmaster_local_negotiations_total{outcome="completed"}, summed over its
+    series."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("ringmaster_local_negotiations_total{")
+               and 'outcome="completed"' in line)
 
 
 def kill_own_worker():

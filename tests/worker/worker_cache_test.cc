@@ -51,5 +51,43 @@ TEST(WorkerCacheTest, EvictedRequestsKeptAreBoundedOldestFirstOut) {
   EXPECT_TRUE(cache.TakeForResend(n).has_value());
 }
 
+TEST(WorkerCacheTest, AnAutomaticNameFindsItsFamilysLastEntryWithTheSameMetadata) {
+  EXPECT_EQ(AutomaticFamily("allreduce.noname.17"), "allreduce.noname.");
+  EXPECT_EQ(AutomaticFamily("grad.noname.3"), "grad.noname.");
+  EXPECT_EQ(AutomaticFamily("allreduce.noname."), "");
+  EXPECT_EQ(AutomaticFamily("allreduce.noname.1x"), "");
+  EXPECT_EQ(AutomaticFamily(".noname.1"), "");
+  EXPECT_EQ(AutomaticFamily("weights"), "");
+
+  WorkerCache cache;
+  EXPECT_EQ(cache.FindFamily(Allreduce("allreduce.noname.5")), 0u);  // nothing cached yet
+  cache.Assign("allreduce.noname.1", 7, Allreduce("allreduce.noname.1"));
+  cache.Assign("allreduce.noname.2", 8, Allreduce("allreduce.noname.2"));
+  EXPECT_EQ(cache.Find(Allreduce("allreduce.noname.5")), 0u);        // by name: never
+  EXPECT_EQ(cache.FindFamily(Allreduce("allreduce.noname.5")), 8u);  // the last assigned
+  EXPECT_EQ(cache.FindFamily(Allreduce("allgather.noname.5")), 0u);  // another family
+  EXPECT_EQ(cache.FindFamily(Allreduce("named")), 0u);
+  TensorRequest other_shape = Allreduce("allreduce.noname.5");
+  other_shape.shape = {5};
+  EXPECT_EQ(cache.FindFamily(other_shape), 0u);
+  TensorRequest sum = Allreduce("allreduce.noname.5");
+  sum.reduce_op = ReduceOp::kSum;
+  EXPECT_EQ(cache.FindFamily(sum), 0u);
+
+  // The family follows its entry out: evicted, taken for a resend, or its id given to another.
+  cache.Evict(8, /*in_flight=*/false);
+  EXPECT_EQ(cache.FindFamily(Allreduce("allreduce.noname.5")), 0u);
+  cache.Assign("allreduce.noname.3", 9, Allreduce("allreduce.noname.3"));
+  ASSERT_TRUE(cache.TakeForResend(9).has_value());
+  EXPECT_EQ(cache.FindFamily(Allreduce("allreduce.noname.5")), 0u);
+  cache.Assign("allreduce.noname.4", 10, Allreduce("allreduce.noname.4"));
+  cache.Assign("weights", 10, Allreduce("weights"));
+  EXPECT_EQ(cache.FindFamily(Allreduce("allreduce.noname.5")), 0u);
+  ASSERT_NE(cache.NameOf(10), nullptr);
+  EXPECT_EQ(*cache.NameOf(10), "weights");
+  EXPECT_EQ(cache.Find(Allreduce("allreduce.noname.4")), 0u);
+  EXPECT_EQ(cache.Find(Allreduce("weights")), 10u);
+}
+
 }  // namespace
 }  // namespace ringmaster
