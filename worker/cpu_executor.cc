@@ -508,11 +508,8 @@ absl::StatusOr<Executed> CpuExecutor::Allgather(const Collective& c, Backend& ba
     if (mine) {
       absl::StatusOr<size_t> allocated = options_.outputs->Allocate(part.total);
       if (!allocated.ok() && no_room.ok()) {
-        no_room = absl::ResourceExhaustedError(absl::StrCat(
-            "the allgather's output of ", part.total, " bytes does not fit the shared arena (",
-            allocated.status().message(),
-            "): start the workers with a larger --arena-mb (ringmaster local --arena-mb), or "
-            "gather less at once"));
+        no_room = FailedAlone(absl::ResourceExhaustedError(
+            AllgatherOutputTooLarge(part.total, allocated.status().message())));
       }
       if (allocated.ok()) {
         offset = static_cast<int64_t>(*allocated);

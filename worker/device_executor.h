@@ -48,7 +48,8 @@ class DeviceExecutor {
   virtual absl::StatusOr<int32_t> Allreduce(const std::vector<Tensor>& tensors, DataType dtype,
                                             ReduceOp op, double prescale, double postscale) = 0;
   virtual absl::StatusOr<int32_t> Broadcast(const Tensor& tensor, int64_t bytes, int root) = 0;
-  // `in` has this rank's part; the concatenation goes to `out_offset` in the arena.
+  // `in` has this rank's part; the concatenation goes to `out_offset` in the arena, or, with -1 (it
+  // did not fit there), to device scratch, taking part for the peers' sake and discarded.
   virtual absl::StatusOr<int32_t> Allgather(const Tensor& in, int64_t out_offset,
                                             const std::vector<int64_t>& bytes) = 0;
   virtual absl::Status Barrier() = 0;

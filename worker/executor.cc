@@ -1,8 +1,29 @@
 #include "worker/executor.h"
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace ringmaster {
+
+namespace {
+constexpr absl::string_view kFailedAlone = "type.ringmaster/failed-alone";
+}  // namespace
+
+absl::Status FailedAlone(absl::Status status) {
+  status.SetPayload(kFailedAlone, absl::Cord("1"));
+  return status;
+}
+
+bool IsFailedAlone(const absl::Status& status) {
+  return status.GetPayload(kFailedAlone).has_value();
+}
+
+std::string AllgatherOutputTooLarge(int64_t bytes, absl::string_view why) {
+  return absl::StrCat("the allgather's output of ", bytes, " bytes does not fit the shared arena (",
+                      why,
+                      "): start the workers with a larger --arena-mb (ringmaster local "
+                      "--arena-mb), or gather less at once");
+}
 
 absl::StatusOr<std::vector<AllgatherPart>> PlanAllgather(const Collective& c, int size) {
   const int64_t elem = DataTypeSize(c.dtype);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/tensor.h"
@@ -104,6 +105,15 @@ class Executor {
   // shared memory, a GPU).
   virtual LocalRounds* local_rounds() { return nullptr; }
 };
+
+// A failure of one collective's own (its output did not fit this rank's arena) after the rank took
+// part in it all the same, so its peers and the communicator stay in step and the next collective
+// works: Executor::Fatal may say false for it on any executor.
+absl::Status FailedAlone(absl::Status status);
+bool IsFailedAlone(const absl::Status& status);
+
+// The message of an allgather output of `bytes` that did not fit the shared arena (`why`).
+std::string AllgatherOutputTooLarge(int64_t bytes, absl::string_view why);
 
 // The bytes an allgather tensor moves: this rank's shape, every rank's bytes, and the result's rows
 // and bytes.

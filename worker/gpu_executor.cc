@@ -52,22 +52,27 @@ absl::StatusOr<Executed> GpuExecutor::Execute(const Collective& c, ExecutionTrac
       absl::StatusOr<std::vector<AllgatherPart>> parts = PlanAllgather(c, size);
       if (!parts.ok()) return parts.status();
       executed.outputs.resize(c.tensors.size());
+      // An output that does not fit the arena fails this allgather alone: the rank still makes
+      // its NCCL call (gathering into device scratch), so its peers stay in step.
+      absl::Status no_room;
       for (size_t t = 0; t < c.tensors.size() && done.ok(); ++t) {
         const AllgatherPart& part = (*parts)[t];
         absl::StatusOr<size_t> out = outputs_.Allocate(part.total);
-        if (!out.ok()) {
-          done = out.status();
-          break;
+        if (!out.ok() && no_room.ok()) {
+          no_room = FailedAlone(absl::ResourceExhaustedError(
+              AllgatherOutputTooLarge(part.total, out.status().message())));
         }
-        done = device_.Allgather(tensor(t, part.bytes[place(rank_)] / elem),
-                                 static_cast<int64_t>(*out), part.bytes);
+        const int64_t offset = out.ok() ? static_cast<int64_t>(*out) : -1;
+        done = device_.Allgather(tensor(t, part.bytes[place(rank_)] / elem), offset, part.bytes);
+        if (offset < 0) continue;
         if (!done.ok() || c.tensors[t].offset < 0) {
           outputs_.Free(*out).IgnoreError();
           continue;
         }
-        executed.outputs[t] = GatheredOutput(part, static_cast<int64_t>(*out));
+        executed.outputs[t] = GatheredOutput(part, offset);
       }
       trace.End("NCCL_ALLGATHER");
+      if (done.ok() && !no_room.ok()) done = no_room;
       break;
     }
     case Collective::Type::kBarrier: {

@@ -22,11 +22,12 @@ class GpuExecutor final : public Executor {
   absl::Status Setup() override { return device_.Setup(); }
   absl::StatusOr<Executed> Execute(const Collective& c, ExecutionTrace& trace) override;
   // Any failure but a worker that cannot make process sets at all (no NCCL call was made, and every
-  // member refuses alike). Anything else may leave this rank out of step with its peers' NCCL
-  // calls (an output that did not fit the arena mid-allgather, a set past the bound on this rank
-  // alone, a set's communicator that could not be made): the rank fails.
+  // member refuses alike) and an allgather whose output did not fit the arena (the rank took part
+  // all the same: FailedAlone). Anything else may leave this rank out of step with its peers'
+  // NCCL calls (a set past the bound on this rank alone, a set's communicator that could not be
+  // made, a device failure): the rank fails.
   bool Fatal(const absl::Status& status) const override {
-    return status.code() != absl::StatusCode::kUnimplemented;
+    return status.code() != absl::StatusCode::kUnimplemented && !IsFailedAlone(status);
   }
   void Abort(const std::string& why) override { device_.Abort(why); }
   void ReleaseProcessSet(int32_t id) override { device_.ReleaseProcessSet(id); }

@@ -300,12 +300,13 @@ TEST_F(EngineDeviceTest, AFailedAllgatherReturnsEarlierOutputsToTheArena) {
   EXPECT_EQ(outputs_.free_bytes(), free_before);
 }
 
-// An allgather output that does not fit this rank's arena is refused between NCCL calls its
-// peers make: the rank would be out of step with them, so it fails (as a device failure does).
-TEST_F(EngineDeviceTest, AnAllgatherOutputThatDoesNotFitTheArenaFailsTheRank) {
+// An allgather output that does not fit this rank's arena fails that allgather alone: the rank
+// still makes the NCCL call its peers make (into scratch), so the next collective works.
+TEST_F(EngineDeviceTest, AnAllgatherOutputThatDoesNotFitTheArenaFailsOnlyItself) {
   Start(0, 2);
+  const size_t free_before = outputs_.free_bytes();
   Enqueue(1, "g", v1::REQUEST_TYPE_ALLGATHER, {4}, 0, 0);
-  Enqueue(2, "later", v1::REQUEST_TYPE_ALLREDUCE, {10}, 1024, 0);
+  Enqueue(2, "later", v1::REQUEST_TYPE_ALLREDUCE, {10}, 1024, 3);
   v1::ResponseList list;
   v1::Response* ag = list.add_responses();
   ag->set_type(v1::Response::TYPE_ALLGATHER);
@@ -314,11 +315,23 @@ TEST_F(EngineDeviceTest, AnAllgatherOutputThatDoesNotFitTheArenaFailsTheRank) {
   ag->add_tensor_sizes(4);
   ag->add_tensor_sizes(1 << 20);  // the peer's 4 MiB: more than this arena's outputs
   ag->add_row_elements(1);
+  *list.add_responses() = Allreduce({"later"}, {10});
   Deliver(list);
-  EXPECT_EQ(WaitFor(1).code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
-  EXPECT_EQ(WaitFor(2).code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
-  absl::MutexLock lock(&device_.mu);
-  EXPECT_FALSE(device_.aborts.empty());
+  const v1::LocalCompletion failed = WaitFor(1);
+  EXPECT_EQ(failed.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(failed.message(),
+            "the allgather's output of 4194320 bytes does not fit the shared arena (shared arena "
+            "full: 4194320 bytes requested, 524288 free): start the workers with a larger "
+            "--arena-mb (ringmaster local --arena-mb), or gather less at once");
+  EXPECT_EQ(WaitFor(2).code(), 0);
+  {
+    absl::MutexLock lock(&device_.mu);
+    EXPECT_THAT(device_.calls, ElementsAre("allgather [0] out=-1 bytes=16/4194304",
+                                           "allreduce op=2 pre=2 post=0.5 [1024,10,e3]"));
+    EXPECT_TRUE(device_.aborts.empty());
+  }
+  engine_->Stop();
+  EXPECT_EQ(outputs_.free_bytes(), free_before);
 }
 
 TEST_F(EngineDeviceTest, ACommunicatorThatCannotBeSetUpFailsEveryOperation) {

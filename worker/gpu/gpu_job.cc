@@ -385,9 +385,17 @@ absl::StatusOr<int32_t> GpuJob::Broadcast(const Tensor& tensor, int64_t bytes, i
 
 absl::StatusOr<int32_t> GpuJob::Allgather(const Tensor& in, int64_t out_offset,
                                           const std::vector<int64_t>& bytes) {
+  uint8_t* out = out_offset >= 0 ? arena_ + out_offset : nullptr;
+  if (out == nullptr) {  // before any wait is queued: see Allreduce
+    int64_t total = 0;
+    for (int64_t b : bytes) total += b;
+    absl::StatusOr<uint8_t*> scratch = Scratch(total);
+    if (!scratch.ok()) return scratch.status();
+    out = *scratch;
+  }
   if (absl::Status s = WaitReady({in}); !s.ok()) return s;
-  const uint8_t* src = in.offset >= 0 ? arena_ + in.offset : arena_ + out_offset;
-  if (absl::Status s = current_->Allgatherv(src, arena_ + out_offset, bytes); !s.ok()) return s;
+  const uint8_t* src = in.offset >= 0 ? arena_ + in.offset : out;
+  if (absl::Status s = current_->Allgatherv(src, out, bytes); !s.ok()) return s;
   return RecordDone();
 }
 
