@@ -675,16 +675,28 @@ std::function<void()> JobService::TrackToken(const grpc::CallbackServerContext& 
 
 void JobService::EndStreamsWhere(absl::FunctionRef<bool(const TokenStream&)> ends,
                                  const grpc::Status& why) {
+  // Judged with the lock released: a judgement may read the token file or verify a certificate
+  // chain, and opening and closing streams must not wait for that.
+  std::vector<std::pair<int64_t, TokenStream>> open;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    open.reserve(token_streams_.size());
+    for (const auto& [id, stream] : token_streams_) {
+      open.emplace_back(id, TokenStream{stream.token, stream.certificate, nullptr});
+    }
+  }
+  std::vector<int64_t> judged;
+  for (const auto& [id, stream] : open) {
+    if (ends(stream)) judged.push_back(id);
+  }
   std::vector<std::function<void(const grpc::Status&)>> ending;
   {
     absl::MutexLock lock(&streams_mu_);
-    for (auto it = token_streams_.begin(); it != token_streams_.end();) {
-      if (!ends(it->second)) {
-        ++it;
-        continue;
-      }
+    for (int64_t id : judged) {
+      auto it = token_streams_.find(id);  // gone meanwhile: it ended by itself
+      if (it == token_streams_.end()) continue;
       ending.push_back(std::move(it->second.end));
-      token_streams_.erase(it++);
+      token_streams_.erase(it);
     }
   }
   // Outside the lock: ending a stream may call back into OnDone (and so into streams_mu_).
