@@ -101,10 +101,10 @@ class CpuExecutor final : public Executor {
   bool shares_memory() const { return host_group_ != nullptr; }
   LocalRounds* local_rounds() override { return local_rounds_.get(); }
 
- private:
   // Most process-set communicators one rank keeps.
   static constexpr size_t kMaxProcessSets = 256;
 
+ private:
   absl::Status Allreduce(const Collective& c, ExecutionTrace& trace);
   // Through the communicators: split across them when large and global.
   absl::Status NetworkAllreduce(const Collective& c, uint8_t* buffer, int64_t total,

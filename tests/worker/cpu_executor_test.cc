@@ -440,6 +440,64 @@ TEST_F(CpuExecutorTest, AMalformedAllgatherIsRefusedAndNotFatal) {
   EXPECT_TRUE(Lines().empty());
 }
 
+// Each refusal of a process set's collective is made alike by every member before any call of its
+// communicator: it fails that collective alone, and the next one works.
+TEST_F(CpuExecutorTest, AProcessSetsRefusalsFailOnlyTheirCollectiveAndTheNextWorks) {
+  CpuExecutorOptions o;
+  o.rank = 0;
+  o.size = 4;
+  o.arena = arena_.data();
+  o.outputs = &outputs_;
+  o.make_backend = [this](int index) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    return std::make_unique<FakeBackend>(index, 0, 4, &calls_);
+  };
+  int made = 0;
+  o.make_set_backend = [&](const std::string&, int rank,
+                           int size) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    ++made;
+    return std::make_unique<FakeBackend>(100 + made, rank, size, &calls_);
+  };
+  CpuExecutor executor(std::move(o));
+  ASSERT_TRUE(executor.Setup().ok());
+  auto in_set = [](int32_t id, std::vector<int32_t> ranks) {
+    Collective c = Allreduce({0}, {4});
+    c.process_set_id = id;
+    c.process_set_ranks = std::move(ranks);
+    return c;
+  };
+  auto next_works = [&] {
+    Floats(0)[0] = 1;
+    EXPECT_TRUE(executor.Execute(Allreduce({0}, {4}), trace_).ok());
+    EXPECT_EQ(Floats(0)[0], 4);  // summed over the 4 ranks
+  };
+
+  absl::Status s = executor.Execute(in_set(1, {1, 2}), trace_).status();
+  EXPECT_EQ(s, absl::InvalidArgumentError("rank 0 is not in process set 1"));
+  EXPECT_FALSE(executor.Fatal(s));
+  next_works();
+
+  for (int32_t id = 1; id <= static_cast<int32_t>(CpuExecutor::kMaxProcessSets); ++id) {
+    Collective barrier = in_set(id, {0, 3});  // quicker than the fake's allreduce
+    barrier.type = Collective::Type::kBarrier;
+    ASSERT_TRUE(executor.Execute(barrier, trace_).ok()) << id;
+  }
+  s = executor.Execute(in_set(9999, {0, 3}), trace_).status();
+  EXPECT_EQ(s, absl::ResourceExhaustedError(
+                   "a rank keeps the communicators of at most 256 process sets: remove the ones "
+                   "no longer used (hvd.remove_process_set)"));
+  EXPECT_FALSE(executor.Fatal(s));
+  next_works();
+
+  executor.ReleaseProcessSet(7);
+  s = executor.Execute(in_set(7, {0, 3}), trace_).status();
+  EXPECT_EQ(s, absl::InvalidArgumentError("process set 7 was removed"));
+  EXPECT_FALSE(executor.Fatal(s));
+  next_works();
+  // The released set's room is free again for a new one.
+  EXPECT_TRUE(executor.Execute(in_set(9999, {0, 3}), trace_).ok());
+  EXPECT_EQ(made, 257);
+}
+
 TEST_F(CpuExecutorTest, ACommunicatorThatCannotBeCreatedFailsSetup) {
   setup_ = absl::DeadlineExceededError("gloo rendezvous timed out");
   CpuExecutorOptions o;
