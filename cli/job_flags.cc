@@ -55,6 +55,9 @@ const char kJobOptionsHelp[] = R"(job options:
   --reset-limit N                 elastic: fail after N new epochs (default 0: no limit)
   --elastic-timeout S             elastic: fail after S seconds below --min-np (default 600)
   --processes-per-host K          at most K ranks per host (default: no limit)
+  --max-run S                     time limit: a job still running S seconds after its ranks were
+                                  assigned is stopped and FAILED (SageMaker's max_run; default 0:
+                                  none; at most 30 days)
   --name NAME                     job name (default: the command's base name)
   --env KEY=VALUE                 environment for the training processes (repeatable; wins over
                                   what is inherited)
@@ -186,6 +189,8 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
       spec.set_reset_limit(Number<int32_t>(flag, args.Value(flag)));
     } else if (flag == "--elastic-timeout") {
       spec.set_elastic_timeout_seconds(Number<int32_t>(flag, args.Value(flag)));
+    } else if (flag == "--max-run") {
+      spec.set_max_run_seconds(Number<int32_t>(flag, args.Value(flag)));
     } else if (flag == "--processes-per-host") {
       spec.set_processes_per_host(Number<int32_t>(flag, args.Value(flag)));
     } else if (flag == "--name") {

@@ -289,6 +289,7 @@ void PrintJob(const v1::Job& job) {
                 s.reset_limit() > 0 ? absl::StrCat(" of at most ", s.reset_limit()).c_str() : "",
                 s.elastic_timeout_seconds() > 0 ? s.elastic_timeout_seconds() : 600);
   }
+  if (s.max_run_seconds() > 0) std::printf("Time limit: %d s (max run)\n", s.max_run_seconds());
   std::printf("Epoch:     %lld\n", static_cast<long long>(job.epoch()));
   std::printf("Created:   %s\n", TimeString(job.create_time_unix_ms()).c_str());
   std::printf("Command:   %s\n", s.command().empty() ? "(processes attach to their workers)"

@@ -203,6 +203,7 @@ std::optional<Job> Coordinator::PlaceOne() {
     {
       absl::MutexLock lock(&mu_);
       starting_since_[started->id] = clock_->Now();
+      SetRunDeadline(*started, clock_->Now());
     }
     return *started;
   }
@@ -289,6 +290,7 @@ absl::Status Coordinator::ClaimRank(const std::string& worker_id, const std::str
     {
       absl::MutexLock lock(&mu_);
       starting_since_[placed->id] = clock_->Now();
+      SetRunDeadline(*placed, clock_->Now());
     }
     started = *std::move(placed);
   }
@@ -364,6 +366,7 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
     pending_failures_.erase(job_id);
     starting_since_.erase(job_id);
     resume_deadlines_.erase(job_id);
+    run_deadlines_.erase(job_id);
     below_min_since_.erase(job_id);
     grow_notices_.erase(job_id);
     for (const RankInfo& r : job->ranks) {

@@ -405,6 +405,11 @@ class Coordinator {
   void Housekeeping(absl::Time now);
   // Fails the jobs STARTING for longer than the start timeout, naming the ranks that never started.
   void FailJobsThatDidNotStart(absl::Time now);
+  // Stops, FAILED, each job still running past its spec's max_run_seconds.
+  void FailJobsPastTheirTimeLimit(absl::Time now);
+  // Notes when `job`, whose ranks were first assigned at `started`, reaches its time limit (if it
+  // has one, and unless noted already).
+  void SetRunDeadline(const Job& job, absl::Time started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At construction: the jobs the store says were starting or running get their workers back (as
   // not yet connected) and a runtime that restores (JobRuntime::BeginRestore).
   void RestoreJobs();
@@ -479,6 +484,8 @@ class Coordinator {
       ABSL_GUARDED_BY(mu_);
   // When each STARTING job was placed (until it runs or ends).
   absl::flat_hash_map<std::string, absl::Time> starting_since_ ABSL_GUARDED_BY(mu_);
+  // Jobs with a time limit (JobSpec::max_run_seconds): when it is reached.
+  absl::flat_hash_map<std::string, absl::Time> run_deadlines_ ABSL_GUARDED_BY(mu_);
   // When each restoring job stops waiting for its ranks (until its restore ends).
   absl::flat_hash_map<std::string, absl::Time> resume_deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, WorkerChannel*> channels_ ABSL_GUARDED_BY(mu_);

@@ -186,6 +186,7 @@ void Coordinator::Housekeeping(absl::Time now) {
     }
   }
   FailJobsThatDidNotStart(now);
+  FailJobsPastTheirTimeLimit(now);
   TendElasticJobs(now);
   rendezvous_.ExpireWaiters(now);
   logs_.EndDue();
@@ -216,6 +217,34 @@ void Coordinator::FailJobsThatDidNotStart(absl::Time now) {
         absl::StrCat(missing.size() == 1 ? "1 rank" : absl::StrCat(missing.size(), " ranks"),
                      " did not start within ", absl::FormatDuration(start_timeout_), ": ",
                      absl::StrJoin(missing, ", ")));
+  }
+}
+
+void Coordinator::SetRunDeadline(const Job& job, absl::Time started) {
+  if (job.spec.max_run_seconds <= 0) return;
+  run_deadlines_.emplace(job.id, started + absl::Seconds(job.spec.max_run_seconds));
+}
+
+void Coordinator::FailJobsPastTheirTimeLimit(absl::Time now) {
+  std::vector<std::string> due;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = run_deadlines_.begin(); it != run_deadlines_.end();) {
+      if (now < it->second) {
+        ++it;
+        continue;
+      }
+      due.push_back(it->first);
+      run_deadlines_.erase(it++);  // stopped once
+    }
+  }
+  for (const std::string& job_id : due) {
+    absl::StatusOr<Job> job = jobs_.Get(job_id);
+    if (!job.ok() || IsTerminal(job->state)) continue;
+    const int32_t limit = job->spec.max_run_seconds;
+    FinishLater(job_id, JobState::kFailed,
+                absl::StrCat("the job ran past its time limit of ", limit, " s (max_run_seconds, ",
+                             "SageMaker's max_run) and was stopped"));
   }
 }
 

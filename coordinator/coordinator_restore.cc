@@ -76,6 +76,15 @@ void Coordinator::RestoreJobs() {
       runtimes_[job.id] = runtime;
       resume_deadlines_[job.id] = now + resume_timeout_;
       if (job.state == JobState::kStarting) starting_since_[job.id] = now;
+      // Counted from when its ranks were first assigned, the coordinator's restart included.
+      absl::Time started = now;
+      for (const JobEvent& e : job.events) {
+        if (e.state == JobState::kStarting) {
+          started = e.time;
+          break;
+        }
+      }
+      SetRunDeadline(job, started);
     }
     const std::string waiting = absl::StrCat(
         "the coordinator restarted; waiting up to ", absl::FormatDuration(resume_timeout_),

@@ -95,6 +95,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
         "spec.reset_limit and spec.elastic_timeout_seconds need an elastic job (spec.min_np or "
         "spec.max_np)");
   }
+  if (spec.max_run_seconds < 0 || spec.max_run_seconds > kMaxRunSeconds) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.max_run_seconds = ", spec.max_run_seconds,
+                                                   " is out of bounds [0, ", kMaxRunSeconds, "]"));
+  }
   const int32_t most = spec.elastic() ? spec.max_np : spec.np;
   if (spec.processes_per_host < 0 || spec.processes_per_host > most) {
     return absl::InvalidArgumentError(

@@ -49,6 +49,8 @@ struct JobSpec {
   int32_t elastic_timeout_seconds = 0;  // 0: kDefaultElasticTimeoutSeconds
   // The client's idempotency key (JobSpec.request_id in job.proto); empty: none.
   std::string request_id;
+  // The time limit (JobSpec.max_run_seconds in job.proto): 0, none.
+  int32_t max_run_seconds = 0;
 
   bool elastic() const { return min_np > 0 || max_np > 0; }
 };
@@ -126,6 +128,8 @@ struct Job {
 };
 
 inline constexpr int32_t kMaxNp = 4096;
+// The longest time limit a job may have: 30 days.
+inline constexpr int32_t kMaxRunSeconds = 30 * 86400;
 // The most bytes of strings one job spec may hold (command, env, labels, name, working_dir).
 inline constexpr size_t kMaxSpecBytes = size_t{256} << 10;
 

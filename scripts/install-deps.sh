@@ -24,6 +24,7 @@ if [[ ${1:-} != --build ]]; then
     ccache git clang-format clang openssl libgtest-dev libgmock-dev
     prometheus sqlite3 etcd-server etcd-client
     python3-grpcio python3-protobuf python3-pytest python3-pip python3-venv python3-yaml
+    python3-boto3
     python3-torch python3-torchvision
     iproute2 procps
     podman runc catatonit netavark aardvark-dns iptables debootstrap uidmap

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Makes (once) the virtual environment that ringmaster.mxnet runs in, and prints its python.
 #
-#   scripts/mxnet-venv.sh              MXNet 1.9.1 (CPU wheel) with numpy 1.23.5
+#   scripts/mxnet-venv.sh              MXNet 1.9.1 (CPU wheel) with numpy 1.23.5; boto3, grpcio and
+#                                      protobuf (a notebook here runs ringmaster.sagemaker's jobs and
+#                                      s3:// channels and output)
 #   scripts/mxnet-venv.sh --gluoncv    the same, plus gluoncv 0.10.5 and what it needs
 #   RINGMASTER_MXNET_VENV=DIR          where to make it (default: build/mxnet-venv)
 #
@@ -13,7 +15,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${RINGMASTER_MXNET_VENV:-$root/build/mxnet-venv}
-requirements=(mxnet==1.9.1 numpy==1.23.5)
+requirements=(mxnet==1.9.1 numpy==1.23.5 "boto3<1.36" "grpcio<1.67" "protobuf>=3.20,<5")
 if [[ ${1:-} == --gluoncv ]]; then
   requirements+=(gluoncv==0.10.5 "scipy<1.12" "pandas<2.1" "opencv-python-headless<4.9"
                  "matplotlib<3.9" "Pillow<11")

@@ -26,6 +26,7 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
   out->reset_limit = in.reset_limit();
   out->elastic_timeout_seconds = in.elastic_timeout_seconds();
   out->request_id = in.request_id();
+  out->max_run_seconds = in.max_run_seconds();
   out->source.sha256 = in.source().sha256();
   out->source.size_bytes = in.source().size_bytes();
   out->source.unpacked_bytes = in.source().unpacked_bytes();
@@ -79,6 +80,7 @@ void ToProto(const JobSpec& in, v1::JobSpec* out) {
   out->set_max_np(in.max_np);
   out->set_reset_limit(in.reset_limit);
   out->set_elastic_timeout_seconds(in.elastic_timeout_seconds);
+  out->set_max_run_seconds(in.max_run_seconds);
   out->set_request_id(in.request_id);
   if (!in.source.sha256.empty()) {
     v1::SourceArchive* source = out->mutable_source();

@@ -17,6 +17,7 @@ succeed. docs/python-jobs.md translates a SageMaker script line by line.
 """
 import json
 import os
+import re
 import shlex
 import sys
 import threading
@@ -95,6 +96,9 @@ HOROVOD_KNOBS = {
 _PRINT_ONLY_MPI_OPTIONS = {"-verbose", "--verbose", "-v", "--tag-output", "-tag-output",
                            "--display-map", "-display-map", "--report-bindings"}
 
+# What "--NAME=VALUE" in custom_mpi_options may name: an environment variable.
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
 # The native form's keys besides the knobs (ringmaster.v1.Knobs field names).
 _NATIVE_KEYS = {"enabled", "processes_per_host"}
 
@@ -111,10 +115,14 @@ def _mpi_options(text, environ):
             warnings.warn(f"custom_mpi_options: '{word}' only changes what mpirun prints; "
                           f"Ringmaster has no mpirun and ignores it")
             continue
+        name, eq, value = word[2:].partition("=")
+        if word.startswith("--") and eq and _ENV_NAME.fullmatch(name):
+            env[name] = value  # SageMaker's container reads "--NCCL_DEBUG=INFO" as that variable
+            continue
         if word != "-x":
             raise ValueError(
                 f"custom_mpi_options: '{word}' is an mpirun option Ringmaster has no equivalent "
-                f"of; only -x NAME=VALUE (and -x NAME) are taken")
+                f"of; only -x NAME=VALUE, -x NAME and --NAME=VALUE (a variable) are taken")
         if i >= len(words):
             raise ValueError("custom_mpi_options: -x needs NAME=VALUE")
         name, eq, value = words[i].partition("=")
@@ -313,12 +321,14 @@ class Estimator:
     coordinator, tls, token: as ringmaster.jobs.Client (default RINGMASTER_COORDINATOR, ...).
     inherit_env: pass the caller's PATH, PYTHONPATH, HOME, LANG, LC_ALL, HOROVOD_*, RINGMASTER_*
       and NCCL_* on, as `ringmaster submit` does (default True).
+    max_run: the job's time limit in seconds (SageMaker's max_run): a job still running that long
+      after its ranks were assigned is stopped and FAILED, saying so. None: no limit.
     """
 
     def __init__(self, entry_point, source_dir=None, instance_count=1, processes_per_host=None,
                  hyperparameters=None, distribution=None, environment=None, output_path=None,
                  base_job_name=None, interpreter=None, coordinator=None, tls=None, token=None,
-                 labels=None, inherit_env=True, client=None):
+                 labels=None, inherit_env=True, client=None, max_run=None):
         if not entry_point:
             raise ValueError("entry_point names the script to run")
         if source_dir is not None and not os.path.isdir(source_dir):
@@ -350,6 +360,11 @@ class Estimator:
         if not isinstance(pph, int) or pph < 1:
             raise ValueError(f"processes_per_host = {pph!r} must be a positive integer")
         self.processes_per_host = pph
+        if max_run is not None and (not isinstance(max_run, int) or isinstance(max_run, bool)
+                                    or not 0 <= max_run <= 30 * 86400):
+            raise ValueError(f"max_run = {max_run!r} must be whole seconds in [0, 2592000] "
+                             f"(30 days)")
+        self.max_run = max_run
         self.latest_training_job = None
 
     @property
@@ -393,7 +408,8 @@ class Estimator:
         name = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)[:128]
         spec = job_pb2.JobSpec(name=name, np=self.instance_count * self.processes_per_host,
                                processes_per_host=self.processes_per_host,
-                               command=self.command(), env=env, labels=self.labels)
+                               command=self.command(), env=env, labels=self.labels,
+                               max_run_seconds=self.max_run or 0)
         set_knobs(spec.knobs, self.knobs)
         return spec
 

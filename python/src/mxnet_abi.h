@@ -22,6 +22,40 @@ using NDArrayDetachFn = int (*)(void*, void**);   // MXNDArrayDetach: a handle s
 using NDArrayFreeFn = int (*)(void*);             // MXNDArrayFree
 using GetLastErrorFn = const char* (*)();         // MXGetLastError
 
+// MXNDArrayFromDLPackEx(dlpack, transient_handle, out): an NDArray over memory of our own; with
+// transient_handle false MXNet keeps the DLManagedTensor and calls its deleter when the NDArray's
+// memory is released.
+using NDArrayFromDLPackFn = int (*)(void*, bool, void**);
+
+// DLPack 0.2's tensor (include/dlpack/dlpack.h, as MXNet 1.x ships it).
+struct DLContext {
+  int32_t device_type;  // kDLCPU = 1
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;  // kDLInt = 0, kDLUInt = 1, kDLFloat = 2
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLContext ctx;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // nullptr: compact, row-major
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor* self);
+};
+inline constexpr int32_t kDLCPU = 1;
+inline constexpr uint8_t kDLInt = 0;
+inline constexpr uint8_t kDLUInt = 1;
+inline constexpr uint8_t kDLFloat = 2;
+
 // mxnet::engine::CallbackOnComplete: calling it is callback(engine, param, error), error a
 // const dmlc::Error* (a std::runtime_error; nullptr on success).
 struct CallbackOnComplete {

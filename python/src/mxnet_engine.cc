@@ -17,8 +17,10 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -185,6 +187,42 @@ void Run(void* /*run_context*/, void* on_complete, void* param) {
 
 void Delete(void* param) { delete static_cast<EngineOp*>(param); }
 
+// An NDArray's memory in the shared arena: MXNet keeps the DLManagedTensor and calls its deleter
+// when the NDArray's memory goes, which returns it to the client's allocator (holding the client
+// keeps the arena mapped, so the array stays valid after shutdown()).
+struct ArenaTensor {
+  mxnet_abi::DLManagedTensor managed;  // first: MXNet hands back its address
+  std::vector<int64_t> shape;
+  std::shared_ptr<Client> client;
+  void* data = nullptr;
+
+  static void Release(mxnet_abi::DLManagedTensor* self) {
+    auto* tensor = reinterpret_cast<ArenaTensor*>(self);
+    tensor->client->Free(tensor->data);
+    delete tensor;
+  }
+};
+static_assert(std::is_standard_layout_v<mxnet_abi::DLManagedTensor>);
+
+// DLPack's name of a Ringmaster data type.
+std::optional<mxnet_abi::DLDataType> DLTypeOf(DataType dtype) {
+  const auto bits = static_cast<uint8_t>(8 * DataTypeSize(dtype));
+  switch (dtype) {
+    case DataType::kUint8:
+      return mxnet_abi::DLDataType{mxnet_abi::kDLUInt, bits, 1};
+    case DataType::kInt8:
+    case DataType::kInt32:
+    case DataType::kInt64:
+      return mxnet_abi::DLDataType{mxnet_abi::kDLInt, bits, 1};
+    case DataType::kFloat16:
+    case DataType::kFloat32:
+    case DataType::kFloat64:
+      return mxnet_abi::DLDataType{mxnet_abi::kDLFloat, bits, 1};
+    default:
+      return std::nullopt;
+  }
+}
+
 size_t Elements(const std::vector<int64_t>& shape) {
   size_t n = 1;
   for (int64_t d : shape) n *= static_cast<size_t>(d);
@@ -194,8 +232,9 @@ size_t Elements(const std::vector<int64_t>& shape) {
 class MxnetEngine {
  public:
   MxnetEngine(py::handle client, uintptr_t push_async_nd, uintptr_t get_data, uintptr_t detach,
-              uintptr_t free, uintptr_t get_last_error, bool synchronous)
+              uintptr_t free, uintptr_t get_last_error, bool synchronous, uintptr_t from_dlpack)
       : client_(ClientOf(client)),
+        from_dlpack_(reinterpret_cast<mxnet_abi::NDArrayFromDLPackFn>(from_dlpack)),
         api_{reinterpret_cast<mxnet_abi::PushAsyncNDFn>(push_async_nd),
              reinterpret_cast<mxnet_abi::NDArrayGetDataFn>(get_data),
              reinterpret_cast<mxnet_abi::NDArrayDetachFn>(detach),
@@ -216,6 +255,66 @@ class MxnetEngine {
     // The engine may run it after a grouped allreduce pushed later: its group id is taken now.
     if (names.size() > 1) engine_op->group = client_->ReserveGroup();
     Push(std::move(engine_op), inputs, outputs, priority);
+  }
+
+  // One in-place allreduce per tensor (handles[i], names[i], priorities[i]), pushed in one call:
+  // what a trainer does for its gradients every step.
+  void AllreduceEach(const std::vector<std::string>& names, const std::vector<uintptr_t>& handles,
+                     const std::vector<int>& dtypes,
+                     const std::vector<std::vector<int64_t>>& shapes, int op, double prescale,
+                     double postscale, const std::vector<int>& priorities, int32_t set_id,
+                     const std::vector<int32_t>& set_ranks) {
+    const size_t n = names.size();
+    if (handles.size() != n || dtypes.size() != n || shapes.size() != n || priorities.size() != n) {
+      throw py::value_error(
+          "MxnetEngine: names, handles, dtypes, shapes and priorities differ in length");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      auto engine_op =
+          NewOp(Kind::kAllreduce, {names[i]}, dtypes[i], {shapes[i]}, set_id, set_ranks);
+      engine_op->op = static_cast<ReduceOp>(op);
+      engine_op->prescale = prescale;
+      engine_op->postscale = postscale;
+      Push(std::move(engine_op), {handles[i]}, {handles[i]}, priorities[i]);
+    }
+  }
+
+  // A new CPU NDArray handle (an integer) over uninitialised memory of the shared arena, which the
+  // daemon reduces in place (no copy); None when the arena is full or the array is empty.
+  py::object ArenaArray(const std::vector<int64_t>& shape, int dtype) {
+    if (from_dlpack_ == nullptr) throw py::value_error("MxnetEngine: no MXNDArrayFromDLPackEx");
+    if (dtype < 1 || dtype > kMaxDataType) {
+      throw py::value_error(absl::StrCat("unknown ringmaster data type code ", dtype));
+    }
+    const std::optional<mxnet_abi::DLDataType> type = DLTypeOf(static_cast<DataType>(dtype));
+    if (!type.has_value()) {
+      throw py::value_error(absl::StrCat("no DLPack type for ringmaster data type code ", dtype));
+    }
+    const size_t bytes = Elements(shape) * (type->bits / 8);
+    if (bytes == 0) return py::none();
+    void* data = client_->Allocate(bytes);
+    if (data == nullptr) return py::none();
+    auto tensor = std::make_unique<ArenaTensor>();
+    tensor->shape = shape;
+    tensor->client = client_;
+    tensor->data = data;
+    mxnet_abi::DLTensor& t = tensor->managed.dl_tensor;
+    t.data = data;
+    t.ctx = {mxnet_abi::kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.dtype = *type;
+    t.shape = tensor->shape.data();
+    t.strides = nullptr;
+    t.byte_offset = 0;
+    tensor->managed.manager_ctx = nullptr;
+    tensor->managed.deleter = &ArenaTensor::Release;
+    void* handle = nullptr;
+    if (from_dlpack_(&tensor->managed, /*transient_handle=*/false, &handle) != 0) {
+      client_->Free(data);
+      throw std::runtime_error(absl::StrCat("MXNDArrayFromDLPackEx: ", api_.last_error()));
+    }
+    tensor.release();  // MXNet's now: its deleter frees it
+    return py::int_(reinterpret_cast<uintptr_t>(handle));
   }
 
   void Broadcast(const std::string& name, uintptr_t input, uintptr_t output, int dtype,
@@ -284,6 +383,7 @@ class MxnetEngine {
   }
 
   std::shared_ptr<Client> client_;
+  mxnet_abi::NDArrayFromDLPackFn from_dlpack_;
   MxnetApi api_;
   bool synchronous_;
 };
@@ -293,10 +393,18 @@ class MxnetEngine {
 void DefineMxnetEngine(py::module_& m) {
   py::class_<MxnetEngine>(m, "MxnetEngine",
                           "Collectives pushed into MXNet's dependency engine (ringmaster.mxnet).")
-      .def(py::init<py::handle, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, bool>(),
+      .def(py::init<py::handle, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, bool,
+                    uintptr_t>(),
            py::arg("client"), py::arg("push_async_nd"), py::arg("ndarray_get_data"),
            py::arg("ndarray_detach"), py::arg("ndarray_free"), py::arg("get_last_error"),
-           py::arg("synchronous") = false)
+           py::arg("synchronous") = false, py::arg("ndarray_from_dlpack") = 0)
+      .def("allreduce_each", &MxnetEngine::AllreduceEach, py::arg("names"), py::arg("handles"),
+           py::arg("dtypes"), py::arg("shapes"), py::arg("op"), py::arg("prescale"),
+           py::arg("postscale"), py::arg("priorities"), py::arg("set_id") = 0,
+           py::arg("set_ranks") = std::vector<int32_t>{})
+      .def("arena_array", &MxnetEngine::ArenaArray, py::arg("shape"), py::arg("dtype"),
+           "A new CPU NDArray handle over the shared arena (reduced there without a copy), or "
+           "None when the arena is full.")
       .def("allreduce", &MxnetEngine::Allreduce, py::arg("names"), py::arg("inputs"),
            py::arg("outputs"), py::arg("dtype"), py::arg("shapes"), py::arg("op"),
            py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("priority") = 0,

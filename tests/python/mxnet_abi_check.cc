@@ -15,6 +15,38 @@ static_assert(std::is_same_v<decltype(&MXNDArrayGetData), rm_abi::NDArrayGetData
 static_assert(std::is_same_v<decltype(&MXGetLastError), rm_abi::GetLastErrorFn>);
 static_assert(std::is_same_v<decltype(&MXNDArrayDetach), rm_abi::NDArrayDetachFn>);
 static_assert(std::is_same_v<decltype(&MXNDArrayFree), rm_abi::NDArrayFreeFn>);
+// DLManagedTensorHandle is a void*.
+static_assert(std::is_same_v<decltype(&MXNDArrayFromDLPackEx),
+                             int (*)(DLManagedTensorHandle, bool, NDArrayHandle*)>);
+static_assert(std::is_same_v<DLManagedTensorHandle, void*>);
+static_assert(std::is_same_v<NDArrayHandle, void*>);
+// DLPack's layouts, member by member.
+#define RM_SAME_MEMBER(type, member)                                          \
+  static_assert(offsetof(::type, member) == offsetof(rm_abi::type, member) && \
+                sizeof(::type::member) == sizeof(rm_abi::type::member))
+static_assert(sizeof(::DLContext) == sizeof(rm_abi::DLContext));
+RM_SAME_MEMBER(DLContext, device_type);
+RM_SAME_MEMBER(DLContext, device_id);
+static_assert(sizeof(::DLDataType) == sizeof(rm_abi::DLDataType));
+RM_SAME_MEMBER(DLDataType, code);
+RM_SAME_MEMBER(DLDataType, bits);
+RM_SAME_MEMBER(DLDataType, lanes);
+static_assert(sizeof(::DLTensor) == sizeof(rm_abi::DLTensor));
+RM_SAME_MEMBER(DLTensor, data);
+RM_SAME_MEMBER(DLTensor, ctx);
+RM_SAME_MEMBER(DLTensor, ndim);
+RM_SAME_MEMBER(DLTensor, dtype);
+RM_SAME_MEMBER(DLTensor, shape);
+RM_SAME_MEMBER(DLTensor, strides);
+RM_SAME_MEMBER(DLTensor, byte_offset);
+static_assert(sizeof(::DLManagedTensor) == sizeof(rm_abi::DLManagedTensor));
+RM_SAME_MEMBER(DLManagedTensor, dl_tensor);
+RM_SAME_MEMBER(DLManagedTensor, manager_ctx);
+RM_SAME_MEMBER(DLManagedTensor, deleter);
+static_assert(static_cast<int>(kDLCPU) == rm_abi::kDLCPU);
+static_assert(static_cast<int>(kDLInt) == rm_abi::kDLInt);
+static_assert(static_cast<int>(kDLUInt) == rm_abi::kDLUInt);
+static_assert(static_cast<int>(kDLFloat) == rm_abi::kDLFloat);
 static_assert(std::is_same_v<EngineAsyncFunc, rm_abi::AsyncFunc>);
 static_assert(std::is_same_v<EngineFuncParamDeleter, rm_abi::ParamDeleter>);
 // CallbackOnComplete: a function pointer, the engine and the parameter, in that order (its

@@ -306,6 +306,12 @@ def trainer_checks():
         train(net, trainer, x[shard], y[shard], 3)
         for got, want in zip(params_of(net), params_of(single)):
             same(got, want, f"DistributedTrainer ({label}) == one process", tolerance)
+        if label == "plain":
+            # Backward wrote steps 2 and 3's gradients into their arena buffers (else the
+            # parameters above would differ).
+            trained = [p for p in net.collect_params().values() if p.grad_req != "null"]
+            check(all(getattr(p, "_ringmaster_grad", None) is p.list_grad()[0]
+                      for p in trained), "DistributedTrainer: gradients moved into the arena")
         identical_everywhere(net, f"trainer.{label}")
     # DistributedOptimizer inside a plain gluon.Trainer.
     single = make_net(seed=4)

@@ -248,7 +248,8 @@ def test_the_sagemaker_distribution_form_maps_to_the_native_spec(tmp_path):
         Estimator(**common, distribution={"mpi": {"enabled": True,
                                                   "custom_mpi_options": "--bind-to none"}})
     assert str(e.value) == ("custom_mpi_options: '--bind-to' is an mpirun option Ringmaster has "
-                            "no equivalent of; only -x NAME=VALUE (and -x NAME) are taken")
+                            "no equivalent of; only -x NAME=VALUE, -x NAME and --NAME=VALUE (a "
+                            "variable) are taken")
     with pytest.raises(ValueError) as e:
         Estimator(**common, distribution={"ringmaster": {"fusion_threshold": 1}})
     assert str(e.value).startswith("'fusion_threshold' is not a Ringmaster knob; knobs are: ")

@@ -61,9 +61,22 @@ def _the_engine():
             _engine[0] = _ringmaster.MxnetEngine(
                 c, address("MXEnginePushAsyncND"), address("MXNDArrayGetData"),
                 address("MXNDArrayDetach"), address("MXNDArrayFree"), address("MXGetLastError"),
-                synchronous)
+                synchronous, address("MXNDArrayFromDLPackEx"))
             _engine[1] = c
         return _engine[0]
+
+
+def _arena_array(shape, dtype):
+    """A new, uninitialised CPU NDArray in the shared arena (the daemon reduces it where it is,
+    with no copy in or out), or None when the arena is full or the dtype is not reduced. Its arena
+    memory goes back when MXNet releases the array."""
+    code = _DTYPES.get(np.dtype(dtype))
+    if code is None:
+        return None
+    handle = _the_engine().arena_array([int(d) for d in shape], code)
+    if handle is None:
+        return None
+    return mx.nd.NDArray(handle=ctypes.c_void_p(handle))
 
 
 def _op_name(prefix, name):
@@ -115,6 +128,29 @@ def _allreduce(tensors, outputs, name, op, average, priority, prescale_factor,
                             [o.handle.value for o in outputs], codes.pop(),
                             [list(t.shape) for t in tensors], ring_op, float(prescale_factor),
                             float(postscale_factor), int(priority), set_id, set_ranks)
+
+
+class _EachPlan:
+    """In-place allreduces of many tensors, one operation each, checked and named once and then
+    pushed together every time (a trainer's gradients, step after step)."""
+
+    def __init__(self, tensors, names, priorities, op, prescale_factor, postscale_factor,
+                 process_set):
+        self.tensors = list(tensors)  # kept: their handles are pushed
+        self.ring_op = _ring_op(op, None)
+        self.codes = [_dtype_code(t, f"tensor '{n}'") for t, n in zip(self.tensors, names)]
+        self.names = [_op_name("allreduce", n) for n in names]
+        self.handles = [t.handle.value for t in self.tensors]
+        self.shapes = [list(t.shape) for t in self.tensors]
+        self.priorities = [int(p) for p in priorities]
+        self.scale = (float(prescale_factor), float(postscale_factor))
+        self.process_set = process_set
+
+    def push(self):
+        set_id, set_ranks = _process_sets.wire_of(self.process_set)
+        _the_engine().allreduce_each(self.names, self.handles, self.codes, self.shapes,
+                                     self.ring_op, self.scale[0], self.scale[1], self.priorities,
+                                     set_id, set_ranks)
 
 
 def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,

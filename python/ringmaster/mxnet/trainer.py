@@ -12,8 +12,8 @@ import mxnet as mx
 from ringmaster import basics as _basics
 from ringmaster.common.ops import split_list
 from ringmaster.mxnet.compression import Compression
-from ringmaster.mxnet.mpi_ops import (Average, allreduce_, broadcast_, global_process_set,
-                                      grouped_allreduce_)
+from ringmaster.mxnet.mpi_ops import (Average, _arena_array, _EachPlan, allreduce_, broadcast_,
+                                      global_process_set, grouped_allreduce_)
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
@@ -115,15 +115,44 @@ class DistributedTrainer(mx.gluon.Trainer):
             raise ValueError(f"prefix must be a str, got {type(prefix).__name__}")
         self._prefix = prefix or ""
         self._num_groups = num_groups
+        self._each_plan = None
 
     def _scale_args(self):
         return dict(op=Average, prescale_factor=1.0 / self._gradient_predivide_factor,
                     postscale_factor=self._gradient_predivide_factor,
                     process_set=self._process_set)
 
+    def _grads_in_arena(self):
+        """Moves each CPU gradient into the shared arena, once: a new buffer there takes the
+        gradient's value and its place (autograd writes there from the next backward on), so the
+        daemon reduces it where it is, with no copy in or out. A gradient that does not fit stays
+        where it is (reduced there, at the cost of the copies)."""
+        for param in self._params:
+            grads = param._grad
+            if param.grad_req == "null" or not grads or len(grads) != 1:
+                continue
+            grad = grads[0]
+            if getattr(param, "_ringmaster_grad", None) is grad:
+                continue  # in the arena already, or tried
+            param._ringmaster_grad = grad
+            if grad.context.device_type != "cpu" or grad.stype != "default":
+                continue
+            moved = _arena_array(grad.shape, grad.dtype)
+            if moved is None:
+                continue
+            grad.copyto(moved)  # in MXNet's engine: after backward's write of grad
+            data = param.list_data()[0]
+            fresh = data._fresh_grad  # whether backward wrote it since the last step
+            grads[0] = moved
+            param._ringmaster_grad = moved
+            mx.autograd.mark_variables([data], [moved], param.grad_req)
+            data._fresh_grad = fresh
+
     def _allreduce_grads(self):
         if self._process_set.size() == 1 or not self._process_set.included():
             return
+        if self._compression is Compression.none:
+            self._grads_in_arena()
         entries = []  # (name, compressed gradient, decompression context, parameter)
         for i, param in enumerate(self._params):
             if param.grad_req != "null":
@@ -138,6 +167,16 @@ class DistributedTrainer(mx.gluon.Trainer):
                 for same in by_dtype.values():
                     grouped_allreduce_([e[1] for e in same], name=f"{same[0][0]}:{same[-1][0]}",
                                        priority=-i, **self._scale_args())
+        elif self._compression is Compression.none:
+            # The same gradient arrays step after step: checked and named once, pushed together.
+            grads = [e[1] for e in entries]
+            plan = self._each_plan
+            if plan is None or len(plan.tensors) != len(grads) or any(
+                    a is not b for a, b in zip(plan.tensors, grads)):
+                plan = self._each_plan = _EachPlan(
+                    grads, [e[0] for e in entries], [-i for i in range(len(grads))],
+                    **self._scale_args())
+            plan.push()
         else:
             for i, (name, compressed, _, _) in enumerate(entries):
                 allreduce_(compressed, name=name, priority=-i, **self._scale_args())
