@@ -119,7 +119,8 @@ bool Inherited(const std::string& key) {
   if (key == "RINGMASTER_COORDINATOR" || key == "RINGMASTER_TOKEN") return false;
   return key == "PATH" || key == "PYTHONPATH" || key == "HOME" || key == "LANG" ||
          key == "LC_ALL" || absl::StartsWith(key, "HOROVOD_") ||
-         absl::StartsWith(key, "RINGMASTER_") || absl::StartsWith(key, "NCCL_");
+         absl::StartsWith(key, "RINGMASTER_") || absl::StartsWith(key, "NCCL_") ||
+         absl::StartsWith(key, "MXNET_");
 }
 
 void InheritCallerEnvironment(const std::string& bin_dir, v1::JobSpec* spec) {

@@ -189,11 +189,11 @@ def _hyperparameter_value(value):
 def _inherited_environment():
     """What `ringmaster submit` passes on from the caller: PATH, PYTHONPATH (this ringmaster
     package's directory first), HOME, LANG, LC_ALL, HOROVOD_*, RINGMASTER_* (but not the
-    coordinator's address or the caller's token) and NCCL_*."""
+    coordinator's address or the caller's token), NCCL_* and MXNET_*."""
     env = {}
     for key, value in os.environ.items():
         if key in ("PATH", "PYTHONPATH", "HOME", "LANG", "LC_ALL") or key.startswith(
-                ("HOROVOD_", "RINGMASTER_", "NCCL_")):
+                ("HOROVOD_", "RINGMASTER_", "NCCL_", "MXNET_")):
             env[key] = value
     for key in ("RINGMASTER_COORDINATOR", "RINGMASTER_TOKEN"):
         env.pop(key, None)
@@ -319,8 +319,8 @@ class Estimator:
       autotune log, and each rank's RINGMASTER_OUTPUT_DIR under rank-<rank>/); None: they stay with
       the coordinator (TrainingJob.download fetches them later).
     coordinator, tls, token: as ringmaster.jobs.Client (default RINGMASTER_COORDINATOR, ...).
-    inherit_env: pass the caller's PATH, PYTHONPATH, HOME, LANG, LC_ALL, HOROVOD_*, RINGMASTER_*
-      and NCCL_* on, as `ringmaster submit` does (default True).
+    inherit_env: pass the caller's PATH, PYTHONPATH, HOME, LANG, LC_ALL, HOROVOD_*, RINGMASTER_*,
+      NCCL_* and MXNET_* on, as `ringmaster submit` does (default True).
     max_run: the job's time limit in seconds (SageMaker's max_run): a job still running that long
       after its ranks were assigned is stopped and FAILED, saying so. None: no limit.
     """

@@ -20,12 +20,14 @@ not_built = pytest.mark.skipif(
     reason=f"the ringmaster Python module or the workers are not built under {BIN}/..")
 
 
-def run_local(np, *command, extra=(), timeout=150):
-    """Runs `command` as every rank of an np-rank `ringmaster local` job; returns the result."""
+def run_local(np, *command, extra=(), timeout=150, env=None):
+    """Runs `command` as every rank of an np-rank `ringmaster local` job (`env`: more variables in
+    the caller's environment); returns the result."""
     try:
         return subprocess.run(
             [os.path.join(BIN, "ringmaster"), "local", "--np", str(np), *extra, "--", *command],
-            capture_output=True, text=True, timeout=timeout, cwd=HERE)
+            capture_output=True, text=True, timeout=timeout, cwd=HERE,
+            env=None if env is None else {**os.environ, **env})
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"`ringmaster local --np {np}` did not finish within {timeout}s; output:\n"
                     f"{e.stdout}\n{e.stderr}")
