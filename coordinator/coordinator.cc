@@ -156,10 +156,12 @@ std::optional<Job> Coordinator::PlaceOne() {
                          ? std::min<int>(job.spec.max_np, static_cast<int>(available.size()))
                          : job.spec.np;
     const int least = job.spec.elastic() ? job.spec.min_np : job.spec.np;
+    // An NCCL job runs on GPU slots only.
+    const std::vector<Worker> slots = SlotsFor(available, job.spec.knobs.backend);
     absl::StatusOr<std::vector<RankInfo>> ranks =
-        GangSchedule(available, std::max(most, least), job.spec.processes_per_host);
+        GangSchedule(slots, std::max(most, least), job.spec.processes_per_host);
     for (int np = most - 1; !ranks.ok() && np >= least; --np) {
-      ranks = GangSchedule(available, np, job.spec.processes_per_host);
+      ranks = GangSchedule(slots, np, job.spec.processes_per_host);
     }
     if (!ranks.ok()) {
       // Watchers see why it waits, each time that changes.

@@ -21,6 +21,15 @@ std::tuple<int, int, std::string> DeviceKey(const std::string& device) {
 
 }  // namespace
 
+std::vector<Worker> SlotsFor(const std::vector<Worker>& workers, Backend backend) {
+  if (backend != Backend::kNccl) return workers;
+  std::vector<Worker> gpus;
+  for (const Worker& w : workers) {
+    if (w.device != "cpu") gpus.push_back(w);
+  }
+  return gpus;
+}
+
 std::string WaitingReason(const std::vector<Worker>& workers, int np, int processes_per_host,
                           Backend backend) {
   std::vector<Worker> idle;
@@ -31,6 +40,7 @@ std::string WaitingReason(const std::vector<Worker>& workers, int np, int proces
     if (w.device != "cpu") ++gpus;
     if (w.state == WorkerState::kIdle && w.connected) idle.push_back(w);
   }
+  idle = SlotsFor(idle, backend);
   if (GangSchedule(idle, np, processes_per_host).ok()) return "";
   // The slots the job's backend runs on; with AUTO, the kind the registered workers are.
   const char* kind = backend == Backend::kNccl   ? "gpu "

@@ -19,6 +19,9 @@ namespace ringmaster {
 absl::StatusOr<std::vector<RankInfo>> GangSchedule(const std::vector<Worker>& available, int np,
                                                    int processes_per_host);
 
+// The workers a job on `backend` may run on: NCCL needs GPU slots; otherwise any.
+std::vector<Worker> SlotsFor(const std::vector<Worker>& workers, Backend backend);
+
 // An attached job's placement (JobSpec::attached): rank r on `claimed[r]`, the worker whose
 // training process claimed it. local_rank counts the host's ranks in rank order; hosts are ordered
 // by their lowest rank; cross_rank and cross_size as GangSchedule's. INVALID_ARGUMENT when a worker

@@ -192,6 +192,23 @@ TEST(WaitingReasonTest, CountsRegisteredAndIdleSlotsOfTheJobsKind) {
                           Backend::kAuto),
             "needs 3 idle slots; 2 registered, 2 idle");
   EXPECT_EQ(WaitingReason({}, 1, 0, Backend::kNccl), "needs 1 idle gpu slot; 0 registered, 0 idle");
+  // An NCCL job is placed on GPU slots only: idle CPU slots do not count for it.
+  EXPECT_EQ(WaitingReason({MakeWorker("c0", "h0", "cpu")}, 1, 0, Backend::kNccl),
+            "needs 1 idle gpu slot; 1 registered, 0 idle");
+}
+
+TEST(SlotsForTest, AnNcclJobGetsGpuSlotsOnlyAndOthersAnySlot) {
+  const std::vector<Worker> workers = {MakeWorker("c0", "h0", "cpu"),
+                                       MakeWorker("g0", "h0", "cuda:0"),
+                                       MakeWorker("g1", "h1", "cuda:1")};
+  auto ids = [](const std::vector<Worker>& ws) {
+    std::vector<std::string> out;
+    for (const Worker& w : ws) out.push_back(w.id);
+    return out;
+  };
+  EXPECT_THAT(ids(SlotsFor(workers, Backend::kNccl)), ElementsAre("g0", "g1"));
+  EXPECT_THAT(ids(SlotsFor(workers, Backend::kGloo)), ElementsAre("c0", "g0", "g1"));
+  EXPECT_THAT(ids(SlotsFor(workers, Backend::kAuto)), ElementsAre("c0", "g0", "g1"));
 }
 
 TEST(WaitingReasonTest, SaysWhenThePerHostLimitLeavesTooFewUsable) {

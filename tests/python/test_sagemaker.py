@@ -80,6 +80,8 @@ def test_the_cells_v1_and_v2_arguments_give_one_job_spec():
     }
     assert dict(v1.labels) == {"sagemaker.instance_type": "ml.p3dn.24xlarge",
                                "sagemaker.framework": "mxnet"}
+    from ringmaster.v1 import common_pb2
+    assert v1.knobs.backend == common_pb2.BACKEND_NCCL  # a GPU type: GPU slots, NCCL
 
 
 def test_bad_arguments_are_refused_as_the_sdk_refuses_them():
@@ -527,3 +529,19 @@ def test_submit_max_run_stops_the_job(tmp_path, cluster):
                       "/bin/true")
     assert bad.returncode != 0
     assert "spec.max_run_seconds = 9999999 is out of bounds [0, 2592000]" in bad.stderr, bad.stderr
+
+
+def test_a_gpu_instance_type_waits_for_gpu_slots_naming_them(tmp_path, cluster):
+    (tmp_path / "train.py").write_text("print('never here', flush=True)\n")
+    estimator = PyTorch(entry_point=str(tmp_path / "train.py"), instance_type="ml.p3.2xlarge",
+                        instance_count=1, coordinator=cluster.address,
+                        interpreter="/usr/bin/python3")
+    job = estimator.fit(wait=False)
+    try:
+        waiting = wait_for(lambda: (lambda j: j if j.get("waiting_reason") else None)(
+            cluster.job(cluster.coord, job.id)), 20, "the waiting reason")
+        assert waiting["state"] == "JOB_STATE_PENDING"
+        assert waiting["waiting_reason"] == ("needs 1 idle gpu slot (at most 1 per host); 2 "
+                                             "registered, 0 idle")
+    finally:
+        job.cancel("test over")

@@ -131,6 +131,10 @@ class Framework(Estimator):
                          output_path=None if self._s3_output else _local_path(output_path),
                          base_job_name=base_job_name, labels=labels, max_run=v2["max_run"],
                          **ringmaster_args)
+        if self.gpus > 0 and "backend" not in self.knobs:
+            # A GPU instance type: the job runs on GPU slots, over NCCL (the coordinator places an
+            # NCCL job on GPU slots only).
+            self.knobs["backend"] = "nccl"
         self.model_data = None
         self._job_name = None
 
