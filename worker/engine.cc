@@ -153,6 +153,11 @@ void Engine::Enqueue(LocalOp local, Done done) {
     absl::MutexLock lock(&mu_);
     if (!aborted_.ok()) {
       rejected = aborted_;
+    } else if (ops_.size() >= options_.max_in_flight) {
+      rejected = absl::ResourceExhaustedError(absl::StrCat(
+          "tensor '", r.name, "': ", RankName(), " has ", ops_.size(),
+          " operations in flight, the most a training process may have at once: wait for some "
+          "(synchronize) before enqueueing more"));
     } else if (ops_.contains(r.name)) {
       rejected = absl::InvalidArgumentError(
           absl::StrCat("Tensor '", r.name, "' is already in flight on ", RankName(),

@@ -107,6 +107,11 @@ struct EngineOptions {
   // Where the engine's series go (borrowed), labelled job, rank and host. Null: nothing is recorded
   // (the hot path does no metrics work at all; used to measure what metrics cost).
   MetricsRegistry* metrics = nullptr;
+  // Most operations of the training process in flight at once (enqueued, not yet done); more are
+  // refused, RESOURCE_EXHAUSTED, until some complete. A bound on what a process can make its
+  // daemon hold; Horovod has none, a model has some hundreds of tensors in flight.
+  size_t max_in_flight = kDefaultMaxInFlight;
+  static constexpr size_t kDefaultMaxInFlight = 65536;
 };
 
 class Engine {

@@ -88,8 +88,10 @@ class FakeExecutor : public Executor {
 
 class EngineTest : public ::testing::Test {
  protected:
-  void Start(absl::Duration cycle = absl::Milliseconds(1)) {
+  void Start(absl::Duration cycle = absl::Milliseconds(1),
+             size_t max_in_flight = EngineOptions::kDefaultMaxInFlight) {
     EngineOptions o;
+    o.max_in_flight = max_in_flight;
     o.job_id = "job-000003";
     o.epoch = 2;
     o.rank = 1;
@@ -493,6 +495,25 @@ TEST_F(EngineTest, TheReleaseBarrierOfAProcessSetReleasesItsCommunicatorsOnceItC
   EXPECT_EQ(WaitFor(1).code(), 0);
   EXPECT_EQ(WaitFor(2).code(), 0);
   EXPECT_THAT(Calls(), ElementsAre(StartsWith("barrier"), StartsWith("barrier"), "release set 7"));
+}
+
+TEST_F(EngineTest, OperationsPastTheInFlightBoundAreRefusedUntilSomeComplete) {
+  Start(absl::Milliseconds(1), /*max_in_flight=*/2);
+  Enqueue(1, "a", v1::REQUEST_TYPE_ALLREDUCE, {4}, 0);
+  Enqueue(2, "b", v1::REQUEST_TYPE_ALLREDUCE, {4}, 64);
+  Enqueue(3, "c", v1::REQUEST_TYPE_ALLREDUCE, {4}, 128);
+  const v1::LocalCompletion refused = WaitFor(3);
+  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(refused.message(),
+            "tensor 'c': rank 1 (host-b) has 2 operations in flight, the most a training process "
+            "may have at once: wait for some (synchronize) before enqueueing more");
+  EXPECT_FALSE(Completed(1));
+  Respond(Allreduce({"a"}, {4}));
+  EXPECT_EQ(WaitFor(1).code(), 0);
+  Enqueue(4, "c", v1::REQUEST_TYPE_ALLREDUCE, {4}, 128);  // room again
+  Respond(Allreduce({"b", "c"}, {4, 4}));
+  EXPECT_EQ(WaitFor(2).code(), 0);
+  EXPECT_EQ(WaitFor(4).code(), 0);
 }
 
 TEST_F(EngineTest, BadEnqueuesAreRefusedAtOnceNamingTheTensor) {
