@@ -35,3 +35,23 @@ def run_local(np, *command, extra=(), timeout=150, env=None):
 
 def describe(r):
     return f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+
+
+def mxnet_venv_python(*flags, imports="mxnet"):
+    """The MXNet environment's python, made by the project's script (scripts/mxnet-venv.sh with
+    `flags`), and "" ; or None and why it could not be made or does not import `imports`."""
+    what = " ".join(("scripts/mxnet-venv.sh",) + flags)
+    try:
+        r = subprocess.run([os.path.join(ROOT, "scripts", "mxnet-venv.sh"), *flags],
+                           capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return None, f"{what} did not finish within 900 s"
+    if r.returncode != 0:
+        return None, (f"MXNet could not be installed ({what} exited {r.returncode}): "
+                      f"{r.stderr.strip()[-800:]}")
+    python = r.stdout.strip().splitlines()[-1]
+    r = subprocess.run([python, "-c", f"import {imports}"], capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0:
+        return None, f"{imports} does not import in {python}: {r.stderr.strip()[-800:]}"
+    return python, ""

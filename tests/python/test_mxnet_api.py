@@ -12,25 +12,12 @@ import subprocess
 
 import pytest
 
-from local_jobs import EXAMPLES, HERE, ROOT, describe, not_built, run_local
+from local_jobs import EXAMPLES, HERE, ROOT, describe, mxnet_venv_python, not_built, run_local
 
 CHECKS = os.path.join(HERE, "mxnet_api_checks.py")
 
 
-def _venv_python():
-    """The MXNet environment's python, made by the project's script; None and why otherwise."""
-    try:
-        r = subprocess.run([os.path.join(ROOT, "scripts", "mxnet-venv.sh")], capture_output=True,
-                           text=True, timeout=900)
-    except subprocess.TimeoutExpired:
-        return None, "scripts/mxnet-venv.sh did not finish within 900 s"
-    if r.returncode != 0:
-        return None, (f"MXNet could not be installed (scripts/mxnet-venv.sh exited "
-                      f"{r.returncode}): {r.stderr.strip()[-800:]}")
-    return r.stdout.strip().splitlines()[-1], ""
-
-
-PYTHON, WHY = _venv_python()
+PYTHON, WHY = mxnet_venv_python()
 
 pytestmark = [not_built,
               pytest.mark.skipif(PYTHON is None, reason=WHY or "no MXNet environment")]
