@@ -227,6 +227,11 @@ class Coordinator {
   // no such job is pending; INVALID_ARGUMENT: no such rank; ALREADY_EXISTS: another worker holds
   // it; FAILED_PRECONDITION: the worker is busy or holds another rank.
   absl::Status ClaimRank(const std::string& worker_id, const std::string& job_name, int32_t rank);
+  // A whole line of a rank's output that begins with this becomes one of the job's events
+  // ("rank R: TEXT", TEXT at most kMaxRankNoticeBytes; the same one once; at most kMaxRankNotices
+  // per job): how a rank's own tooling says something to whoever watches the job.
+  static constexpr absl::string_view kRankNoticePrefix = "ringmaster-notice: ";
+  static constexpr size_t kMaxRankNoticeBytes = 512;
   // Stores output of a rank's training process. Validated like SubmitRequests (FAILED_PRECONDITION,
   // ABORTED); INVALID_ARGUMENT for more than kMaxOutputMessageBytes. After the job ended, output
   // from the worker that served the rank is accepted for CoordinatorOptions::log_linger, then
@@ -405,6 +410,8 @@ class Coordinator {
   void Housekeeping(absl::Time now);
   // Fails the jobs STARTING for longer than the start timeout, naming the ranks that never started.
   void FailJobsThatDidNotStart(absl::Time now);
+  // Adds the notices (kRankNoticePrefix lines) of rank `rank`'s output `data` to the job's events.
+  void NoteRankNotices(const std::string& job_id, int32_t rank, absl::string_view data);
   // Stops, FAILED, each job still running past its spec's max_run_seconds.
   void FailJobsPastTheirTimeLimit(absl::Time now);
   // Notes when `job`, whose ranks were first assigned at `started`, reaches its time limit (if it
@@ -492,6 +499,10 @@ class Coordinator {
   // Elastic jobs below min_np (no epoch running), since when; and the growth notices out.
   absl::flat_hash_map<std::string, absl::Time> below_min_since_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, GrowNotice> grow_notices_ ABSL_GUARDED_BY(mu_);
+  // Per job, the notices its ranks' output gave (NoteRankNotices), at most kMaxRankNotices.
+  absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> rank_notices_
+      ABSL_GUARDED_BY(mu_);
+  static constexpr int kMaxRankNotices = 16;
   absl::Time last_housekeeping_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_retention_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

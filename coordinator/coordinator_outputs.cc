@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "coordinator/coordinator.h"
 #include "spdlog/spdlog.h"
 
@@ -64,9 +67,29 @@ absl::Status Coordinator::AppendOutput(const std::string& worker_id, const std::
                                                    " is ", data.size(), " bytes; at most ",
                                                    kMaxOutputMessageBytes, " per message"));
   }
+  NoteRankNotices(job_id, rank, data);
   // The job's log may end between the check above and here; the store then refuses the chunk, so a
   // follower that saw the end has seen every chunk stored.
   return logs_.Append(job_id, rank, stream, std::move(data), seq);
+}
+
+void Coordinator::NoteRankNotices(const std::string& job_id, int32_t rank, absl::string_view data) {
+  if (data.find(kRankNoticePrefix) == absl::string_view::npos) return;  // the usual case
+  std::vector<std::string> events;
+  for (absl::string_view line : absl::StrSplit(data, '\n')) {
+    if (!absl::ConsumePrefix(&line, kRankNoticePrefix)) continue;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    std::string text(line.substr(0, kMaxRankNoticeBytes));
+    if (line.size() > kMaxRankNoticeBytes) absl::StrAppend(&text, "...");
+    std::string event = absl::StrCat("rank ", rank, ": ", text);
+    absl::MutexLock lock(&mu_);
+    absl::flat_hash_set<std::string>& seen = rank_notices_[job_id];
+    // Each once (a chunk sent again after a reconnect), and a bounded number per job.
+    if (static_cast<int>(seen.size()) >= kMaxRankNotices || !seen.insert(event).second) continue;
+    events.push_back(std::move(event));
+  }
+  for (std::string& event : events) jobs_.AddEvent(job_id, std::move(event)).IgnoreError();
 }
 
 absl::Status Coordinator::CheckLogQuery(const std::string& job_id, int32_t rank) const {

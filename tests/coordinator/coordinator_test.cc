@@ -1087,6 +1087,32 @@ TEST_F(CoordinatorTest, OutputIsCheckedLikeBatchesAndKeptAfterTheJobEnds) {
   EXPECT_EQ(coordinator_.LogHead(id), 3);
 }
 
+TEST_F(CoordinatorTest, NoticeLinesOfARanksOutputBecomeJobEventsOnceAndBounded) {
+  const std::string w1 = Connect("host-a", "cpu");
+  const std::string id = coordinator_.RegisterJob(Spec(1))->id;
+  auto say = [&](std::string data) {
+    return coordinator_.AppendOutput(w1, id, 1, 0, OutputStream::kStderr, std::move(data));
+  };
+  auto notices = [&] {
+    std::vector<std::string> out;
+    for (const JobEvent& e : GetJob(id).events) {
+      if (absl::StartsWith(e.message, "rank 0: ")) out.push_back(e.message);
+    }
+    return out;
+  };
+  ASSERT_TRUE(say("plain output\nringmaster-notice: framework 1.6 asked, 1.9 here\nmore\n").ok());
+  ASSERT_TRUE(say("ringmaster-notice: framework 1.6 asked, 1.9 here\n").ok());  // again: once
+  ASSERT_TRUE(say("not at the start: ringmaster-notice: x\nringmaster-notice:    \n").ok());
+  ASSERT_TRUE(say("ringmaster-notice: " + std::string(600, 'y') + "\n").ok());
+  EXPECT_THAT(notices(), ElementsAre("rank 0: framework 1.6 asked, 1.9 here",
+                                     "rank 0: " + std::string(512, 'y') + "..."));
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(say(absl::StrCat("ringmaster-notice: n", i, "\n")).ok());
+  EXPECT_EQ(notices().size(), 16u);  // at most 16 per job
+  // The lines stay in the rank's output too.
+  EXPECT_EQ(Texts(coordinator_.ReadLogs(id, LogStore::kAllRanks, 0, 1 << 20))[0],
+            "0:plain output\nringmaster-notice: framework 1.6 asked, 1.9 here\nmore\n");
+}
+
 TEST_F(CoordinatorTest, TheLogOfAJobWhoseRanksAllExitedEndsAtOnce) {
   const std::string w1 = Connect("host-a", "cpu");
   const std::string id = coordinator_.RegisterJob(Spec(1))->id;

@@ -146,9 +146,9 @@ def test_the_framework_version_is_compared_with_the_ranks(monkeypatch, capsys):
     assert container.check_versions(env, rank=0) == [
         "framework_version 1.6.0 asked; the ranks have MXNet 1.9.1, which runs it (same major "
         "version)"]
-    assert capsys.readouterr().err == (
-        "ringmaster.sagemaker: framework_version 1.6.0 asked; the ranks have MXNet 1.9.1, which "
-        "runs it (same major version)\n")
+    assert capsys.readouterr().err == (  # a notice line: the job's events get it
+        "ringmaster-notice: ringmaster.sagemaker: framework_version 1.6.0 asked; the ranks have "
+        "MXNet 1.9.1, which runs it (same major version)\n")
     container.check_versions(env, rank=1)  # said once: by rank 0
     assert capsys.readouterr().err == ""
     assert container.check_versions(dict(env, RINGMASTER_SM_FRAMEWORK_VERSION="1.9"), 0) == []
@@ -385,8 +385,8 @@ def check_the_run(r, s3, model_name, version_line):
     assert job_name.startswith(("mxnet-training-", "pytorch-training-")), job_name
     assert "[0] trained 0" in out and "[1] trained 1" in out, out
     # Said once, by rank 0, in the job's output; and the arguments without effect, once.
-    assert out.count(f"] ringmaster.sagemaker: {version_line}") == 1, out
-    assert f"[0] ringmaster.sagemaker: {version_line}" in out, out
+    assert out.count(f"ringmaster.sagemaker: {version_line}") == 1, out
+    assert f"[0] ringmaster-notice: ringmaster.sagemaker: {version_line}" in out, out
     assert r.stderr.count("no effect on Ringmaster") == 1, r.stderr
     client = s3["client"]
     key = f"out/{job_name}/output"
@@ -414,6 +414,11 @@ def check_the_run(r, s3, model_name, version_line):
     return job_name
 
 
+def events_of(cluster, r):
+    job = cluster.job(cluster.coord, r.stdout.split("JOB ")[1].split()[0])
+    return job, [e["message"] for e in job.get("events", [])]
+
+
 @s3_missing
 @pytest.mark.skipif(not MXNET_PYTHON.exists(),
                     reason=f"no MXNet environment at {MXNET_PYTHON} (scripts/mxnet-venv.sh)")
@@ -422,8 +427,11 @@ def test_the_mxnet_notebook_cell_runs_with_only_its_import_changed(tmp_path, s3,
                     "from ringmaster.sagemaker.mxnet import MXNet", "MXNet", "1.6.0", MXNET_ENTRY)
     check_the_run(r, s3, "model.params", "framework_version 1.6.0 asked; the ranks have MXNet "
                   "1.9.1, which runs it (same major version)")
+    # Said once in the job's events.
+    job, events = events_of(cluster, r)
+    assert events.count("rank 0: ringmaster.sagemaker: framework_version 1.6.0 asked; the ranks "
+                        "have MXNet 1.9.1, which runs it (same major version)") == 1, events
     # The knobs took effect: the job ran with them.
-    job = cluster.job(cluster.coord, r.stdout.split("JOB ")[1].split()[0])
     knobs = job["spec"]["knobs"]
     assert (knobs["autotune"], knobs["timeline"], knobs["autotune_log"], knobs["cycle_time_ms"],
             int(knobs["fusion_threshold_bytes"])) == (True, "timeline.json", "autotune_log.csv",

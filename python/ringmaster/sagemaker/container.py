@@ -79,7 +79,8 @@ def check_versions(environ, rank):
                         f"{sys.version_info.major}.{sys.version_info.minor}")
     if rank == 0:
         for line in said:
-            _say(line)
+            # A notice line: the coordinator adds it to the job's events (and it stays in the log).
+            print(f"ringmaster-notice: ringmaster.sagemaker: {line}", file=sys.stderr, flush=True)
     return said
 
 
