@@ -233,16 +233,19 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
                "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"}
 
 
-@pytest.fixture
-def s3(tmp_path):
+def s3_server(tmp_path, unauthenticated_actions=None):
     """An S3 server (moto) on loopback, with the bucket 'bucket' holding data/ (two objects);
-    yields the environment that reaches it."""
+    yields the environment that reaches it. With `unauthenticated_actions`, the server checks
+    credentials after that many actions (ours are not known to it: every later call is denied)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(tmp_path / "moto.log", "w")
+    server_env = dict(os.environ)
+    if unauthenticated_actions is not None:
+        server_env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(unauthenticated_actions)
     server = subprocess.Popen([str(S3_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT)
+                              stdout=log, stderr=subprocess.STDOUT, env=server_env)
     env = dict(CREDENTIALS, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
     try:
         def listening():
@@ -265,6 +268,16 @@ def s3(tmp_path):
         server.terminate()
         server.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture
+def s3(tmp_path):
+    yield from s3_server(tmp_path)
+
+
+@pytest.fixture
+def s3_enforcing(tmp_path):
+    yield from s3_server(tmp_path, unauthenticated_actions=3)
 
 
 @pytest.fixture
@@ -453,8 +466,10 @@ def test_the_pytorch_notebook_cell_runs_with_only_its_import_changed(tmp_path, s
 
 
 @s3_missing
-@pytest.mark.parametrize("problem", ["missing bucket", "no credentials", "empty prefix"])
-def test_fit_fails_before_any_job_exists_naming_the_uri(tmp_path, s3, cluster, problem):
+@pytest.mark.parametrize("problem", ["missing bucket", "no credentials", "empty prefix",
+                                     "denied key"])
+def test_fit_fails_before_any_job_exists_naming_the_uri(tmp_path, cluster, problem, request):
+    s3 = request.getfixturevalue("s3_enforcing" if problem == "denied key" else "s3")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update({k: v for k, v in s3.items() if k != "client"})
     uri = "s3://nobucket/data" if problem == "missing bucket" else (
@@ -481,6 +496,8 @@ def test_fit_fails_before_any_job_exists_naming_the_uri(tmp_path, s3, cluster, p
                           "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws/credentials, "
                           "AWS_PROFILE, an instance role)",
         "empty prefix": "REFUSED s3://bucket/nothing-here: no objects under this prefix",
+        "denied key": "REFUSED s3://bucket/data: access denied (InvalidAccessKeyId): the "
+                      "credentials may not read or write it",
     }[problem]
     assert r.stdout.strip() == expected, r.stdout + r.stderr
     jobs = cluster.cli(cluster.coord, "jobs", "--json")
@@ -553,3 +570,30 @@ def test_a_gpu_instance_type_waits_for_gpu_slots_naming_them(tmp_path, cluster):
                                              "registered, 0 idle")
     finally:
         job.cancel("test over")
+
+
+def test_a_file_channel_and_a_script_writing_opt_ml_model_directly(tmp_path, cluster):
+    """file:// channels keep working; what a script writes to /opt/ml/model itself comes back
+    with the model where the rank may write there."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "rows.txt").write_text("7\n")
+    marker = f"direct-{os.getpid()}-{time.monotonic_ns()}.txt"
+    (tmp_path / "train.py").write_text(textwrap.dedent(f'''
+        import os
+        rows = open(os.path.join(os.environ["SM_CHANNEL_DATA"], "rows.txt")).read()
+        os.makedirs("/opt/ml/model", exist_ok=True)
+        with open("/opt/ml/model/{marker}", "w") as f:
+            f.write("rows " + rows)
+    '''))
+    if not container._opt_ml_model_writable():
+        pytest.skip("/opt/ml/model is not writable by this user (CI runs as root)")
+    estimator = PyTorch(entry_point=str(tmp_path / "train.py"), instance_type="ml.c5.xlarge",
+                        instance_count=1, coordinator=cluster.address,
+                        interpreter="/usr/bin/python3", output_path=str(tmp_path / "out"))
+    try:
+        estimator.fit({"data": f"file://{data}"}, logs=False, timeout=60)
+        assert (tmp_path / "out" / "rank-0" / "model" / marker).read_text() == "rows 7\n"
+    finally:
+        if os.path.exists(f"/opt/ml/model/{marker}"):
+            os.remove(f"/opt/ml/model/{marker}")
