@@ -24,6 +24,7 @@
 #include "worker/engine_wire.h"
 #include "worker/gloo_backend.h"
 #include "worker/gpu_executor.h"
+#include "worker/rank_process.h"
 #include "worker/rendezvous_client.h"
 #ifdef RINGMASTER_HAVE_NCCL
 #include "worker/gpu/plugin.h"
@@ -786,53 +787,10 @@ void Daemon::RunRankExited(const std::shared_ptr<Job>& job, const ChildExit& exi
 absl::Status Daemon::LaunchChild(const std::shared_ptr<Job>& job) {
   const v1::Job& spec = job->assignment.job();
   const int rank = job->assignment.rank();
-  const v1::RankInfo& me = spec.ranks(rank);
-  std::map<std::string, std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string kv(*e);
-    size_t eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  for (const auto& [k, v] : spec.spec().env()) env[k] = v;
-  const std::map<std::string, std::string> topology = {
-      {"RANK", absl::StrCat(rank)},
-      {"SIZE", absl::StrCat(spec.spec().np())},
-      {"LOCAL_RANK", absl::StrCat(me.local_rank())},
-      {"LOCAL_SIZE", absl::StrCat(me.local_size())},
-      {"CROSS_RANK", absl::StrCat(me.cross_rank())},
-      {"CROSS_SIZE", absl::StrCat(me.cross_size())},
-      {"HOSTNAME", me.host()},
-  };
-  for (const auto& [k, v] : topology) {
-    env["RINGMASTER_" + k] = v;
-    env["HOROVOD_" + k] = v;
-  }
-  env["RINGMASTER_SOCKET"] = options_.socket_path;
-  env["RINGMASTER_COORDINATOR"] = options_.coordinator;
-  env["RINGMASTER_JOB_ID"] = spec.id();
-  env["RINGMASTER_EPOCH"] = absl::StrCat(job->assignment.epoch());
-  if (job->elastic()) {
-    const int32_t timeout = spec.spec().elastic_timeout_seconds();
-    env["RINGMASTER_ELASTIC_TIMEOUT"] = absl::StrCat(timeout > 0 ? timeout : 600);
-  }
-  // The job's own processes may meet through the coordinator's rendezvous (a raw Gloo context, a
-  // benchmark's baseline): the epoch's token lets them, and only for this job.
-  env["RINGMASTER_RENDEZVOUS_TOKEN"] = job->assignment.rendezvous_token();
-  // Where this host's data plane listens: a rank that opens connections of its own (a raw Gloo
-  // context, a benchmark's baseline) binds it too.
-  if (!me.address().empty()) env["RINGMASTER_ADDRESS"] = me.address();
-  // What the rank writes here comes back as the job's artifacts "rank-<rank>/...". SageMaker
-  // scripts find it under their names.
-  const std::string output = job->proc->dir + "/output";
-  env["RINGMASTER_OUTPUT_DIR"] = output;
-  env["SM_OUTPUT_DATA_DIR"] = output;
-  env["SM_MODEL_DIR"] = output;
-  std::string cwd = spec.spec().working_dir();
-  if (!spec.spec().source().sha256().empty()) {
-    cwd = job->proc->dir + "/code";
-    env["RINGMASTER_CODE_DIR"] = cwd;
-    env["SM_MODULE_DIR"] = cwd;
-  }
+  const RankPlace place{options_.socket_path, options_.coordinator, job->proc->dir};
+  const std::map<std::string, std::string> env =
+      RankEnvironment(job->assignment, place, ProcessEnvironment());
+  const std::string cwd = RankWorkingDir(job->assignment, place);
   std::vector<std::string> argv(spec.spec().command().begin(), spec.spec().command().end());
   CoordinatorSession* session = session_.get();
   // Numbered (the reliable session: re-sent after a reconnect, deduplicated by the coordinator);
