@@ -16,7 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/negotiation_wire.h"
-#include "common/source_archive.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "spdlog/spdlog.h"
@@ -692,27 +691,14 @@ void Daemon::FailStart(const std::shared_ptr<Job>& job, const std::string& why) 
 
 absl::Status Daemon::PrepareRankDir(Job& job) {
   const v1::Job& spec = job.assignment.job();
-  job.proc->dir = absl::StrCat(options_.work_dir, "/", spec.id(), "-", job.assignment.epoch(),
-                               "-rank-", job.assignment.rank(), "-", getpid());
-  std::error_code error;
-  fs::remove_all(job.proc->dir, error);
-  error.clear();
-  if (!fs::create_directories(job.proc->dir + "/output", error) && error) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create the rank's directory ", job.proc->dir, ": ", error.message()));
-  }
-  fs::permissions(job.proc->dir, fs::perms::owner_all, fs::perm_options::replace, error);
-  if (spec.spec().source().sha256().empty()) return absl::OkStatus();
-  const std::string archive = job.proc->dir + "/source.tar.gz";
-  RendezvousClient client(channel_, spec.id(), job.assignment.epoch(), job.rendezvous,
-                          job.assignment.rendezvous_token());
-  if (absl::Status s = client.FetchSource(archive); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("could not fetch the job's code: ", s.message()));
-  }
-  if (absl::Status s = ExtractArchive(archive, job.proc->dir + "/code"); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("could not unpack the job's code: ", s.message()));
-  }
-  fs::remove(archive, error);
+  absl::StatusOr<std::string> dir =
+      MakeRankDir(options_.work_dir, job.assignment, [&](const std::string& archive) {
+        RendezvousClient client(channel_, spec.id(), job.assignment.epoch(), job.rendezvous,
+                                job.assignment.rendezvous_token());
+        return client.FetchSource(archive);
+      });
+  if (!dir.ok()) return dir.status();
+  job.proc->dir = *std::move(dir);
   return absl::OkStatus();
 }
 

@@ -2,7 +2,11 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+#include <system_error>
+
 #include "absl/strings/str_cat.h"
+#include "common/source_archive.h"
 
 namespace ringmaster {
 
@@ -62,6 +66,37 @@ std::map<std::string, std::string> RankEnvironment(
     env["SM_MODULE_DIR"] = place.dir + "/code";
   }
   return env;
+}
+
+absl::StatusOr<std::string> MakeRankDir(
+    const std::string& work_dir, const v1::JobAssignment& assignment,
+    absl::FunctionRef<absl::Status(const std::string& archive)> fetch_source) {
+  namespace fs = std::filesystem;
+  const v1::Job& job = assignment.job();
+  const std::string dir = absl::StrCat(work_dir, "/", job.id(), "-", assignment.epoch(), "-rank-",
+                                       assignment.rank(), "-", getpid());
+  std::error_code error;
+  fs::remove_all(dir, error);
+  error.clear();
+  if (!fs::create_directories(dir + "/output", error) && error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create the rank's directory ", dir, ": ", error.message()));
+  }
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, error);
+  if (job.spec().source().sha256().empty()) return dir;
+  const std::string archive = dir + "/source.tar.gz";
+  absl::Status s = fetch_source(archive);
+  if (!s.ok()) {
+    s = absl::Status(s.code(), absl::StrCat("could not fetch the job's code: ", s.message()));
+  } else if (s = ExtractArchive(archive, dir + "/code"); !s.ok()) {
+    s = absl::Status(s.code(), absl::StrCat("could not unpack the job's code: ", s.message()));
+  }
+  if (!s.ok()) {
+    fs::remove_all(dir, error);  // nothing half made is left
+    return s;
+  }
+  fs::remove(archive, error);
+  return dir;
 }
 
 std::string RankWorkingDir(const v1::JobAssignment& assignment, const RankPlace& place) {

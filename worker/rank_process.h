@@ -6,6 +6,8 @@
 #include <map>
 #include <string>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
 #include "ringmaster/v1/worker.pb.h"
 
 namespace ringmaster {
@@ -30,6 +32,15 @@ std::map<std::string, std::string> RankEnvironment(
 // The process's working directory: the unpacked code when the job ships code, else
 // spec.working_dir.
 std::string RankWorkingDir(const v1::JobAssignment& assignment, const RankPlace& place);
+
+// Makes the rank's directory under `work_dir` afresh (`<job>-<epoch>-rank-<rank>-<daemon pid>`,
+// owner only, with output/ in it) and, when the job ships code, unpacks it into code/ (the archive
+// written by `fetch_source` to the path it is given, then removed). Returns the directory;
+// UNAVAILABLE when it cannot be made, the fetch's or the unpack's error, saying which, otherwise
+// (the directory then removed).
+absl::StatusOr<std::string> MakeRankDir(
+    const std::string& work_dir, const v1::JobAssignment& assignment,
+    absl::FunctionRef<absl::Status(const std::string& archive)> fetch_source);
 
 // This process's environment, as RankEnvironment's `inherited`.
 std::map<std::string, std::string> ProcessEnvironment();

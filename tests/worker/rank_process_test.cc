@@ -1,8 +1,14 @@
 #include "worker/rank_process.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "common/source_archive.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -83,6 +89,49 @@ TEST(RankProcessTest, CodeShippedWithTheJobIsItsWorkingDirAndAnElasticJobGetsIts
   EXPECT_EQ(RankWorkingDir(a, place), "/d/code");
   a.mutable_job()->mutable_spec()->set_elastic_timeout_seconds(30);
   EXPECT_EQ(RankEnvironment(a, place, {})["RINGMASTER_ELASTIC_TIMEOUT"], "30");
+}
+
+TEST(RankProcessTest, TheRanksDirectoryIsMadeAfreshWithItsOutputAndTheJobsCodeUnpacked) {
+  namespace fs = std::filesystem;
+  const std::string work = ::testing::TempDir() + "/rank_process_test";
+  fs::remove_all(work);
+  fs::create_directories(work);
+  const std::string expected_dir = absl::StrCat(work, "/job-000007-3-rank-1-", getpid());
+  fs::create_directories(expected_dir + "/stale");  // a predecessor's leftovers
+  auto no_fetch = [](const std::string&) { return absl::InternalError("not called"); };
+  absl::StatusOr<std::string> dir = MakeRankDir(work, Assignment(), no_fetch);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, expected_dir);
+  EXPECT_TRUE(fs::is_directory(*dir + "/output"));
+  EXPECT_FALSE(fs::exists(*dir + "/stale"));
+  EXPECT_EQ(fs::status(*dir).permissions(), fs::perms::owner_all);
+
+  // With code: the archive the fetch writes is unpacked into code/ and removed.
+  const std::string src = work + "/src";
+  fs::create_directories(src + "/pkg");
+  std::ofstream(src + "/pkg/train.py") << "print('hi')\n";
+  absl::StatusOr<std::string> packed = PackDirectory(src, 1 << 20);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  v1::JobAssignment with_code = Assignment();
+  with_code.mutable_job()->mutable_spec()->mutable_source()->set_sha256(std::string(64, 'a'));
+  dir = MakeRankDir(work, with_code, [&](const std::string& archive) {
+    std::ofstream(archive, std::ios::binary) << *packed;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  std::ifstream unpacked(*dir + "/code/pkg/train.py");
+  std::string text((std::istreambuf_iterator<char>(unpacked)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "print('hi')\n");
+  EXPECT_FALSE(fs::exists(*dir + "/source.tar.gz"));
+
+  // A fetch that fails says so, and leaves nothing behind.
+  dir = MakeRankDir(work, with_code, [](const std::string&) {
+    return absl::UnavailableError("the coordinator is gone");
+  });
+  EXPECT_EQ(dir.status(),
+            absl::UnavailableError("could not fetch the job's code: the coordinator is gone"));
+  EXPECT_FALSE(fs::exists(expected_dir));
+  fs::remove_all(work);
 }
 
 }  // namespace
