@@ -53,7 +53,8 @@ absl::StatusOr<Coordinator::ArtifactSnapshot> Coordinator::SnapshotArtifact(
 absl::Status Coordinator::AppendOutput(const std::string& worker_id, const std::string& job_id,
                                        int64_t epoch, int32_t rank, OutputStream stream,
                                        std::string data, uint64_t seq) {
-  if (auto runtime = RuntimeFor(worker_id, job_id, epoch, rank); !runtime.ok()) {
+  const auto runtime = RuntimeFor(worker_id, job_id, epoch, rank);
+  if (!runtime.ok()) {
     // After the job's end, the worker that served the rank may still send the rank's last words;
     // the log store takes them until the job's log ends.
     absl::StatusOr<Job> job = jobs_.Get(job_id);
@@ -67,7 +68,8 @@ absl::Status Coordinator::AppendOutput(const std::string& worker_id, const std::
                                                    " is ", data.size(), " bytes; at most ",
                                                    kMaxOutputMessageBytes, " per message"));
   }
-  NoteRankNotices(job_id, rank, data);
+  // Notices while the job runs (its events, and their record, end with it).
+  if (runtime.ok()) NoteRankNotices(job_id, rank, data);
   // The job's log may end between the check above and here; the store then refuses the chunk, so a
   // follower that saw the end has seen every chunk stored.
   return logs_.Append(job_id, rank, stream, std::move(data), seq);

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
 import threading
 import warnings
@@ -413,14 +414,23 @@ class Estimator:
         set_knobs(spec.knobs, self.knobs)
         return spec
 
+    def _source(self):
+        """What is shipped with the job (source_dir, or the entry point alone), and a directory
+        made for it to remove once it is sent (None here)."""
+        return (self.source_dir if self.source_dir is not None else self.entry_point), None
+
     def fit(self, inputs=None, wait=True, logs=True, job_name=None, timeout=None):
         """Submits the job with its code, then (with `wait`) streams its output, waits for its
         end, downloads its artifacts into output_path and returns the TrainingJob; JobFailedError
         (with the job's reason and its ranks' exit statuses) when it failed or was cancelled.
         Without `wait`, returns the TrainingJob at once."""
         spec = self.job_spec(inputs, job_name)
-        source = self.source_dir if self.source_dir is not None else self.entry_point
-        job = self.client.submit_spec(spec, source_dir=source)
+        source, staging = self._source()
+        try:
+            job = self.client.submit_spec(spec, source_dir=source)
+        finally:
+            if staging:
+                shutil.rmtree(staging, ignore_errors=True)
         self.latest_training_job = TrainingJob(self.client, job, self.output_path)
         if wait:
             self.latest_training_job.wait(logs=logs, timeout=timeout)

@@ -172,7 +172,7 @@ class Framework(Estimator):
     def _source(self):
         """The directory shipped with the job: source_dir (or the entry point alone), with the
         dependencies copied beside it, as SageMaker ships them."""
-        base = self.source_dir if self.source_dir is not None else self.entry_point
+        base, _ = super()._source()
         if not self.dependencies:
             return base, None
         staging = tempfile.mkdtemp(prefix="ringmaster-source-")
@@ -200,19 +200,11 @@ class Framework(Estimator):
         if self._s3_output:
             s3.check_writable(self._s3_output)
         self._job_name = job_name or f"{self.base_job_name or self.DEFAULT_JOB_NAME}-{_timestamp()}"
-        spec = self.job_spec(inputs, self._job_name)
-        source, staging = self._source()
-        try:
-            job = self.client.submit_spec(spec, source_dir=source)
-        finally:
-            if staging:
-                shutil.rmtree(staging, ignore_errors=True)
-        from ringmaster.estimator import TrainingJob
-        self.latest_training_job = TrainingJob(self.client, job, self.output_path)
-        self.latest_training_job.name = self._job_name
+        job = super().fit(inputs, wait=False, job_name=self._job_name)
+        job.name = self._job_name
         if wait:
             self.wait(logs=logs, timeout=timeout)
-        return self.latest_training_job
+        return job
 
     def wait(self, logs=True, timeout=None):
         job = self.latest_training_job
