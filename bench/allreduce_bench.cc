@@ -26,8 +26,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "ringmaster/client.h"
-#include "worker/gloo_backend.h"
-#include "worker/rendezvous_client.h"
+#include "worker/cpu/gloo_backend.h"
+#include "worker/rendezvous/rendezvous_client.h"
 
 ABSL_FLAG(std::string, profile, "bench/profiles/resnet50.json", "model profile JSON");
 ABSL_FLAG(int, steps, 20, "measured steps");

@@ -19,7 +19,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "ringmaster/v1/worker.grpc.pb.h"
-#include "worker/worker_cache.h"
+#include "worker/negotiation/worker_cache.h"
 
 namespace ringmaster {
 

@@ -19,12 +19,12 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "spdlog/spdlog.h"
-#include "worker/cpu_executor.h"
-#include "worker/engine_wire.h"
-#include "worker/gloo_backend.h"
-#include "worker/gpu_executor.h"
+#include "worker/cpu/cpu_executor.h"
+#include "worker/cpu/gloo_backend.h"
+#include "worker/gpu/gpu_executor.h"
+#include "worker/negotiation/engine_wire.h"
 #include "worker/rank_process.h"
-#include "worker/rendezvous_client.h"
+#include "worker/rendezvous/rendezvous_client.h"
 #ifdef RINGMASTER_HAVE_NCCL
 #include "worker/gpu/plugin.h"
 #endif

@@ -27,14 +27,14 @@
 #include "common/tls.h"
 #include "grpcpp/channel.h"
 #include "worker/child_process.h"
-#include "worker/coordinator_session.h"
-#include "worker/device_executor.h"
-#include "worker/engine.h"
-#include "worker/local_server.h"
-#include "worker/negotiation_relay.h"
-#include "worker/net_address.h"
-#include "worker/rendezvous_client.h"
-#include "worker/session_ledger.h"
+#include "worker/gpu/device_executor.h"
+#include "worker/local/local_server.h"
+#include "worker/negotiation/coordinator_session.h"
+#include "worker/negotiation/engine.h"
+#include "worker/negotiation/negotiation_relay.h"
+#include "worker/negotiation/session_ledger.h"
+#include "worker/rendezvous/net_address.h"
+#include "worker/rendezvous/rendezvous_client.h"
 
 namespace ringmaster {
 

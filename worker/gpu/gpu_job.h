@@ -15,7 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "worker/device_executor.h"
+#include "worker/gpu/device_executor.h"
 #include "worker/gpu/nccl_backend.h"
 
 namespace ringmaster {

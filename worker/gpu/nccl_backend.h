@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "worker/backend.h"
-#include "worker/key_value_store.h"
+#include "worker/rendezvous/key_value_store.h"
 
 namespace ringmaster {
 
