@@ -132,6 +132,7 @@ absl::Status Daemon::StartMetrics() {
   absl::StatusOr<std::unique_ptr<MetricsServer>> metrics = MetricsServer::Start(
       options_.metrics_listen, &metrics_,
       HealthChecks{
+          .live = nullptr,
           // Ready while its session with the coordinator is open: it can be given a rank.
           .ready =
               [this] {

@@ -6,14 +6,8 @@
 #include "common/negotiation_wire.h"
 #include "common/thread_list.h"
 #include "spdlog/spdlog.h"
-#include "worker/cpu/cpu_executor.h"
-#include "worker/cpu/gloo_backend.h"
-#include "worker/gpu/gpu_executor.h"
 #include "worker/negotiation/coordinator_session.h"
 #include "worker/negotiation/engine_wire.h"
-#ifdef RINGMASTER_HAVE_NCCL
-#include "worker/gpu/plugin.h"
-#endif
 
 namespace ringmaster {
 
@@ -80,13 +74,28 @@ void JobRunner::Start(const std::shared_ptr<JobRunner>& previous) {
     return;
   }
   EngineOptions e = EngineOptionsFor();
-  if (context_.cuda_device < 0) {
-    e.executor = std::make_unique<CpuExecutor>(CpuExecutorFor(*address));
-  } else if (absl::Status s = StartDevice(e); !s.ok()) {
-    FailStart(
-        absl::StrCat("worker could not set up cuda:", context_.cuda_device, ": ", s.message()));
+  // The device side fails the rank by itself (an NCCL error, a collective past its deadline): the
+  // coordinator fails the job, and stops the other ranks, with this message. It lives inside this
+  // runner, so the callback never outlives it.
+  absl::StatusOr<ExecutorParts> executor = MakeExecutor(ExecutorSetup{
+      .assignment = assignment_,
+      .context = context_,
+      .arena = arena_->data(),
+      .outputs = outputs_.get(),
+      .journal = rendezvous_,
+      .address = *address,
+      .on_device_failure =
+          [this](const absl::Status& s) {
+            SendRankUpdate(v1::RANK_STATE_EXITED, 1, std::string(s.message()), /*failed=*/true);
+          },
+  });
+  if (!executor.ok()) {
+    FailStart(absl::StrCat("worker could not set up cuda:", context_.cuda_device, ": ",
+                           executor.status().message()));
     return;
   }
+  e.executor = std::move(executor->executor);
+  device_ = std::move(executor->device);
   engine_ = std::make_unique<Engine>(std::move(e));
   StartRelay();
   // Ready before the engine starts: responses can only follow the requests it will send, and must
@@ -173,118 +182,6 @@ EngineOptions JobRunner::EngineOptionsFor() {
     }
   };
   return e;
-}
-
-CpuExecutorOptions JobRunner::CpuExecutorFor(const LocalAddress& address) {
-  const v1::Job& spec = assignment_.job();
-  const v1::Knobs& knobs = spec.spec().knobs();
-  CpuExecutorOptions cpu;
-  cpu.rank = rank();
-  cpu.size = spec.spec().np();
-  cpu.arena = arena_->data();
-  cpu.outputs = outputs_.get();
-  // A Gloo communicator among `size` ranks meeting under `prefix`: the job's (one per index), or a
-  // process set's (its members, under the set's key).
-  auto gloo = [channel = context_.channel, assignment = assignment_, iface = options_.iface,
-               hostname = address.address, timeout = options_.collective_timeout,
-               journal = rendezvous_](int gloo_rank, int size, std::string prefix) {
-    GlooBackendOptions g;
-    g.rank = gloo_rank;
-    g.size = size;
-    g.store = std::make_shared<RendezvousClient>(channel, assignment.job().id(), assignment.epoch(),
-                                                 journal, assignment.rendezvous_token());
-    g.prefix = std::move(prefix);
-    g.iface = iface;
-    g.hostname = hostname;
-    g.timeout = timeout;
-    return CreateGlooBackend(std::move(g));
-  };
-  cpu.make_backend = [gloo, rank = rank(), np = spec.spec().np()](int index) {
-    return gloo(rank, np, absl::StrCat("gloo/", index, "/"));
-  };
-  cpu.make_set_backend = [gloo](const std::string& key, int set_rank, int set_size) {
-    return gloo(set_rank, set_size, absl::StrCat("gloo/", key, "/"));
-  };
-  cpu.hierarchical_allreduce = knobs.hierarchical_allreduce();
-  cpu.hierarchical_allgather = knobs.hierarchical_allgather();
-  // Off under autotune, which scores what the coordinator negotiates.
-  cpu.local_negotiation =
-      (!knobs.has_local_negotiation() || knobs.local_negotiation()) && !knobs.autotune();
-  if (!knobs.has_shm_allreduce() || knobs.shm_allreduce()) {
-    cpu.make_host_group = [channel = context_.channel, assignment = assignment_,
-                           journal = rendezvous_, host = options_.host_name,
-                           timeout = options_.collective_timeout]() {
-      const v1::JobSpec& spec = assignment.job().spec();
-      ShmGroupOptions o;
-      o.rank = assignment.rank();
-      o.size = spec.np();
-      o.store =
-          std::make_shared<RendezvousClient>(channel, assignment.job().id(), assignment.epoch(),
-                                             journal, assignment.rendezvous_token());
-      o.host = host;
-      o.across_hosts =
-          spec.knobs().hierarchical_allreduce() || spec.knobs().hierarchical_allgather();
-      o.timeout = timeout;
-      return ConnectShmGroup(std::move(o));
-    };
-  }
-  return cpu;
-}
-
-absl::Status JobRunner::StartDevice(EngineOptions& e) {
-#ifdef RINGMASTER_HAVE_NCCL
-  GpuJobOptions g;
-  g.device = context_.cuda_device;
-  g.rank = rank();
-  g.size = assignment_.job().spec().np();
-  g.arena_bytes = static_cast<int64_t>(options_.arena_bytes);
-  const std::string where =
-      absl::StrCat("rank ", g.rank, " (", options_.host_name, ", cuda:", g.device, ")");
-  // The communicator failing by itself (an NCCL error, a collective past its deadline) fails the
-  // rank at the coordinator, which fails the job (and stops the other ranks) with this message.
-  // The backend lives inside this runner, so the callback never outlives it.
-  auto on_fail = [this](const absl::Status& s) {
-    SendRankUpdate(v1::RANK_STATE_EXITED, 1, std::string(s.message()), /*failed=*/true);
-  };
-  const GpuPlugin* plugin = context_.gpu_plugin;
-  auto nccl = [plugin, channel = context_.channel, assignment = assignment_, where,
-               timeout = options_.collective_timeout, device = g.device, on_fail,
-               journal = rendezvous_](std::shared_ptr<std::atomic<bool>> cancelled,
-                                      const std::string& prefix, int rank, int size, void* stream,
-                                      const std::string& set) {
-    NcclBackendOptions n;
-    n.rank = rank;
-    n.size = size;
-    n.device = device;
-    n.store = std::make_shared<RendezvousClient>(channel, assignment.job().id(), assignment.epoch(),
-                                                 journal, assignment.rendezvous_token());
-    n.prefix = prefix;
-    n.where = set.empty() ? where : absl::StrCat(where, " in process set ", set);
-    n.timeout = timeout;
-    n.cancelled = std::move(cancelled);
-    n.on_fail = on_fail;
-    n.stream = stream;
-    return plugin->create_backend(std::move(n));
-  };
-  g.make_backend = [nccl, rank = g.rank, size = g.size](std::shared_ptr<std::atomic<bool>> c) {
-    return nccl(std::move(c), "nccl/0/", rank, size, nullptr, "");
-  };
-  g.make_set_backend = [nccl](std::shared_ptr<std::atomic<bool>> c, const std::string& key,
-                              int set_rank, int set_size, void* stream) {
-    return nccl(std::move(c), absl::StrCat("nccl/", key, "/"), set_rank, set_size, stream, key);
-  };
-  absl::StatusOr<GpuJobParts> gpu = plugin->create_job(std::move(g));
-  if (!gpu.ok()) return gpu.status();
-  device_pci_bus_id_ = std::move(gpu->pci_bus_id);
-  device_arena_handle_ = std::move(gpu->arena_handle);
-  done_event_handles_ = std::move(gpu->done_event_handles);
-  e.executor = std::make_unique<GpuExecutor>(gpu->job.get(), outputs_.get(), g.rank, g.size);
-  gpu_ = std::move(gpu->job);
-  return absl::OkStatus();
-#else
-  (void)e;
-  return absl::FailedPreconditionError("this build has no CUDA/NCCL");
-#endif
 }
 
 void JobRunner::StartRelay() {
@@ -621,7 +518,8 @@ void JobRunner::Release() {
   // until the engine has stopped, on a thread of its own. A GPU slot waits: the old job's device
   // arena and NCCL setup would leave the next one short of GPU memory.
   bool stopped = true;
-  const absl::Duration wait = gpu_ != nullptr ? absl::InfiniteDuration() : absl::Seconds(1);
+  const absl::Duration wait =
+      device_.device != nullptr ? absl::InfiniteDuration() : absl::Seconds(1);
   if (engine_ != nullptr && !engine_->StopWithin(wait)) {
     stopped = false;
     spdlog::info(

@@ -22,7 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/shared_memory.h"
 #include "ringmaster/v1/worker.pb.h"
-#include "worker/gpu/device_executor.h"
+#include "worker/executor_factory.h"
 #include "worker/local/rank_attachment.h"
 #include "worker/negotiation/engine.h"
 #include "worker/negotiation/negotiation_relay.h"
@@ -32,8 +32,6 @@
 #include "worker/worker_context.h"
 
 namespace ringmaster {
-
-struct CpuExecutorOptions;
 
 class JobRunner : public std::enable_shared_from_this<JobRunner> {
  public:
@@ -115,11 +113,10 @@ class JobRunner : public std::enable_shared_from_this<JobRunner> {
   size_t client_bytes() const;
   ArenaAllocator& outputs() { return *outputs_; }
   Engine& engine() { return *engine_; }
-  DeviceExecutor* gpu() { return gpu_.get(); }
+  // GPU slots: the device side (null on a CPU slot) and what a process needs to share it.
+  DeviceExecutor* gpu() { return device_.device.get(); }
+  const DeviceParts& device() const { return device_; }
   int cuda_device() const { return context_.cuda_device; }
-  const std::string& device_pci_bus_id() const { return device_pci_bus_id_; }
-  const std::string& device_arena_handle() const { return device_arena_handle_; }
-  const std::vector<std::string>& done_event_handles() const { return done_event_handles_; }
   bool started() const { return started_.load(); }
   // Marks the rank STARTED; true if it was already.
   bool MarkStarted() { return started_.exchange(true); }
@@ -128,12 +125,10 @@ class JobRunner : public std::enable_shared_from_this<JobRunner> {
   const std::shared_ptr<std::atomic<bool>>& hosts_updated() const { return hosts_updated_; }
 
  private:
-  // Start()'s parts: the epoch's arena, the engine's options with its executor and its hooks to
-  // the coordinator, the device side of a GPU slot, and the relay.
+  // Start()'s parts: the epoch's arena, the engine's options with its hooks to the coordinator, and
+  // the relay.
   absl::Status BuildArena();
   EngineOptions EngineOptionsFor();
-  CpuExecutorOptions CpuExecutorFor(const LocalAddress& address);
-  absl::Status StartDevice(EngineOptions& e);
   void StartRelay();
   void StartRelayHub(const RelayPlan& plan, std::shared_ptr<RendezvousClient> store);
   void StartRelayLink(const RelayPlan& plan, std::shared_ptr<RendezvousClient> store);
@@ -162,10 +157,7 @@ class JobRunner : public std::enable_shared_from_this<JobRunner> {
   Owner& owner_;
   // GPU slots: the device side (arena, events, NCCL); declared before the engine, which uses it,
   // so it is destroyed after it.
-  std::unique_ptr<DeviceExecutor> gpu_;
-  std::string device_arena_handle_;
-  std::string device_pci_bus_id_;
-  std::vector<std::string> done_event_handles_;
+  DeviceParts device_;
   std::unique_ptr<SharedMemory> arena_;
   std::unique_ptr<ArenaAllocator> outputs_;
   // The rendezvous keys this rank set, published again when the session reopens.

@@ -116,9 +116,9 @@ absl::StatusOr<LocalServer::Handler::Welcome> LocalApi::WelcomeInto(JobRunner& j
   w.set_client_bytes(static_cast<int64_t>(job.client_bytes()));
   if (job.gpu() != nullptr) {
     w.set_device(job.cuda_device() + 1);
-    w.set_device_pci_bus_id(job.device_pci_bus_id());
-    w.set_device_arena(job.device_arena_handle());
-    for (const std::string& h : job.done_event_handles()) w.add_done_events(h);
+    w.set_device_pci_bus_id(job.device().pci_bus_id);
+    w.set_device_arena(job.device().arena_handle);
+    for (const std::string& h : job.device().done_event_handles) w.add_done_events(h);
   }
   return Welcome{std::move(w), arena_fd};
 }

@@ -31,75 +31,11 @@ OpResult Failed(const absl::Status& status) {
 
 Engine::Engine(EngineOptions options)
     : options_(std::move(options)),
-      metrics_(options_.metrics != nullptr ? options_.metrics : &own_metrics_),
-      record_(options_.metrics != nullptr),
-      labels_({{"job", options_.job_id},
-               {"rank", absl::StrCat(options_.rank)},
-               {"host", options_.host}}),
+      metrics_(options_.metrics, options_.job_id, options_.rank, options_.host, options_.size),
       executor_(options_.executor.get()),
-      cycle_time_(options_.cycle_time) {
-  const char* ops[] = {"allreduce", "broadcast", "allgather", "barrier"};
-  for (int i = 0; i < 4; ++i) {
-    Labels with_op = labels_;
-    with_op.emplace_back("op", ops[i]);
-    if (i < 3) {
-      series_.bytes[i] = &metrics_->GetCounter(
-          "ringmaster_collective_bytes_total",
-          "Bytes this rank contributed to collectives (allreduce, broadcast, allgather).", with_op);
-    }
-    series_.latency[i] = &metrics_->GetHistogram(
-        "ringmaster_collective_latency_seconds",
-        "Time to execute one response (pack, collective, scale, unpack), by collective.",
-        ExponentialBuckets(0.00005, 2, 18), with_op);
-  }
-  series_.fused_tensors = &metrics_->GetHistogram("ringmaster_fused_tensors",
-                                                  "Tensors per executed allreduce response.",
-                                                  ExponentialBuckets(1, 2, 11), labels_);
-  series_.fill_ratio =
-      &metrics_->GetHistogram("ringmaster_fusion_buffer_fill_ratio",
-                              "Bytes of an allreduce response divided by the fusion threshold.",
-                              {0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1}, labels_);
-  series_.bus_bandwidth = &metrics_->GetGauge(
-      "ringmaster_bus_bandwidth_bytes_per_second",
-      "Bus bandwidth of the last allreduce response: 2(n-1)/n x bytes / time.", labels_);
-  series_.queue_depth = &metrics_->GetGauge(
-      "ringmaster_queue_depth", "Collectives enqueued by the training process and not yet done.",
-      labels_);
-  const char* outcomes[] = {"completed", "diverted"};
-  for (int i = 0; i < 2; ++i) {
-    Labels with_outcome = labels_;
-    with_outcome.emplace_back("outcome", outcomes[i]);
-    series_.local_rounds[i] = &metrics_->GetCounter(
-        "ringmaster_local_negotiations_total",
-        "Lone cached allreduces this rank negotiated with the job's other ranks through shared "
-        "memory: completed there, or diverted to the coordinator.",
-        with_outcome);
-  }
-  // Every kind exists from the start at 0, so rate() counts the first error too.
-  for (const char* kind : {"negotiation", "peer", "job_stopped", "other"}) {
-    Labels with_kind = labels_;
-    with_kind.emplace_back("kind", kind);
-    metrics_->GetCounter("ringmaster_errors_total", "Collectives that failed, by kind of error.",
-                         with_kind);
-  }
-}
+      cycle_time_(options_.cycle_time) {}
 
-void Engine::CountError(absl::string_view kind) {
-  if (!record_) return;
-  Labels with_kind = labels_;
-  with_kind.emplace_back("kind", std::string(kind));
-  metrics_
-      ->GetCounter("ringmaster_errors_total", "Collectives that failed, by kind of error.",
-                   with_kind)
-      .Increment();
-}
-
-Engine::~Engine() {
-  Stop();
-  // The rank is gone: its levels drop to zero rather than freeze at their last value.
-  series_.queue_depth->Set(0);
-  series_.bus_bandwidth->Set(0);
-}
+Engine::~Engine() { Stop(); }
 
 void Engine::Start() {
   // Serialised with StopWithin: a stop that came first leaves the engine unstarted.
@@ -168,7 +104,7 @@ void Engine::Enqueue(LocalOp local, Done done) {
       unsent_.push_back(r);
       std::string name = r.name;
       ops_[std::move(name)] = std::make_unique<Op>(Op{std::move(local), std::move(done)});
-      if (record_) series_.queue_depth->Set(static_cast<double>(ops_.size()));
+      metrics_.QueueDepth(ops_.size());
       queued = true;
     }
   }
@@ -351,11 +287,11 @@ bool Engine::TryLocalRound(const TensorRequest& request) {
   in_round_.store(false);
   if (outcome == LocalRounds::Outcome::kDiverted) {
     ++rounds_diverted_;
-    if (record_) series_.local_rounds[1]->Increment();
+    metrics_.LocalRound(/*completed=*/false);
     return false;
   }
   ++rounds_completed_;
-  if (record_) series_.local_rounds[0]->Increment();
+  metrics_.LocalRound(/*completed=*/true);
   // The coordinator hears of the use with this rank's next batch, so that its cache keeps the
   // entry.
   if (used_ids_.size() < kMaxUsedIds &&
@@ -401,10 +337,10 @@ void Engine::Complete(Op* op, const absl::Status& status, OpResult result) {
   if (op == nullptr) return;
   if (!status.ok()) {
     result = Failed(status);
-    CountError(status.code() == absl::StatusCode::kFailedPrecondition ? "negotiation"
-               : status.code() == absl::StatusCode::kUnavailable      ? "peer"
-               : status.code() == absl::StatusCode::kAborted          ? "job_stopped"
-                                                                      : "other");
+    metrics_.Error(status.code() == absl::StatusCode::kFailedPrecondition ? "negotiation"
+                   : status.code() == absl::StatusCode::kUnavailable      ? "peer"
+                   : status.code() == absl::StatusCode::kAborted          ? "job_stopped"
+                                                                          : "other");
   }
   op->done(result);
   delete op;
@@ -620,9 +556,9 @@ void Engine::Execute(const Response& r, const std::vector<std::string>& names,
   // job, and its timeline, would end without it).
   SendSpan(r, names, trace);
   for (size_t i = 0; i < ops.size(); ++i) Complete(ops[i], status, std::move(results[i]));
-  if (record_) {
+  {
     absl::MutexLock lock(&mu_);
-    series_.queue_depth->Set(static_cast<double>(ops_.size()));
+    metrics_.QueueDepth(ops_.size());
   }
   // The executor says whether the failure leaves the rank unable to go on (a Gloo communicator is
   // unusable after a failed collective; on a GPU the rank would be out of step with its peers):
@@ -636,46 +572,15 @@ void Engine::Execute(const Response& r, const std::vector<std::string>& names,
 }
 
 void Engine::Record(const Response& r, const std::vector<Op*>& ops, absl::Duration took) {
-  if (!record_) return;
-  const double seconds = absl::ToDoubleSeconds(took);
-  const int64_t elem = DataTypeSize(r.dtype);
   int64_t bytes = 0;
   if (r.type == Response::Type::kAllgather) {
     for (Op* op : ops) {
       if (op != nullptr) bytes += ByteSize(op->local.request);
     }
   } else {
-    for (int64_t n : r.tensor_sizes) bytes += n * elem;
+    for (int64_t n : r.tensor_sizes) bytes += n * DataTypeSize(r.dtype);
   }
-  switch (r.type) {
-    case Response::Type::kAllreduce: {
-      series_.bytes[0]->Increment(static_cast<double>(bytes));
-      series_.latency[0]->Observe(seconds);
-      series_.fused_tensors->Observe(static_cast<double>(ops.size()));
-      if (fusion_threshold_ > 0) {
-        series_.fill_ratio->Observe(static_cast<double>(bytes) /
-                                    static_cast<double>(fusion_threshold_));
-      }
-      const int n = options_.size;
-      if (seconds > 0 && n > 1) {
-        series_.bus_bandwidth->Set(2.0 * (n - 1) / n * static_cast<double>(bytes) / seconds);
-      }
-      break;
-    }
-    case Response::Type::kBroadcast:
-      series_.bytes[1]->Increment(static_cast<double>(bytes));
-      series_.latency[1]->Observe(seconds);
-      break;
-    case Response::Type::kAllgather:
-      series_.bytes[2]->Increment(static_cast<double>(bytes));
-      series_.latency[2]->Observe(seconds);
-      break;
-    case Response::Type::kBarrier:
-      series_.latency[3]->Observe(seconds);
-      break;
-    default:
-      break;
-  }
+  metrics_.Executed(r.type, bytes, ops.size(), took, fusion_threshold_);
 }
 
 }  // namespace ringmaster

@@ -40,6 +40,7 @@
 #include "common/negotiation_types.h"
 #include "worker/cpu/local_rounds.h"
 #include "worker/executor.h"
+#include "worker/negotiation/engine_metrics.h"
 #include "worker/negotiation/worker_cache.h"
 
 namespace ringmaster {
@@ -182,26 +183,11 @@ class Engine {
   void Complete(Op* op, const absl::Status& status, OpResult result = {});
   std::string RankName() const;
 
-  // The engine's metric series, registered once (null registry: a private one).
-  struct Series {
-    Counter* bytes[3];      // allreduce, broadcast, allgather
-    Histogram* latency[4];  // allreduce, broadcast, allgather, barrier
-    Histogram* fused_tensors;
-    Histogram* fill_ratio;
-    Gauge* bus_bandwidth;
-    Gauge* queue_depth;
-    Counter* local_rounds[2];  // completed, diverted
-  };
-  void CountError(absl::string_view kind);
   // Observes a successfully executed response. Engine thread only.
   void Record(const Response& r, const std::vector<Op*>& ops, absl::Duration took);
 
   const EngineOptions options_;
-  MetricsRegistry own_metrics_;
-  MetricsRegistry* const metrics_;
-  const bool record_;
-  Labels labels_;
-  Series series_;
+  EngineMetrics metrics_;
   Executor* const executor_;      // options_.executor; its Abort is called from any thread
   absl::Status setup_status_;     // engine thread only: how the executor's Setup went
   bool executor_ready_ = false;   // engine thread only
