@@ -3,13 +3,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace ringmaster {
-namespace {
-
-constexpr const char kErrors[] = "ringmaster_errors_total";
-constexpr const char kErrorsHelp[] = "Collectives that failed, by kind of error.";
-
-}  // namespace
-
 EngineMetrics::EngineMetrics(MetricsRegistry* registry, const std::string& job_id, int rank,
                              const std::string& host, int size)
     : registry_(registry != nullptr ? registry : &own_),
@@ -57,7 +50,8 @@ EngineMetrics::EngineMetrics(MetricsRegistry* registry, const std::string& job_i
   for (const char* kind : {"negotiation", "peer", "job_stopped", "other"}) {
     Labels with_kind = labels_;
     with_kind.emplace_back("kind", kind);
-    registry_->GetCounter(kErrors, kErrorsHelp, with_kind);
+    registry_->GetCounter("ringmaster_errors_total", "Collectives that failed, by kind of error.",
+                          with_kind);
   }
 }
 
@@ -110,7 +104,10 @@ void EngineMetrics::Error(absl::string_view kind) {
   if (!record_) return;
   Labels with_kind = labels_;
   with_kind.emplace_back("kind", std::string(kind));
-  registry_->GetCounter(kErrors, kErrorsHelp, with_kind).Increment();
+  registry_
+      ->GetCounter("ringmaster_errors_total", "Collectives that failed, by kind of error.",
+                   with_kind)
+      .Increment();
 }
 
 }  // namespace ringmaster
