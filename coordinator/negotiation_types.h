@@ -35,17 +35,23 @@ struct CycleOutput {
 };
 
 // A step of a tensor's negotiation, recorded for the timeline when a job has one.
+// The timeline's row of step ends (NegotiationEvent::Kind::kStepEnd).
+inline constexpr char kStepsTimelineRow[] = "steps: the last rank";
+
 struct NegotiationEvent {
   enum class Kind {
     kStart,      // the first rank submitted the tensor
     kRankReady,  // `rank` submitted it (the first rank too)
     kEnd,        // every rank submitted it: ready to leave in a response
+    kStepEnd,    // a step ended (StragglerTracker): `rank` was last to it, `lateness` behind
   };
   Kind kind = Kind::kStart;
   std::string name;
   RequestType type = RequestType::kUnspecified;
   int32_t rank = -1;
   absl::Time time;
+  int64_t step = 0;  // kStepEnd: the step, from 1
+  absl::Duration lateness;
 };
 
 }  // namespace ringmaster

@@ -71,7 +71,8 @@ Negotiator::Negotiator(NegotiatorOptions options)
       joined_(size_, 0),
       join_names_(size_),
       ended_(size_),
-      notices_(size_) {}
+      notices_(size_),
+      stragglers_({.ranks = size_}) {}
 
 std::string Negotiator::RankName(int rank) const {
   return absl::StrCat("rank ", rank, " (", rank_hosts_[rank], ")");
@@ -323,6 +324,7 @@ void Negotiator::SubmitCached(int rank, Pending& p, absl::Time now) {
   // Cached requests are never allgathers (no first dimensions) nor a process set's.
   p.submitted.Set(rank);
   ++p.count;
+  stragglers_.Requested(rank, now - p.first_submit);
   RecordTimeline(NegotiationEvent::Kind::kRankReady, p.request, rank, now);
   // Every rank has submitted or joined only once the two add up to the job's size (the hot path:
   // at 1024 ranks this runs for each rank and tensor).
@@ -379,6 +381,10 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
     }
     p.submitted.Reset(size_);
     p.first_submit = now;
+    if (std::optional<StragglerTracker::StepEnd> end =
+            stragglers_.TensorStarted(request.name, now)) {
+      RecordStep(*end, now);
+    }
     if (request.type == RequestType::kAllgather) p.first_dims.assign(size_, 0);
     ++waiting_;
     RecordTimeline(NegotiationEvent::Kind::kStart, request, rank, now);
@@ -400,6 +406,7 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
   }
   p.submitted.Set(rank);
   ++p.count;
+  stragglers_.Requested(rank, now - p.first_submit);
   RecordTimeline(NegotiationEvent::Kind::kRankReady, request, rank, now);
   // first_dims exists only when the first rank asked for an allgather; a rank that asks for an
   // allgather against another type (a mismatch) must not index it.
@@ -830,7 +837,25 @@ void Negotiator::RecordTimeline(NegotiationEvent::Kind kind, const TensorRequest
   // Ranks' batches take their time before they take the lock: one taken later may carry an earlier
   // time. The timeline keeps events in the order they happened here, so times never go back.
   last_timeline_time_ = std::max(last_timeline_time_, now);
-  timeline_.push_back({kind, request.name, request.type, rank, last_timeline_time_});
+  timeline_.push_back({kind, request.name, request.type, rank, last_timeline_time_, 0, {}});
+}
+
+void Negotiator::RecordStep(const StragglerTracker::StepEnd& end, absl::Time now) {
+  if (!record_timeline_) return;
+  last_timeline_time_ = std::max(last_timeline_time_, now);
+  NegotiationEvent e;
+  e.kind = NegotiationEvent::Kind::kStepEnd;
+  e.name = kStepsTimelineRow;
+  e.rank = end.last_rank;
+  e.time = last_timeline_time_;
+  e.step = end.step;
+  e.lateness = end.lateness;
+  timeline_.push_back(std::move(e));
+}
+
+StragglerTracker::Report Negotiator::Stragglers() const {
+  absl::MutexLock lock(&mu_);
+  return stragglers_.Window();
 }
 
 std::vector<NegotiationEvent> Negotiator::DrainTimeline() {

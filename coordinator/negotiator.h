@@ -20,6 +20,7 @@
 #include "absl/types/span.h"
 #include "coordinator/negotiation_types.h"
 #include "coordinator/response_cache.h"
+#include "coordinator/straggler_tracker.h"
 
 namespace ringmaster {
 
@@ -124,6 +125,9 @@ class Negotiator {
   std::vector<NegotiationEvent> DrainTimeline();
 
   NegotiatorStats stats() const;
+  // Who is slow: each rank's lateness to the job's collectives over the last steps
+  // (StragglerTracker, fed with every rank's request).
+  StragglerTracker::Report Stragglers() const;
   int64_t fusion_threshold_bytes() const;
   absl::Duration cycle_time() const;
 
@@ -185,6 +189,9 @@ class Negotiator {
                       absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RankError(int rank, const std::string& name, std::string message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step ended (StragglerTracker): its last rank marked on the timeline.
+  void RecordStep(const StragglerTracker::StepEnd& end, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A request by cache id for a tensor in pending_by_id_ (`p`): what SubmitOne does for it.
   void SubmitCached(int rank, Pending& p, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A request by cache id whose tensor is not in pending_by_id_: from the cache, or a resend.
@@ -235,6 +242,7 @@ class Negotiator {
   std::vector<RankNotice> notices_ ABSL_GUARDED_BY(mu_);
   bool has_notices_ ABSL_GUARDED_BY(mu_) = false;
   NegotiatorStats stats_ ABSL_GUARDED_BY(mu_);
+  StragglerTracker stragglers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ringmaster

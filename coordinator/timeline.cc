@@ -178,6 +178,15 @@ void Timeline::Format(const Item& item, std::string* out) {
             Append(out, absl::StrCat(R"({"ph": "E", "ts": )", ts, R"(, "pid": )", pid,
                                      R"(, "tid": )", kNegotiationThread, "}"));
             break;
+          case NegotiationEvent::Kind::kStepEnd:
+            // An instant on the steps' row: who was last to the step, and by how much.
+            Append(out,
+                   absl::StrCat(R"({"ph": "i", "s": "p", "name": "STEP )", e.step, " LAST: RANK ",
+                                e.rank, R"(", "ts": )", ts, R"(, "pid": )", pid, R"(, "tid": )",
+                                kNegotiationThread, R"(, "args": {"step": )", e.step,
+                                R"(, "last_rank": )", e.rank, R"(, "behind_first_ms": )",
+                                absl::ToDoubleMilliseconds(e.lateness), "}}"));
+            break;
         }
       }
       break;

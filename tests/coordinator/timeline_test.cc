@@ -77,14 +77,14 @@ TEST_F(TimelineTest, WritesNegotiationAndExecutionRowsPerTensor) {
   ASSERT_TRUE(created.ok()) << created.status();
   Timeline& t = **created;
   using K = NegotiationEvent::Kind;
-  t.Negotiation({{K::kStart, "grad/a", RequestType::kAllreduce, 1, At(start_, 100)},
-                 {K::kRankReady, "grad/a", RequestType::kAllreduce, 1, At(start_, 100)},
-                 {K::kStart, "grad/b", RequestType::kAllreduce, 0, At(start_, 120)},
-                 {K::kRankReady, "grad/b", RequestType::kAllreduce, 0, At(start_, 120)},
-                 {K::kRankReady, "grad/a", RequestType::kAllreduce, 0, At(start_, 150)},
-                 {K::kEnd, "grad/a", RequestType::kAllreduce, -1, At(start_, 150)},
-                 {K::kRankReady, "grad/b", RequestType::kAllreduce, 1, At(start_, 160)},
-                 {K::kEnd, "grad/b", RequestType::kAllreduce, -1, At(start_, 160)}});
+  t.Negotiation({{K::kStart, "grad/a", RequestType::kAllreduce, 1, At(start_, 100), 0, {}},
+                 {K::kRankReady, "grad/a", RequestType::kAllreduce, 1, At(start_, 100), 0, {}},
+                 {K::kStart, "grad/b", RequestType::kAllreduce, 0, At(start_, 120), 0, {}},
+                 {K::kRankReady, "grad/b", RequestType::kAllreduce, 0, At(start_, 120), 0, {}},
+                 {K::kRankReady, "grad/a", RequestType::kAllreduce, 0, At(start_, 150), 0, {}},
+                 {K::kEnd, "grad/a", RequestType::kAllreduce, -1, At(start_, 150), 0, {}},
+                 {K::kRankReady, "grad/b", RequestType::kAllreduce, 1, At(start_, 160), 0, {}},
+                 {K::kEnd, "grad/b", RequestType::kAllreduce, -1, At(start_, 160), 0, {}}});
   t.Cycle(At(start_, 170));
   const int64_t base = absl::ToUnixMicros(start_);
   t.Execution(0, {ExecutionSpan{{"grad/a", "grad/b"},
@@ -145,8 +145,13 @@ TEST_F(TimelineTest, CycleMarkersOnlyWhenAskedFor) {
 TEST_F(TimelineTest, TensorNamesAreEscaped) {
   auto t = Timeline::Create(path_, "job j", false, start_);
   ASSERT_TRUE(t.ok());
-  (*t)->Negotiation({{NegotiationEvent::Kind::kStart, "we\"ird\\name\n", RequestType::kBroadcast, 0,
-                      At(start_, 1)}});
+  (*t)->Negotiation({{NegotiationEvent::Kind::kStart,
+                      "we\"ird\\name\n",
+                      RequestType::kBroadcast,
+                      0,
+                      At(start_, 1),
+                      0,
+                      {}}});
   (*t)->Close();
   const json trace = json::parse(Slurp(path_));
   EXPECT_GT(PidOf(trace, "we\"ird\\name\n"), 0);
@@ -158,8 +163,13 @@ TEST_F(TimelineTest, StablePrefixPlusTailIsAlwaysValidJson) {
   ASSERT_TRUE(created.ok());
   Timeline& t = **created;
   for (int i = 0; i < 20; ++i) {
-    t.Negotiation({{NegotiationEvent::Kind::kStart, "t" + std::to_string(i),
-                    RequestType::kAllreduce, 0, At(start_, i)}});
+    t.Negotiation({{NegotiationEvent::Kind::kStart,
+                    "t" + std::to_string(i),
+                    RequestType::kAllreduce,
+                    0,
+                    At(start_, i),
+                    0,
+                    {}}});
     absl::SleepFor(absl::Milliseconds(15));
     // What the coordinator serves for a live timeline: the stable prefix, then the tail.
     const std::string file = Slurp(path_);
@@ -179,8 +189,13 @@ TEST_F(TimelineTest, AProcessKilledWhileWritingLeavesValidJson) {
       auto t = Timeline::Create(path_, "job j", true, absl::Now());
       if (!t.ok()) _exit(1);
       for (int i = 0;; ++i) {
-        (*t)->Negotiation({{NegotiationEvent::Kind::kStart, "tensor." + std::to_string(i % 50),
-                            RequestType::kAllreduce, 0, absl::Now()}});
+        (*t)->Negotiation({{NegotiationEvent::Kind::kStart,
+                            "tensor." + std::to_string(i % 50),
+                            RequestType::kAllreduce,
+                            0,
+                            absl::Now(),
+                            0,
+                            {}}});
         (*t)->Cycle(absl::Now());
         if (i % 100 == 0) usleep(1000);
       }
