@@ -268,6 +268,24 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows) {
   }
 }
 
+// Who is slow: the slowest ranks over the last steps, and the one named as holding the job back.
+void PrintStragglers(const v1::Stragglers& st) {
+  std::printf("Slowest:   over the last %d steps (median step %.1f ms): %s\n", st.steps(),
+              st.step_seconds() * 1e3,
+              st.straggler_rank() >= 0
+                  ? absl::StrCat("rank ", st.straggler_rank(), " holds the job back").c_str()
+                  : "no rank holds the job back");
+  std::vector<std::vector<std::string>> rows = {
+      {"  RANK", "HOST", "WORKER", "BEHIND MEDIAN", "BEHIND FIRST", "VERDICT"}};
+  for (const v1::RankLateness& r : st.slowest()) {
+    rows.push_back({absl::StrCat("  ", r.rank()), r.host(), r.worker_id(),
+                    absl::StrFormat("%.1f ms", r.behind_median_seconds() * 1e3),
+                    absl::StrFormat("%.1f ms", r.behind_first_seconds() * 1e3),
+                    r.verdict().empty() ? "-" : r.verdict()});
+  }
+  PrintTable(rows);
+}
+
 void PrintJob(const v1::Job& job) {
   const v1::JobSpec& s = job.spec();
   std::printf("Job:       %s\n", job.id().c_str());
@@ -326,6 +344,7 @@ void PrintJob(const v1::Job& job) {
           a.best_cache_enabled() ? "on" : "off", a.best_score_bytes_per_second() / 1e6);
     }
   }
+  if (job.has_stragglers()) PrintStragglers(job.stragglers());
   if (job.ranks_size() > 0) {
     std::printf("\n");
     std::vector<std::vector<std::string>> rows = {

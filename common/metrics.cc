@@ -130,6 +130,12 @@ Counter& MetricsRegistry::GetCounter(const std::string& name, const std::string&
   return *slot;
 }
 
+void MetricsRegistry::RemoveGauge(const std::string& name, const Labels& labels) {
+  absl::MutexLock lock(&mu_);
+  auto it = families_.find(name);
+  if (it != families_.end()) it->second.gauges.erase(labels);
+}
+
 Gauge& MetricsRegistry::GetGauge(const std::string& name, const std::string& help,
                                  const Labels& labels) {
   absl::MutexLock lock(&mu_);

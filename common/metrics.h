@@ -73,6 +73,10 @@ class MetricsRegistry {
   Histogram& GetHistogram(const std::string& name, const std::string& help,
                           const std::vector<double>& bounds, const Labels& labels = {});
 
+  // Removes a gauge series (a finished job's per-rank series), if it exists.
+  // REQUIRES: no reference to it is used afterwards.
+  void RemoveGauge(const std::string& name, const Labels& labels);
+
   // Called at every exposition, before rendering, to refresh gauges computed on demand (e.g. jobs
   // by state). Must not call back into Exposition().
   void AddCollector(std::function<void()> collect);

@@ -455,6 +455,7 @@ absl::StatusOr<Job> Coordinator::GetJob(const std::string& id) const {
   std::shared_ptr<JobRuntime> runtime = RuntimeOf(id);
   if (runtime == nullptr) return job;  // an ended job keeps its last figures
   job->throughput = runtime->Throughput(clock_->Now());
+  job->stragglers = runtime->Stragglers();
   return job;
 }
 

@@ -102,6 +102,22 @@ struct JobThroughput {
   std::optional<AutotuneStatus> autotune;  // when the job autotunes
 };
 
+// Who is slow (see Stragglers in proto/ringmaster/v1/job.proto): one rank's lateness over the
+// window of steps.
+struct RankLateness {
+  int32_t rank = 0;
+  double behind_first_seconds = 0;
+  double behind_median_seconds = 0;
+  bool flagged = false;  // late to submit: named as holding the job back
+};
+
+struct JobStragglers {
+  int32_t steps = 0;  // steps in the window
+  double step_seconds = 0;
+  std::vector<RankLateness> slowest;  // furthest behind the median rank first
+  int32_t straggler_rank = -1;        // -1: none
+};
+
 struct Job {
   std::string id;
   // Who submitted it (the authenticated user's name; "" without authentication). Only the owner
@@ -123,6 +139,8 @@ struct Job {
   // Live figures, set by Coordinator::GetJob while the job runs; once it has ended, the figures as
   // they were at its end (kept by the registry).
   std::optional<JobThroughput> throughput;
+  // Who is slow, set by Coordinator::GetJob while the job runs (once a step has ended).
+  std::optional<JobStragglers> stragglers;
   // Why a PENDING job waits; set by Coordinator::GetJob.
   std::string waiting_reason;
 };

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -78,7 +79,8 @@ JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics, Executor& io)
           "ringmaster_stalled_tensors",
           "Tensors submitted by some ranks and waiting for the others longer than the stall-check "
           "time.",
-          {{"job", job.id}})) {
+          {{"job", job.id}})),
+      metrics_(metrics) {
   absl::MutexLock lock(&mu_);
   acked_cycles_.assign(ranks_.size(), 0);
   last_request_.assign(ranks_.size(), 0);
@@ -554,7 +556,61 @@ StallReport JobRuntime::Housekeeping(absl::Time now) {
   }
   StallReport report = negotiator_->CheckStalls(now);
   stalled_->Set(report.stalled);
+  SetLatenessGauges();
   return report;
+}
+
+std::optional<JobStragglers> JobRuntime::Stragglers() const {
+  const StragglerTracker::Report report = negotiator_->Stragglers();
+  if (report.steps == 0) return std::nullopt;
+  JobStragglers out;
+  out.steps = report.steps;
+  out.step_seconds = absl::ToDoubleSeconds(report.step_time);
+  out.straggler_rank = report.straggler;
+  std::vector<StragglerTracker::RankLateness> ranks = report.ranks;
+  const size_t n = std::min(kSlowest, ranks.size());
+  std::partial_sort(
+      ranks.begin(), ranks.begin() + n, ranks.end(),
+      [](const StragglerTracker::RankLateness& a, const StragglerTracker::RankLateness& b) {
+        return std::tie(b.behind_median, b.behind_first, a.rank) <
+               std::tie(a.behind_median, a.behind_first, b.rank);
+      });
+  for (size_t i = 0; i < n; ++i) {
+    out.slowest.push_back(RankLateness{
+        .rank = ranks[i].rank,
+        .behind_first_seconds = absl::ToDoubleSeconds(ranks[i].behind_first),
+        .behind_median_seconds = absl::ToDoubleSeconds(ranks[i].behind_median),
+        .flagged = ranks[i].flagged,
+    });
+  }
+  return out;
+}
+
+void JobRuntime::SetLatenessGauges() {
+  const StragglerTracker::Report report = negotiator_->Stragglers();
+  if (report.steps == 0) return;
+  absl::MutexLock lock(&lateness_mu_);
+  if (lateness_closed_) return;
+  if (lateness_.empty()) {
+    for (const RankInfo& r : ranks_) {
+      lateness_.push_back(&metrics_.GetGauge(
+          "ringmaster_rank_lateness_seconds",
+          "How late each rank asks for the job's collectives: its median lateness per step behind "
+          "the median rank, over the last steps (at most 10).",
+          {{"job", job_id_}, {"rank", absl::StrCat(r.rank)}}));
+    }
+    straggler_ = &metrics_.GetGauge(
+        "ringmaster_straggler_rank",
+        "The rank named as holding the job back (late to its collectives beyond the thresholds "
+        "over the last steps); -1 when none is.",
+        {{"job", job_id_}});
+  }
+  for (const StragglerTracker::RankLateness& r : report.ranks) {
+    if (static_cast<size_t>(r.rank) < lateness_.size()) {
+      lateness_[r.rank]->Set(absl::ToDoubleSeconds(r.behind_median));
+    }
+  }
+  straggler_->Set(report.straggler);
 }
 
 void JobRuntime::RecordExecution(int32_t rank, std::vector<ExecutionSpan> spans, int64_t skew_us) {
@@ -577,6 +633,20 @@ void JobRuntime::Close() {
     if (timeline_ != nullptr) timeline_->Negotiation(negotiator_->DrainTimeline());
   }
   stalled_->Set(0);  // an ended job stalls nothing
+  {
+    // An ended job's per-rank series go (a coordinator runs many jobs of many ranks).
+    absl::MutexLock lock(&lateness_mu_);
+    lateness_closed_ = true;
+    if (!lateness_.empty()) {
+      for (const RankInfo& r : ranks_) {
+        metrics_.RemoveGauge("ringmaster_rank_lateness_seconds",
+                             {{"job", job_id_}, {"rank", absl::StrCat(r.rank)}});
+      }
+      metrics_.RemoveGauge("ringmaster_straggler_rank", {{"job", job_id_}});
+      lateness_.clear();
+      straggler_ = nullptr;
+    }
+  }
   // File I/O (the writer's last flush, its join) with no lock held; what arrives later is dropped.
   if (timeline_ != nullptr) timeline_->Close();
   absl::MutexLock lock(&log_mu_);

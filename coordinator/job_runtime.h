@@ -150,8 +150,13 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   static constexpr absl::Duration kWindow = absl::Seconds(10);
   static constexpr absl::Duration kIdleAfter = absl::Seconds(3);
 
+  // Who is slow over the last steps (StragglerTracker): at most kSlowest ranks, furthest behind
+  // the median rank first; nullopt before a step has ended.
+  std::optional<JobStragglers> Stragglers() const;
+  static constexpr size_t kSlowest = 8;
+
   // Writes the negotiation events since the last call to the timeline, then checks for stalls
-  // (updating the stalled-tensors gauge).
+  // (updating the stalled-tensors gauge), and sets the lateness gauges.
   StallReport Housekeeping(absl::Time now);
 
   // What rank `rank`'s worker executed, for the timeline (ignored without one).
@@ -208,6 +213,14 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   Counter* const cache_misses_;
   Histogram* const latency_;
   Gauge* const stalled_;
+  // Who is slow: each rank's lateness behind the median rank, and the straggler's rank (made at
+  // the first housekeeping after a step ended; removed at Close). Housekeeping's and Close's.
+  MetricsRegistry& metrics_;
+  absl::Mutex lateness_mu_;
+  std::vector<Gauge*> lateness_ ABSL_GUARDED_BY(lateness_mu_);
+  Gauge* straggler_ ABSL_GUARDED_BY(lateness_mu_) = nullptr;
+  bool lateness_closed_ ABSL_GUARDED_BY(lateness_mu_) = false;
+  void SetLatenessGauges();
   // The timeline (null without one) and its file name; set by Open(), before any other call.
   std::unique_ptr<ringmaster::Timeline> timeline_;
   std::string timeline_name_;

@@ -32,8 +32,8 @@ class StragglerTracker {
     int window = kDefaultWindow;  // steps kept per rank
     // A rank is named when its median lateness behind the median rank is over both `min_lateness`
     // and `step_fraction` of the median step time.
-    absl::Duration min_lateness = absl::Milliseconds(5);
-    double step_fraction = 0.1;
+    absl::Duration min_lateness = absl::Milliseconds(10);
+    double step_fraction = 0.2;
   };
 
   struct RankLateness {

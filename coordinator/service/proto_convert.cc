@@ -215,6 +215,24 @@ void ToProto(const Job& in, v1::Job* out) {
   }
   for (const JobEvent& e : in.events) ToProto(e, out->add_events());
   out->set_waiting_reason(in.waiting_reason);
+  if (in.stragglers.has_value()) {
+    const JobStragglers& st = *in.stragglers;
+    v1::Stragglers* o = out->mutable_stragglers();
+    o->set_steps(st.steps);
+    o->set_step_seconds(st.step_seconds);
+    o->set_straggler_rank(st.straggler_rank);
+    for (const RankLateness& l : st.slowest) {
+      v1::RankLateness* r = o->add_slowest();
+      r->set_rank(l.rank);
+      if (l.rank >= 0 && static_cast<size_t>(l.rank) < in.ranks.size()) {
+        r->set_host(in.ranks[l.rank].host);
+        r->set_worker_id(in.ranks[l.rank].worker_id);
+      }
+      r->set_behind_first_seconds(l.behind_first_seconds);
+      r->set_behind_median_seconds(l.behind_median_seconds);
+      if (l.flagged) r->set_verdict("late to submit");
+    }
+  }
   if (in.throughput.has_value()) {
     const JobThroughput& t = *in.throughput;
     v1::JobThroughput* o = out->mutable_throughput();

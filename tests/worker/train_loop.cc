@@ -3,6 +3,8 @@
 // every 10 steps. Every result is checked exactly (each rank contributes rank + 1 + step % 5 in
 // every element); on an error or a wrong value it prints it and exits 1. At the end it prints
 // "rank R: N steps, every result exact" (N as run: a step lost or repeated would be seen there).
+// A slow rank, for straggler tests: RINGMASTER_TEST_SLOW_RANK=R and RINGMASTER_TEST_SLOW_MS=M make
+// rank R compute M ms longer than the others each step (a sleep before it submits).
 #include <unistd.h>
 
 #include <cstdio>
@@ -29,8 +31,15 @@ int main(int argc, char** argv) {
   std::printf("rank %d pid %d ready\n", c.rank(), static_cast<int>(getpid()));
   std::fflush(stdout);
   const int np = c.size();
+  const char* slow_rank = std::getenv("RINGMASTER_TEST_SLOW_RANK");
+  const char* slow_ms = std::getenv("RINGMASTER_TEST_SLOW_MS");
+  const absl::Duration slower =
+      slow_rank != nullptr && slow_ms != nullptr && std::atoi(slow_rank) == c.rank()
+          ? absl::Milliseconds(std::atoi(slow_ms))
+          : absl::ZeroDuration();
   long step = 0;
   for (; steps < 0 || step < steps; ++step) {
+    absl::SleepFor(slower);
     const float mine = static_cast<float>(c.rank() + 1 + step % 5);
     const float want = static_cast<float>(np * (np + 1) / 2 + np * (step % 5));
     std::vector<ringmaster::Handle> handles;

@@ -1,0 +1,127 @@
+"""Who is slow (issue 40), with real processes and real slowness: a coordinator, four worker daemons
+on two hosts, and tests/worker/train_loop ranks, one of which computes longer each step (a sleep
+before it submits, RINGMASTER_TEST_SLOW_RANK/RINGMASTER_TEST_SLOW_MS). Within 10 steps `ringmaster
+status` names that rank, its host and worker, late to submit; the coordinator's metrics say so;
+the timeline marks it last in its steps; and no other rank is named. With no slow rank, nobody is.
+
+Run by ctest (labels observability;multiprocess) with RINGMASTER_BIN_DIR pointing at build/bin.
+"""
+import json
+import os
+import sys
+import time
+import urllib.request
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "cli"))
+from test_first_hour import BIN, Cluster, free_port, log_tail, submit, wait_for  # noqa: E402
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+def start(cluster, metrics_port):
+    c = cluster.coordinator("--metrics-listen", f"127.0.0.1:{metrics_port}")
+    for i in range(4):
+        cluster.worker(c, host=f"h{i // 2}")
+    wait_for(lambda: len(cluster.idle_workers(c)) == 4, 20, "four workers")
+    return c
+
+
+def metrics(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(("ringmaster_rank_lateness_seconds{", "ringmaster_straggler_rank{")):
+            series, value = line.rsplit(" ", 1)
+            values[series] = float(value)
+    return values
+
+
+def test_a_rank_that_computes_longer_is_named_within_ten_steps_and_no_other_is(cluster, tmp_path):
+    port = free_port()
+    c = start(cluster, port)
+    job = submit(cluster, c, "--np", "4", "--timeline", "timeline.json",
+                 "--env", "RINGMASTER_TEST_SLOW_RANK=2", "--env", "RINGMASTER_TEST_SLOW_MS=150",
+                 "--", str(BIN / "train_loop"), "40")
+
+    def named():
+        j = cluster.job(c, job)
+        assert j["state"] in ("JOB_STATE_PENDING", "JOB_STATE_RUNNING"), j
+        s = j.get("stragglers")
+        return j if s and s.get("straggler_rank", -1) == 2 else None
+
+    first = wait_for(named, 60, "rank 2 to be named")
+    # The window is not full yet: rank 2 was named within the first 10 steps.
+    assert 1 <= first["stragglers"]["steps"] < 10, first["stragglers"]
+    # With a few steps in the window (the first step, as ranks start, is not like the others):
+    first = wait_for(lambda: (lambda j: j if j["stragglers"]["steps"] >= 5 else None)(named()), 60,
+                     "five steps")
+    s = first["stragglers"]
+    assert s["straggler_rank"] == 2, s
+    ranks = {r.get("rank", 0): r for r in first["ranks"]}  # JSON leaves out zeros
+    worst = s["slowest"][0]
+    assert worst.get("rank", 0) == 2, s
+    assert worst["host"] == "h1" and worst["worker_id"] == ranks[2]["worker_id"], (worst, ranks)
+    assert worst["verdict"] == "late to submit", worst
+    assert 0.12 <= worst["behind_median_seconds"] <= 0.5, worst
+    assert [r for r in s["slowest"] if r.get("verdict")] == [worst], s  # no other rank named
+
+    # A few steps on: the same in the metrics, where every rank has its series.
+    time.sleep(1.5)
+    m = metrics(port)
+    assert m[f'ringmaster_straggler_rank{{job="{job}"}}'] == 2, m
+    lateness = {r: m[f'ringmaster_rank_lateness_seconds{{job="{job}",rank="{r}"}}'] for r in range(4)}
+    assert 0.12 <= lateness[2] <= 0.5, lateness
+    assert all(lateness[r] < 0.03 for r in (0, 1, 3)), lateness
+
+    status = cluster.cli(c, "status", job).stdout
+    assert "rank 2 holds the job back" in status, status
+    assert "late to submit" in status, status
+
+    done = cluster.wait_state(c, job, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", done.get("reason", "") + log_tail(c)
+    # An ended job's per-rank series are gone from the coordinator.
+    assert not any(job in series for series in metrics(port)), metrics(port)
+
+    # The timeline marks each step's last rank: rank 2, by about its 150 ms.
+    out = tmp_path / "artifacts"
+    r = cluster.cli(c, "artifacts", job, "--output", str(out))
+    assert r.returncode == 0, r.stderr
+    events = json.loads((out / "timeline.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    steps = [e for e in events if e.get("ph") == "i" and e["name"].startswith("STEP ")]
+    assert len(steps) >= 30, len(steps)  # 40 steps: one mark at each step's end but the last
+    assert [e["args"]["step"] for e in steps] == list(range(1, len(steps) + 1))
+    last_two = [e for e in steps if e["args"]["last_rank"] == 2]
+    assert len(last_two) >= len(steps) - 2, [e["name"] for e in steps]
+    assert all(e["name"] == f"STEP {e['args']['step']} LAST: RANK 2" for e in last_two)
+    assert sorted(e["args"]["behind_first_ms"] for e in last_two)[len(last_two) // 2] >= 120
+
+
+def test_with_no_slow_rank_no_rank_is_named(cluster):
+    port = free_port()
+    c = start(cluster, port)
+    job = submit(cluster, c, "--np", "4", "--", str(BIN / "train_loop"), "60")
+    seen = []
+
+    def observe():
+        j = cluster.job(c, job)
+        if j["state"] != "JOB_STATE_RUNNING":
+            return j
+        if j.get("stragglers"):
+            seen.append(j["stragglers"])
+        time.sleep(0.2)
+        return None
+
+    done = wait_for(observe, 120, "the job to end")
+    assert done["state"] == "JOB_STATE_SUCCEEDED", done
+    assert len(seen) >= 3, seen  # it was watched while it ran
+    assert all(s.get("straggler_rank", -1) == -1 for s in seen), seen
+    assert all(not r.get("verdict") for s in seen for r in s["slowest"]), seen
