@@ -442,7 +442,8 @@ def test_dashboard_is_an_importable_grafana_dashboard():
                    "ringmaster_negotiation_latency_seconds_bucket",
                    "ringmaster_fusion_buffer_fill_ratio", "ringmaster_collective_latency_seconds_bucket",
                    "ringmaster_stalled_tensors", "ringmaster_errors_total", "ringmaster_workers",
-                   "ringmaster_jobs", "ringmaster_queue_depth"):
+                   "ringmaster_jobs", "ringmaster_queue_depth", "ringmaster_rank_lateness_seconds",
+                   "ringmaster_straggler_rank"):
         assert needed in exprs, f"no panel queries {needed}"
 
 
@@ -463,6 +464,20 @@ def test_metrics_doc_covers_every_metric():
         doc = f.read()
     missing = [m for m in registered_metrics() if f"`{m}`" not in doc]
     assert not missing, f"docs/metrics.md does not describe {missing}"
+
+
+@needs_prometheus
+def test_alert_rules_pass_promtool_and_their_unit_tests():
+    rules = os.path.join(REPO, "deploy", "prometheus", "ringmaster-alerts.yml")
+    r = subprocess.run([PROMTOOL, "check", "rules", rules], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 2 rules found" in r.stdout + r.stderr, r.stdout + r.stderr
+    # A slow rank for 5 minutes alerts (and 3 minutes does not), with the job and rank named.
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([PROMTOOL, "test", "rules", "ringmaster-alerts.test.yml"], cwd=here,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 @needs_prometheus
