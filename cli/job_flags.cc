@@ -85,6 +85,9 @@ const char kJobOptionsHelp[] = R"(job options:
   --stall-check-seconds S         report stalled tensors after S seconds (default 60; 0 disables)
   --no-stall-check                the same as --stall-check-seconds 0
   --stall-shutdown-seconds S      fail the job when a stall lasts S seconds (default 0: never)
+  --straggler-action none|warn|fail  when a rank is named as holding the job back: nothing but
+                                  status, metrics and timeline (none, the default), a job event
+                                  (warn), or the job fails naming it (fail)
   --backend auto|gloo|nccl        collective backend (default auto)
   --no-shm-allreduce              CPU allreduce among one host's ranks over sockets, not shared
                                   memory (default: shared memory)
@@ -264,6 +267,8 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
       knobs.negotiation_relay = true;  // asking for relay groups asks for the relay
     } else if (flag == "--no-stall-check") {
       knobs.stall_check_seconds = 0;
+    } else if (flag == "--straggler-action") {
+      knobs.straggler_action = args.Value(flag);
     } else if (flag == "--stall-shutdown-seconds") {
       knobs.stall_shutdown_seconds = Number<double>(flag, args.Value(flag));
     } else if (flag == "--backend") {
@@ -322,6 +327,7 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
   k->set_hierarchical_allgather(knobs.hierarchical_allgather);
   k->set_negotiation_relay(knobs.negotiation_relay);
   k->set_negotiation_relay_hosts(knobs.negotiation_relay_hosts);
+  k->set_straggler_action(knobs.straggler_action);
   if (!start_from_given) {
     if (given_fusion) k->add_autotune_fixed("fusion_threshold_bytes");
     if (given_cycle) k->add_autotune_fixed("cycle_time_ms");

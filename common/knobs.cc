@@ -153,6 +153,14 @@ absl::Status ValidateKnobs(const Knobs& k) {
   if (!(k.stall_shutdown_seconds >= 0 && k.stall_shutdown_seconds <= kMaxStallSeconds)) {
     return OutOfBounds("stall_shutdown_seconds", k.stall_shutdown_seconds, "[0, 86400]");
   }
+  if (k.straggler_action != "none" && k.straggler_action != "warn" &&
+      k.straggler_action != "fail") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "knobs.straggler_action = '", k.straggler_action, "' is not none, warn or fail",
+        k.straggler_action == "evict"
+            ? " (evict, dropping the rank from an elastic job, is not available yet)"
+            : ""));
+  }
   if (static_cast<int32_t>(k.backend) < 0 || static_cast<int32_t>(k.backend) > 2) {
     return OutOfBounds("backend", static_cast<int32_t>(k.backend), "{AUTO, GLOO, NCCL}");
   }
@@ -193,6 +201,7 @@ absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* k) {
   }
   ReadString(env, "AUTOTUNE_LOG", &k->autotune_log);
   ReadString(env, "TIMELINE", &k->timeline);
+  ReadString(env, "STRAGGLER_ACTION", &k->straggler_action);
   if (stall_check_disable) k->stall_check_seconds = 0;
   return absl::OkStatus();
 }

@@ -44,6 +44,10 @@ struct Knobs {
   bool negotiation_relay = false;
   // ... with a relay for this many hosts (their ranks' links cross hosts over TCP when above 1).
   int32_t negotiation_relay_hosts = 1;
+  // What the coordinator does when it names a rank as holding the job back
+  // (docs/operations.md, "Finding a slow rank"): "none", "warn" (a job event) or "fail" (the job
+  // fails naming it).
+  std::string straggler_action = "none";
   // Knobs autotune leaves alone (kTunableKnobs names).
   std::vector<std::string> autotune_fixed;
 };

@@ -408,6 +408,9 @@ class Coordinator {
   void ResendIfStale(JobRuntime& runtime, const std::string& worker_id, int32_t rank,
                      uint64_t acked, uint64_t generation);
   void Housekeeping(absl::Time now);
+  // The job's straggler_action, when a rank is newly named as holding it back: a job event (warn),
+  // or the job failed naming the rank (fail).
+  void ActOnStragglers(JobRuntime& runtime);
   // Fails the jobs STARTING for longer than the start timeout, naming the ranks that never started.
   void FailJobsThatDidNotStart(absl::Time now);
   // Adds the notices (kRankNoticePrefix lines) of rank `rank`'s output `data` to the job's events.

@@ -176,6 +176,7 @@ void Coordinator::Housekeeping(absl::Time now) {
     for (auto& [id, runtime] : runtimes_) runtimes.push_back(runtime);
   }
   for (const auto& runtime : runtimes) {
+    ActOnStragglers(*runtime);
     StallReport report = runtime->Housekeeping(now);
     if (report.message.empty()) continue;
     spdlog::warn("{}", report.message);
@@ -190,6 +191,20 @@ void Coordinator::Housekeeping(absl::Time now) {
   TendElasticJobs(now);
   rendezvous_.ExpireWaiters(now);
   logs_.EndDue();
+}
+
+void Coordinator::ActOnStragglers(JobRuntime& runtime) {
+  const std::string& action = runtime.straggler_action();
+  if (action != "warn" && action != "fail") return;
+  std::optional<std::string> named = runtime.NewStraggler();
+  if (!named.has_value()) return;
+  spdlog::warn("job {}: {}", runtime.job_id(), *named);
+  if (action == "fail") {
+    FinishLater(runtime.job_id(), JobState::kFailed,
+                absl::StrCat(*named, " (--straggler-action fail)"));
+  } else {
+    jobs_.AddEvent(runtime.job_id(), *named).IgnoreError();
+  }
 }
 
 void Coordinator::FailJobsThatDidNotStart(absl::Time now) {

@@ -55,6 +55,7 @@ constexpr int kDefaultCacheCapacity = 1024;
 
 JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics, Executor& io)
     : job_id_(job.id),
+      straggler_action_(job.spec.knobs.straggler_action),
       epoch_(job.epoch),
       ranks_(job.ranks),
       relay_of_(RelayOfRanks(job)),
@@ -584,6 +585,19 @@ std::optional<JobStragglers> JobRuntime::Stragglers() const {
     });
   }
   return out;
+}
+
+std::optional<std::string> JobRuntime::NewStraggler() {
+  const StragglerTracker::Report report = negotiator_->Stragglers();
+  const int32_t named = report.straggler;
+  if (named == named_straggler_) return std::nullopt;
+  named_straggler_ = named;
+  if (named < 0 || static_cast<size_t>(named) >= ranks_.size()) return std::nullopt;
+  return absl::StrCat(
+      Placement(ranks_[named]), " holds the job back: ",
+      absl::FormatDuration(absl::Trunc(report.ranks[named].behind_median, absl::Microseconds(100))),
+      " behind the median rank per step over the last ", report.steps,
+      " steps (late to submit: its compute or input is slow)");
 }
 
 void JobRuntime::SetLatenessGauges() {

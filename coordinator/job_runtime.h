@@ -154,6 +154,12 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   // the median rank first; nullopt before a step has ended.
   std::optional<JobStragglers> Stragglers() const;
   static constexpr size_t kSlowest = 8;
+  // The job's straggler_action knob: "none", "warn" or "fail".
+  const std::string& straggler_action() const { return straggler_action_; }
+  // When a rank is newly named as holding the job back (none was, or another): what to say of it,
+  // "rank R on host H (worker W) holds the job back: ..."; nullopt otherwise. Housekeeping's
+  // thread only.
+  std::optional<std::string> NewStraggler();
 
   // Writes the negotiation events since the last call to the timeline, then checks for stalls
   // (updating the stalled-tensors gauge), and sets the lateness gauges.
@@ -200,6 +206,8 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(log_mu_);
 
   const std::string job_id_;
+  const std::string straggler_action_;
+  int32_t named_straggler_ = -1;  // NewStraggler()'s: the rank named at its last call
   const int64_t epoch_;
   const std::vector<RankInfo> ranks_;
   const std::vector<int32_t> relay_of_;                             // by rank

@@ -83,7 +83,7 @@ StragglerTracker::Report StragglerTracker::Window() const {
     l.rank = r;
     l.behind_first = absl::Nanoseconds(medians[r]);
     l.behind_median = absl::Nanoseconds(std::max<int64_t>(0, medians[r] - median_rank));
-    l.flagged = l.behind_median > threshold;
+    l.flagged = filled_ >= options_.min_steps && l.behind_median > threshold;
     if (l.flagged && l.behind_median > worst) {
       worst = l.behind_median;
       report.straggler = r;

@@ -34,6 +34,9 @@ class StragglerTracker {
     // and `step_fraction` of the median step time.
     absl::Duration min_lateness = absl::Milliseconds(10);
     double step_fraction = 0.2;
+    // No rank is named before this many steps are in the window (the first step, as the ranks
+    // start, says little).
+    int min_steps = 3;
   };
 
   struct RankLateness {

@@ -64,6 +64,7 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
   if (k.has_hierarchical_allgather()) o.hierarchical_allgather = k.hierarchical_allgather();
   o.negotiation_relay = k.negotiation_relay();
   if (k.negotiation_relay_hosts() != 0) o.negotiation_relay_hosts = k.negotiation_relay_hosts();
+  if (!k.straggler_action().empty()) o.straggler_action = k.straggler_action();
   return absl::OkStatus();
 }
 
@@ -112,6 +113,7 @@ void ToProto(const JobSpec& in, v1::JobSpec* out) {
   o->set_hierarchical_allgather(k.hierarchical_allgather);
   o->set_negotiation_relay(k.negotiation_relay);
   o->set_negotiation_relay_hosts(k.negotiation_relay_hosts);
+  o->set_straggler_action(k.straggler_action);
 }
 
 v1::JobState ToProto(JobState state) { return static_cast<v1::JobState>(state); }

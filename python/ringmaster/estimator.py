@@ -90,6 +90,7 @@ HOROVOD_KNOBS = {
     "HOROVOD_HIERARCHICAL_ALLGATHER": ("hierarchical_allgather", _flag),
     "RINGMASTER_NEGOTIATION_RELAY": ("negotiation_relay", _flag),
     "RINGMASTER_NEGOTIATION_RELAY_HOSTS": ("negotiation_relay_hosts", int),
+    "RINGMASTER_STRAGGLER_ACTION": ("straggler_action", str),
 }
 
 # mpirun options that only change what mpirun prints: nothing to map, so they are ignored (with a

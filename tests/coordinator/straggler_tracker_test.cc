@@ -73,6 +73,21 @@ TEST(StragglerTrackerTest, NoRankIsNamedWhenNoneIsLateBeyondTheThresholds) {
   EXPECT_EQ(t.Window().ranks[3].behind_median, absl::Milliseconds(59));
 }
 
+TEST(StragglerTrackerTest, NoRankIsNamedBeforeThreeStepsAreInTheWindow) {
+  StragglerTracker t({.ranks = 3, .window = 10});
+  absl::Time now = absl::UnixEpoch();
+  now = Step(t, now, 2, {0, 0, 300}, absl::Milliseconds(400));
+  now = Step(t, now, 2, {0, 0, 300}, absl::Milliseconds(400));
+  now = Step(t, now, 2, {0, 0, 300}, absl::Milliseconds(400));  // ends the second step
+  EXPECT_EQ(t.Window().steps, 2);
+  EXPECT_EQ(t.Window().ranks[2].behind_median, absl::Milliseconds(300));
+  EXPECT_FALSE(t.Window().ranks[2].flagged);
+  EXPECT_EQ(t.Window().straggler, -1);
+  Step(t, now, 2, {0, 0, 300}, absl::Milliseconds(400));  // ends the third
+  EXPECT_EQ(t.Window().steps, 3);
+  EXPECT_EQ(t.Window().straggler, 2);
+}
+
 TEST(StragglerTrackerTest, AStepEndsWhereItsFirstTensorIsAskedForAgainNamingItsLastRank) {
   StragglerTracker t({.ranks = 3, .window = 4});
   const absl::Time t0 = absl::UnixEpoch();

@@ -8,6 +8,7 @@ Run by ctest (labels observability;multiprocess) with RINGMASTER_BIN_DIR pointin
 """
 import json
 import os
+import re
 import sys
 import time
 import urllib.request
@@ -125,3 +126,36 @@ def test_with_no_slow_rank_no_rank_is_named(cluster):
     assert len(seen) >= 3, seen  # it was watched while it ran
     assert all(s.get("straggler_rank", -1) == -1 for s in seen), seen
     assert all(not r.get("verdict") for s in seen for r in s["slowest"]), seen
+
+
+def test_the_straggler_action_warns_in_an_event_or_fails_the_job_naming_the_rank(cluster):
+    c = start(cluster, free_port())
+    slow = ("--env", "RINGMASTER_TEST_SLOW_RANK=3", "--env", "RINGMASTER_TEST_SLOW_MS=120")
+    warned = submit(cluster, c, "--np", "4", "--straggler-action", "warn", *slow, "--",
+                    str(BIN / "train_loop"), "20")
+    done = cluster.wait_state(c, warned, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", done
+    worker = done["ranks"][3]["worker_id"]
+    notes = [e["message"] for e in done["events"] if "holds the job back" in e["message"]]
+    assert len(notes) == 1, done["events"]  # once: the same rank stays named
+    assert notes[0].startswith(f"rank 3 on host h1 ({worker}) holds the job back: "), notes
+    assert notes[0].endswith("(late to submit: its compute or input is slow)"), notes
+    m = re.search(r"holds the job back: ([\d.]+)ms behind the median rank per step over the last "
+                  r"(\d+) steps", notes[0])
+    assert m and 100 <= float(m.group(1)) <= 400 and 3 <= int(m.group(2)) <= 10, notes
+
+    wait_for(lambda: len(cluster.idle_workers(c)) == 4, 20, "the workers back")
+    failed = submit(cluster, c, "--np", "4", "--straggler-action", "fail", *slow, "--",
+                    str(BIN / "train_loop"), "200")
+    done = cluster.wait_state(c, failed, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
+    assert done["state"] == "JOB_STATE_FAILED", done
+    worker = done["ranks"][3]["worker_id"]
+    assert done["reason"].startswith(f"rank 3 on host h1 ({worker}) holds the job back: "), \
+        done["reason"]
+    assert done["reason"].endswith("(--straggler-action fail)"), done["reason"]
+
+    r = cluster.cli(c, "submit", "--np", "4", "--straggler-action", "evict", "--",
+                    str(BIN / "train_loop"), "1")
+    assert r.returncode != 0
+    assert ("knobs.straggler_action = 'evict' is not none, warn or fail (evict, dropping the rank "
+            "from an elastic job, is not available yet)") in r.stderr, r.stderr
