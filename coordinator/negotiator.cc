@@ -235,6 +235,7 @@ bool Negotiator::Compatible(const Pending& a, const Pending& b) const {
 void Negotiator::Submit(int rank, std::vector<TensorRequest> requests,
                         absl::Span<const uint32_t> cached_ids, absl::Time now) {
   absl::MutexLock lock(&mu_);
+  now_ns_ = absl::ToUnixNanos(now);
   stats_.requests += static_cast<int64_t>(requests.size() + cached_ids.size());
   for (uint32_t id : cached_ids) {
     if (auto it = pending_by_id_.find(id); it != pending_by_id_.end()) {
@@ -279,6 +280,7 @@ void Negotiator::Touch(absl::Span<const uint32_t> ids) {
 void Negotiator::SubmitShared(absl::Span<const int32_t> ranks,
                               absl::Span<const uint32_t> cached_ids, absl::Time now) {
   absl::MutexLock lock(&mu_);
+  now_ns_ = absl::ToUnixNanos(now);
   stats_.requests += static_cast<int64_t>(ranks.size() * cached_ids.size());
   for (uint32_t id : cached_ids) {
     Pending* p = nullptr;
@@ -324,7 +326,7 @@ void Negotiator::SubmitCached(int rank, Pending& p, absl::Time now) {
   // Cached requests are never allgathers (no first dimensions) nor a process set's.
   p.submitted.Set(rank);
   ++p.count;
-  stragglers_.Requested(rank, now - p.first_submit);
+  if (p.timed) stragglers_.Requested(rank, now_ns_ - p.first_submit_ns);
   RecordTimeline(NegotiationEvent::Kind::kRankReady, p.request, rank, now);
   // Every rank has submitted or joined only once the two add up to the job's size (the hot path:
   // at 1024 ranks this runs for each rank and tensor).
@@ -381,10 +383,12 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
     }
     p.submitted.Reset(size_);
     p.first_submit = now;
+    p.first_submit_ns = now_ns_;
     if (std::optional<StragglerTracker::StepEnd> end =
             stragglers_.TensorStarted(request.name, now)) {
       RecordStep(*end, now);
     }
+    p.timed = stragglers_.Sampled();
     if (request.type == RequestType::kAllgather) p.first_dims.assign(size_, 0);
     ++waiting_;
     RecordTimeline(NegotiationEvent::Kind::kStart, request, rank, now);
@@ -406,7 +410,7 @@ void Negotiator::SubmitOne(int rank, const TensorRequest& request, uint32_t cach
   }
   p.submitted.Set(rank);
   ++p.count;
-  stragglers_.Requested(rank, now - p.first_submit);
+  if (p.timed) stragglers_.Requested(rank, now_ns_ - p.first_submit_ns);
   RecordTimeline(NegotiationEvent::Kind::kRankReady, request, rank, now);
   // first_dims exists only when the first rank asked for an allgather; a rank that asks for an
   // allgather against another type (a mismatch) must not index it.

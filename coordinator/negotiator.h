@@ -155,6 +155,8 @@ class Negotiator {
     int count = 0;
     std::vector<int64_t> first_dims;  // allgather: each rank's first dimension
     absl::Time first_submit;
+    int64_t first_submit_ns = 0;  // the same, in Unix nanoseconds (the lateness's hot path)
+    bool timed = false;           // its requests' lateness goes to stragglers_ (a sampled tensor)
     absl::Time last_stall_report = absl::InfinitePast();
     std::string error;  // the first mismatch found
     bool ready = false;
@@ -243,6 +245,8 @@ class Negotiator {
   bool has_notices_ ABSL_GUARDED_BY(mu_) = false;
   NegotiatorStats stats_ ABSL_GUARDED_BY(mu_);
   StragglerTracker stragglers_ ABSL_GUARDED_BY(mu_);
+  // The current Submit's or SubmitShared's time in Unix nanoseconds (converted once per batch).
+  int64_t now_ns_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ringmaster

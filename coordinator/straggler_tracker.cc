@@ -23,11 +23,6 @@ StragglerTracker::StragglerTracker(Options options)
       window_(static_cast<size_t>(options.window) * options.ranks, 0),
       step_ns_(options.window, 0) {}
 
-void StragglerTracker::Requested(int rank, absl::Duration lateness) {
-  const int64_t ns = absl::ToInt64Nanoseconds(lateness);
-  if (ns > current_[rank]) current_[rank] = ns;
-}
-
 std::optional<StragglerTracker::StepEnd> StragglerTracker::TensorStarted(const std::string& name,
                                                                          absl::Time now) {
   if (first_name_.empty()) {

@@ -1,9 +1,11 @@
 // Who is slow: each rank's lateness to the job's collectives, step by step, from when the ranks
-// asked for them (the negotiator hands it every rank's request). For a tensor, a rank's lateness is
-// the time from the first rank's request to its own; a rank's lateness in a step is the largest
-// over the step's tensors. The last `window` steps of every rank are kept (window x ranks values,
-// bounded however long the job runs), and Window() says, over them, each rank's median lateness per
-// step behind the first rank and behind the median rank, and names the rank that held the job back.
+// asked for them (the negotiator hands it the ranks' requests for every kSampleEvery-th tensor of a
+// step, the step's first included: the hot path stays a branch for the others). For a tensor, a
+// rank's lateness is the time from the first rank's request to its own; a rank's lateness in a step
+// is the largest over the step's sampled tensors. The last `window` steps of every rank are kept
+// (window x ranks values, bounded however long the job runs), and Window() says, over them, each
+// rank's median lateness per step behind the first rank and behind the median rank, and names the
+// rank that held the job back.
 //
 // A step begins with the first request for the tensor that began the first step (a training loop
 // negotiates the same tensors every step, and a rank asks for the next step's only after the last
@@ -26,6 +28,7 @@ class StragglerTracker {
  public:
   static constexpr int kDefaultWindow = 10;
   static constexpr int64_t kMaxStepTensors = 65536;
+  static constexpr int64_t kSampleEvery = 4;
 
   struct Options {
     int ranks = 0;
@@ -63,12 +66,21 @@ class StragglerTracker {
 
   explicit StragglerTracker(Options options);
 
-  // Rank `rank` asked for a tensor `lateness` after the first rank did.
+  // Rank `rank` asked for a tensor `lateness` after the first rank did (the negotiator's hot path:
+  // every request of every rank; in nanoseconds, inline).
   // REQUIRES: 0 <= rank < ranks.
-  void Requested(int rank, absl::Duration lateness);
+  void Requested(int rank, int64_t lateness_ns) {
+    if (lateness_ns > current_[rank]) current_[rank] = lateness_ns;
+  }
+  void Requested(int rank, absl::Duration lateness) {
+    Requested(rank, absl::ToInt64Nanoseconds(lateness));
+  }
   // The first request for tensor `name` came at `now`: the step ends when `name` began it, and a
   // new one begins. Returns the step that ended, if one did.
   std::optional<StepEnd> TensorStarted(const std::string& name, absl::Time now);
+
+  // Whether the tensor TensorStarted() was last told of is sampled: its requests go to Requested().
+  bool Sampled() const { return (step_tensors_ - 1) % kSampleEvery == 0; }
 
   Report Window() const;
   int64_t steps() const { return steps_; }

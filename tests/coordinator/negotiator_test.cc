@@ -1492,3 +1492,41 @@ TEST_F(NegotiatorTest, ProcessSetRequestsAreCheckedAndAMismatchedSetNamesBoth) {
 
 }  // namespace
 }  // namespace ringmaster
+
+namespace ringmaster {
+namespace {
+
+// Who is slow, as the negotiator measures it: rank 2 asks for each step's tensors 50 ms after the
+// others; the step is 100 ms. Every fourth tensor of a step is timed (the first included).
+TEST(NegotiatorStragglersTest, ARankLateToEveryStepIsNamedWithItsLatenessBehindTheOthers) {
+  NegotiatorOptions o;
+  o.job_id = "job-000001";
+  o.rank_hosts = {"node-a", "node-b", "node-c"};
+  o.cache_capacity = 0;
+  Negotiator n(o);
+  absl::Time step_start = absl::UnixEpoch();
+  for (int step = 0; step < 5; ++step) {
+    for (int t = 0; t < 5; ++t) {
+      const std::string name = absl::StrCat("grad.", t);
+      const absl::Time at = step_start + absl::Milliseconds(t);
+      n.Submit(0, {Allreduce(name)}, {}, at);
+      n.Submit(1, {Allreduce(name)}, {}, at + absl::Milliseconds(2));
+      n.Submit(2, {Allreduce(name)}, {}, at + absl::Milliseconds(50));
+    }
+    ASSERT_TRUE(n.Poll(step_start + absl::Milliseconds(60)).has_value());
+    step_start += absl::Milliseconds(100);
+  }
+  const StragglerTracker::Report r = n.Stragglers();
+  EXPECT_EQ(r.steps, 4);  // the fifth is still going
+  EXPECT_EQ(r.step_time, absl::Milliseconds(100));
+  ASSERT_EQ(r.ranks.size(), 3u);
+  EXPECT_EQ(r.ranks[0].behind_first, absl::ZeroDuration());
+  EXPECT_EQ(r.ranks[1].behind_first, absl::Milliseconds(2));
+  EXPECT_EQ(r.ranks[2].behind_first, absl::Milliseconds(50));
+  EXPECT_EQ(r.ranks[2].behind_median, absl::Milliseconds(48));
+  EXPECT_EQ(r.straggler, 2);
+  EXPECT_FALSE(r.ranks[1].flagged);
+}
+
+}  // namespace
+}  // namespace ringmaster

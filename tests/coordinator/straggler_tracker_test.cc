@@ -126,6 +126,20 @@ TEST(StragglerTrackerTest, NamesThatNeverRepeatEndAStepEveryMaxStepTensors) {
   EXPECT_EQ(t.steps(), 2);
 }
 
+TEST(StragglerTrackerTest, EveryFourthTensorOfAStepIsSampledItsFirstIncluded) {
+  StragglerTracker t({.ranks = 2});
+  const absl::Time t0 = absl::UnixEpoch();
+  std::vector<int> sampled;
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 10; ++i) {
+      t.TensorStarted(absl::StrCat("grad.", i), t0 + absl::Milliseconds(round * 100 + i));
+      if (t.Sampled()) sampled.push_back(round * 100 + i);
+    }
+  }
+  // A step of 10 tensors: 0, 4 and 8; again from the next step's first.
+  EXPECT_EQ(sampled, (std::vector<int>{0, 4, 8, 100, 104, 108}));
+}
+
 TEST(StragglerTrackerTest, MemoryIsTheWindowWhateverTheJobRuns) {
   // 1024 ranks, a window of 10: the window holds 10 steps however many end.
   StragglerTracker t({.ranks = 1024, .window = 10});
