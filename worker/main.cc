@@ -73,6 +73,66 @@ std::string Env(const char* name) {
   return v == nullptr ? "" : v;
 }
 
+// The daemon's options from its flags (and environment): INVALID_ARGUMENT naming the flag.
+absl::StatusOr<ringmaster::DaemonOptions> OptionsFromFlags() {
+  ringmaster::DaemonOptions options;
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (options.coordinator.empty()) options.coordinator = Env("RINGMASTER_COORDINATOR");
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("--coordinator (or RINGMASTER_COORDINATOR) is required");
+  }
+  options.device = absl::GetFlag(FLAGS_device);
+  // The systemd instance form (ringmaster-worker@cuda0, @cpu, @cpu3): cudaN is cuda:N, cpuN a CPU
+  // slot (N tells the instances of one host apart).
+  if (int n = 0; absl::StartsWith(options.device, "cuda") && options.device.size() > 4 &&
+                 options.device[4] != ':' && absl::SimpleAtoi(options.device.substr(4), &n)) {
+    options.device = absl::StrCat("cuda:", options.device.substr(4));
+  } else if (absl::StartsWith(options.device, "cpu") && options.device.size() > 3 &&
+             absl::SimpleAtoi(options.device.substr(3), &n) && n >= 0) {
+    options.device = "cpu";
+  }
+  options.host_name = absl::GetFlag(FLAGS_host_name);
+  options.socket_path = absl::GetFlag(FLAGS_socket);
+  options.work_dir = absl::GetFlag(FLAGS_work_dir);
+  options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  for (absl::string_view uid :
+       absl::StrSplit(absl::GetFlag(FLAGS_attach_uid), ',', absl::SkipEmpty())) {
+    uint32_t n = 0;
+    if (!absl::SimpleAtoi(uid, &n)) {
+      return absl::InvalidArgumentError(absl::StrCat("--attach-uid '", uid, "' is not a uid"));
+    }
+    options.attach_uids.push_back(static_cast<uid_t>(n));
+  }
+  options.iface = absl::GetFlag(FLAGS_iface);
+  if (options.iface.empty()) options.iface = Env("HOROVOD_GLOO_IFACE");
+  const int64_t arena_mb = absl::GetFlag(FLAGS_arena_mb);
+  if (arena_mb < 16 || arena_mb > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--arena-mb ", arena_mb, " is out of bounds [16, 1048576]"));
+  }
+  options.arena_bytes = static_cast<size_t>(arena_mb) << 20;
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  // A benchmarking aid: RINGMASTER_WORKER_METRICS=off makes the engine record nothing, so the cost
+  // of metrics can be measured (bench/metrics_cost.sh).
+  options.record_metrics = Env("RINGMASTER_WORKER_METRICS") != "off";
+  options.collective_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_seconds) * 1000);
+  options.coordinator_grace = absl::GetFlag(FLAGS_coordinator_grace);
+  if (options.coordinator_grace <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--coordinator-grace must be positive");
+  }
+  if (!absl::GetFlag(FLAGS_insecure)) {
+    options.tls = ringmaster::TlsFilesFrom(
+        absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca));
+    if (options.tls.enabled()) {
+      // A worker proves who it is by its certificate: it needs one (tokens are for users).
+      if (absl::Status s = ringmaster::CheckServerTlsFiles(options.tls); !s.ok()) return s;
+    }
+  }
+
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,72 +153,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ringmaster-worker: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  ringmaster::DaemonOptions options;
-  options.coordinator = absl::GetFlag(FLAGS_coordinator);
-  if (options.coordinator.empty()) options.coordinator = Env("RINGMASTER_COORDINATOR");
-  if (options.coordinator.empty()) {
-    std::fprintf(stderr,
-                 "ringmaster-worker: --coordinator (or RINGMASTER_COORDINATOR) is required\n");
+  absl::StatusOr<ringmaster::DaemonOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "ringmaster-worker: %s\n",
+                 std::string(options.status().message()).c_str());
     return 2;
-  }
-  options.device = absl::GetFlag(FLAGS_device);
-  // The systemd instance form (ringmaster-worker@cuda0, @cpu, @cpu3): cudaN is cuda:N, cpuN a CPU
-  // slot (N tells the instances of one host apart).
-  if (int n = 0; absl::StartsWith(options.device, "cuda") && options.device.size() > 4 &&
-                 options.device[4] != ':' && absl::SimpleAtoi(options.device.substr(4), &n)) {
-    options.device = absl::StrCat("cuda:", options.device.substr(4));
-  } else if (absl::StartsWith(options.device, "cpu") && options.device.size() > 3 &&
-             absl::SimpleAtoi(options.device.substr(3), &n) && n >= 0) {
-    options.device = "cpu";
-  }
-  options.host_name = absl::GetFlag(FLAGS_host_name);
-  options.socket_path = absl::GetFlag(FLAGS_socket);
-  options.work_dir = absl::GetFlag(FLAGS_work_dir);
-  options.socket_group = absl::GetFlag(FLAGS_socket_group);
-  for (absl::string_view uid :
-       absl::StrSplit(absl::GetFlag(FLAGS_attach_uid), ',', absl::SkipEmpty())) {
-    uint32_t n = 0;
-    if (!absl::SimpleAtoi(uid, &n)) {
-      std::fprintf(stderr, "ringmaster-worker: --attach-uid '%s' is not a uid\n",
-                   std::string(uid).c_str());
-      return 2;
-    }
-    options.attach_uids.push_back(static_cast<uid_t>(n));
-  }
-  options.iface = absl::GetFlag(FLAGS_iface);
-  if (options.iface.empty()) options.iface = Env("HOROVOD_GLOO_IFACE");
-  const int64_t arena_mb = absl::GetFlag(FLAGS_arena_mb);
-  if (arena_mb < 16 || arena_mb > (int64_t{1} << 20)) {
-    std::fprintf(stderr, "ringmaster-worker: --arena-mb %lld is out of bounds [16, 1048576]\n",
-                 static_cast<long long>(arena_mb));
-    return 2;
-  }
-  options.arena_bytes = static_cast<size_t>(arena_mb) << 20;
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  // A benchmarking aid: RINGMASTER_WORKER_METRICS=off makes the engine record nothing, so the cost
-  // of metrics can be measured (bench/metrics_cost.sh).
-  options.record_metrics = Env("RINGMASTER_WORKER_METRICS") != "off";
-  options.collective_timeout =
-      absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_seconds) * 1000);
-  options.coordinator_grace = absl::GetFlag(FLAGS_coordinator_grace);
-  if (options.coordinator_grace <= absl::ZeroDuration()) {
-    std::fprintf(stderr, "ringmaster-worker: --coordinator-grace must be positive\n");
-    return 2;
-  }
-  if (!absl::GetFlag(FLAGS_insecure)) {
-    options.tls = ringmaster::TlsFilesFrom(
-        absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca));
-    if (options.tls.enabled()) {
-      // A worker proves who it is by its certificate: it needs one (tokens are for users).
-      absl::Status s = ringmaster::CheckServerTlsFiles(options.tls);
-      if (!s.ok()) {
-        std::fprintf(stderr, "ringmaster-worker: %s\n", std::string(s.message()).c_str());
-        return 2;
-      }
-    }
   }
 
-  ringmaster::Daemon daemon(std::move(options));
+  ringmaster::Daemon daemon(*std::move(options));
   if (absl::Status s = daemon.Start(); !s.ok()) {
     std::fprintf(stderr, "ringmaster-worker: %s\n", std::string(s.message()).c_str());
     return 1;

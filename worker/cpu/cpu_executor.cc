@@ -368,49 +368,7 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
   const int divisor =
       average ? (global ? options_.size : static_cast<int>(c.process_set_ranks.size())) : 1;
   if (global && host_group_ != nullptr && (cross_ == nullptr || options_.hierarchical_allreduce)) {
-    // Through shared memory, each tensor read straight into the segment and the result written
-    // straight back, wherever the tensor is (arena, a training process's memory): no fusion
-    // buffer. Scaled in the segment, chunk by chunk, while the data is in cache; hierarchical,
-    // each reduced slice is allreduced across hosts before it is scaled.
-    auto pieces = [&](int64_t first, int64_t count, auto&& move) -> absl::Status {
-      int64_t at = 0;  // where tensor i begins, in elements
-      for (size_t i = 0; i < n && at < first + count; at += counts[i], ++i) {
-        const int64_t from = std::max(first, at), to = std::min(first + count, at + counts[i]);
-        if (from >= to) continue;
-        if (absl::Status s = move(c.tensors[i], (from - at) * elem, (from - first) * elem,
-                                  static_cast<size_t>((to - from) * elem));
-            !s.ok()) {
-          return s;
-        }
-      }
-      return absl::OkStatus();
-    };
-    absl::Status s = host_group_->Allreduce(
-        total, dtype, backend_op,
-        [&](int64_t first, int64_t count, void* slot) {
-          return pieces(
-              first, count,
-              [&](const Collective::Tensor& t, int64_t in_tensor, int64_t in_slot, size_t bytes) {
-                return ReadTensor(t, options_.arena, in_tensor,
-                                  static_cast<uint8_t*>(slot) + in_slot, bytes);
-              });
-        },
-        [&](void* p, int64_t count) { Scale(p, count, dtype, c.prescale, 1); },
-        [&](void* p, int64_t count) {
-          if (cross_ != nullptr && count > 0) {
-            if (absl::Status s = cross_->Allreduce(p, count, dtype, backend_op); !s.ok()) return s;
-          }
-          Scale(p, count, dtype, c.postscale, divisor);
-          return absl::OkStatus();
-        },
-        [&](int64_t first, int64_t count, const void* reduced) {
-          return pieces(
-              first, count,
-              [&](const Collective::Tensor& t, int64_t in_tensor, int64_t in_slot, size_t bytes) {
-                return WriteTensor(t, options_.arena, in_tensor,
-                                   static_cast<const uint8_t*>(reduced) + in_slot, bytes);
-              });
-        });
+    absl::Status s = ShmAllreduce(c, counts, total, backend_op, divisor);
     trace.End(cross_ != nullptr ? "HIERARCHICAL_ALLREDUCE" : "SHM_ALLREDUCE");
     return s;
   }
@@ -451,6 +409,57 @@ absl::Status CpuExecutor::Allreduce(const Collective& c, ExecutionTrace& trace) 
     trace.End("MEMCPY_OUT_FUSION_BUFFER");
   }
   return absl::OkStatus();
+}
+
+absl::Status CpuExecutor::ShmAllreduce(const Collective& c, const std::vector<int64_t>& counts,
+                                       int64_t total, ReduceOp backend_op, int divisor) {
+  const DataType dtype = c.dtype;
+  const int64_t elem = DataTypeSize(dtype);
+  const size_t n = c.tensors.size();
+  // Through shared memory, each tensor read straight into the segment and the result written
+  // straight back, wherever the tensor is (arena, a training process's memory): no fusion
+  // buffer. Scaled in the segment, chunk by chunk, while the data is in cache; hierarchical,
+  // each reduced slice is allreduced across hosts before it is scaled.
+  auto pieces = [&](int64_t first, int64_t count, auto&& move) -> absl::Status {
+    int64_t at = 0;  // where tensor i begins, in elements
+    for (size_t i = 0; i < n && at < first + count; at += counts[i], ++i) {
+      const int64_t from = std::max(first, at), to = std::min(first + count, at + counts[i]);
+      if (from >= to) continue;
+      if (absl::Status s = move(c.tensors[i], (from - at) * elem, (from - first) * elem,
+                                static_cast<size_t>((to - from) * elem));
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  };
+  absl::Status s = host_group_->Allreduce(
+      total, dtype, backend_op,
+      [&](int64_t first, int64_t count, void* slot) {
+        return pieces(
+            first, count,
+            [&](const Collective::Tensor& t, int64_t in_tensor, int64_t in_slot, size_t bytes) {
+              return ReadTensor(t, options_.arena, in_tensor, static_cast<uint8_t*>(slot) + in_slot,
+                                bytes);
+            });
+      },
+      [&](void* p, int64_t count) { Scale(p, count, dtype, c.prescale, 1); },
+      [&](void* p, int64_t count) {
+        if (cross_ != nullptr && count > 0) {
+          if (absl::Status s = cross_->Allreduce(p, count, dtype, backend_op); !s.ok()) return s;
+        }
+        Scale(p, count, dtype, c.postscale, divisor);
+        return absl::OkStatus();
+      },
+      [&](int64_t first, int64_t count, const void* reduced) {
+        return pieces(
+            first, count,
+            [&](const Collective::Tensor& t, int64_t in_tensor, int64_t in_slot, size_t bytes) {
+              return WriteTensor(t, options_.arena, in_tensor,
+                                 static_cast<const uint8_t*>(reduced) + in_slot, bytes);
+            });
+      });
+  return s;
 }
 
 absl::Status CpuExecutor::NetworkAllreduce(const Collective& c, uint8_t* buffer, int64_t total,

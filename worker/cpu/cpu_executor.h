@@ -106,6 +106,10 @@ class CpuExecutor final : public Executor {
 
  private:
   absl::Status Allreduce(const Collective& c, ExecutionTrace& trace);
+  // The allreduce through the host's shared-memory group (hierarchical across hosts when cross_
+  // is set): each tensor read into the segment where it lies and the result written straight back.
+  absl::Status ShmAllreduce(const Collective& c, const std::vector<int64_t>& counts, int64_t total,
+                            ReduceOp backend_op, int divisor);
   // Through the communicators: split across them when large and global.
   absl::Status NetworkAllreduce(const Collective& c, uint8_t* buffer, int64_t total,
                                 ReduceOp backend_op, int divisor, Backend& set_backend,

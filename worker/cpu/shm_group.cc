@@ -456,109 +456,117 @@ absl::Status ShmGroup::Allreduce(int64_t count, DataType dtype, ReduceOp op, Loa
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions options) {
-  const int rank = options.rank, size = options.size;
-  if (size < 1 || size > kMaxRanks || rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shared-memory group: rank ", rank, " of size ", size));
-  }
-  if (options.store == nullptr) {
-    return absl::InvalidArgumentError("shared-memory group: no rendezvous store");
-  }
-  KeyValueStore& store = *options.store;
-  const std::string& prefix = options.prefix;
-  auto keys = [&](const std::string& what) {
-    std::vector<std::string> k;
-    for (int r = 0; r < size; ++r) k.push_back(absl::StrCat(prefix, what, "/", r));
-    return k;
-  };
+namespace {
 
-  // 1. Where is every rank? Hosts are numbered by their lowest rank; a host's ranks in rank order.
+// Where every rank of the job is: hosts numbered by their lowest rank, a host's ranks in rank
+// order, and this rank's host and place on it.
+struct HostLayout {
+  std::vector<std::vector<int>> ranks;  // by host index
+  int host_index = 0;
+  int local_rank = 0;
+  const std::vector<int>& members() const { return ranks[host_index]; }
+  int local_size() const { return static_cast<int>(members().size()); }
+  int hosts() const { return static_cast<int>(ranks.size()); }
+};
+
+std::vector<std::string> RankKeys(const std::string& prefix, const std::string& what, int size) {
+  std::vector<std::string> k;
+  for (int r = 0; r < size; ++r) k.push_back(absl::StrCat(prefix, what, "/", r));
+  return k;
+}
+
+absl::StatusOr<HostLayout> MeetHosts(const ShmGroupOptions& options, KeyValueStore& store) {
+  const int rank = options.rank, size = options.size;
   std::string identity = HostIdentity(options.host);
   if (identity.empty()) identity = absl::StrCat("unknown host of rank ", rank);
-  if (absl::Status s = store.Set(keys("host")[rank], identity); !s.ok()) return s;
-  absl::StatusOr<std::vector<std::string>> where = store.Wait(keys("host"), options.timeout);
+  const std::vector<std::string> keys = RankKeys(options.prefix, "host", size);
+  if (absl::Status s = store.Set(keys[rank], identity); !s.ok()) return s;
+  absl::StatusOr<std::vector<std::string>> where = store.Wait(keys, options.timeout);
   if (!where.ok()) return where.status();
-  std::vector<std::string> host_ids;    // by host index
-  std::vector<std::vector<int>> ranks;  // by host index
+  std::vector<std::string> host_ids;  // by host index
+  HostLayout layout;
   for (int r = 0; r < size; ++r) {
     const auto it = std::find(host_ids.begin(), host_ids.end(), (*where)[r]);
     if (it == host_ids.end()) {
       host_ids.push_back((*where)[r]);
-      ranks.push_back({r});
+      layout.ranks.push_back({r});
     } else {
-      ranks[it - host_ids.begin()].push_back(r);
+      layout.ranks[it - host_ids.begin()].push_back(r);
     }
   }
-  const int hosts = static_cast<int>(host_ids.size());
-  const int host_index =
+  layout.host_index =
       static_cast<int>(std::find(host_ids.begin(), host_ids.end(), identity) - host_ids.begin());
-  const std::vector<int>& members = ranks[host_index];
-  const int local_size = static_cast<int>(members.size());
-  const int local_rank =
+  const std::vector<int>& members = layout.members();
+  layout.local_rank =
       static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
-  if (hosts > 1) {
-    if (!options.across_hosts || local_size < 2) return nullptr;
-    for (const std::vector<int>& on_host : ranks) {
-      if (on_host.size() != members.size()) {
-        if (rank == 0) {
-          spdlog::warn(
-              "hosts run different numbers of ranks; allreduce and allgather are not "
-              "hierarchical");
-        }
-        return nullptr;
+  return layout;
+}
+
+// Whether the hosts' groups can work hierarchically: asked for, two ranks or more per host, and
+// as many on every host.
+bool HierarchyHolds(const ShmGroupOptions& options, const HostLayout& layout) {
+  if (!options.across_hosts || layout.local_size() < 2) return false;
+  for (const std::vector<int>& on_host : layout.ranks) {
+    if (static_cast<int>(on_host.size()) != layout.local_size()) {
+      if (options.rank == 0) {
+        spdlog::warn(
+            "hosts run different numbers of ranks; allreduce and allgather are not "
+            "hierarchical");
       }
+      return false;
     }
   }
+  return true;
+}
 
-  // Larger chunks across hosts: each carries one allreduce per local rank over the network.
-  int64_t slot_bytes = options.slot_bytes;
-  if (slot_bytes <= 0) {
-    slot_bytes = hosts > 1 ? std::clamp<int64_t>((int64_t{64} << 20) / local_size,
-                                                 int64_t{256} << 10, int64_t{32} << 20)
-                           : std::clamp<int64_t>((int64_t{8} << 20) / local_size, int64_t{64} << 10,
-                                                 int64_t{1} << 20);
-  }
-  slot_bytes = (slot_bytes + kLine - 1) / static_cast<int64_t>(kLine) * kLine;
-
-  // 2. The host's first rank makes the segment; the others open it.
-  const size_t bytes = SegmentBytes(local_size, slot_bytes);
-  const std::string segment_key = absl::StrCat(prefix, "segment/", host_index);
-  std::unique_ptr<SharedMemory> segment;
-  std::string attached = "ok";
-  if (local_rank == 0) {
+// The host's first rank makes the segment and announces it; the others open it. `attached`: "ok",
+// or why this rank has no segment.
+absl::StatusOr<std::unique_ptr<SharedMemory>> MakeOrOpenSegment(const ShmGroupOptions& options,
+                                                                KeyValueStore& store,
+                                                                const HostLayout& layout,
+                                                                int64_t slot_bytes,
+                                                                std::string* attached) {
+  const size_t bytes = SegmentBytes(layout.local_size(), slot_bytes);
+  const std::string segment_key = absl::StrCat(options.prefix, "segment/", layout.host_index);
+  *attached = "ok";
+  if (layout.local_rank == 0) {
     absl::StatusOr<std::unique_ptr<SharedMemory>> made =
         SharedMemory::Create("ringmaster-shm-group", bytes);
     std::string announced;
+    std::unique_ptr<SharedMemory> segment;
     if (made.ok()) {
       segment = *std::move(made);
       auto* header = new (segment->data()) ShmHeader();
       header->magic = kMagic;
       header->nonce = 0;
       getrandom(&header->nonce, sizeof(header->nonce), 0);  // tells this segment from a stale one
-      header->size = local_size;
+      header->size = layout.local_size();
       header->slot_bytes = slot_bytes;
       announced = absl::StrCat(getpid(), " ", segment->fd(), " ", header->nonce, " ", bytes);
     } else {
-      attached = announced = absl::StrCat("none: ", made.status().message());
+      *attached = announced = absl::StrCat("none: ", made.status().message());
     }
     if (absl::Status s = store.Set(segment_key, announced); !s.ok()) return s;
-  } else {
-    absl::StatusOr<std::vector<std::string>> announced = store.Wait({segment_key}, options.timeout);
-    if (!announced.ok()) return announced.status();
-    absl::StatusOr<std::unique_ptr<SharedMemory>> opened =
-        OpenSegment(announced->front(), members[0], local_size, slot_bytes);
-    if (opened.ok()) {
-      segment = *std::move(opened);
-    } else {
-      attached = std::string(opened.status().message());
-    }
+    return segment;
   }
+  absl::StatusOr<std::vector<std::string>> announced = store.Wait({segment_key}, options.timeout);
+  if (!announced.ok()) return announced.status();
+  absl::StatusOr<std::unique_ptr<SharedMemory>> opened =
+      OpenSegment(announced->front(), layout.members()[0], layout.local_size(), slot_bytes);
+  if (opened.ok()) return *std::move(opened);
+  *attached = std::string(opened.status().message());
+  return nullptr;
+}
 
-  // 3. Every rank of the job hears whether every host's group formed: all or none.
+// Every rank of the job hears whether every host's group formed: all or none. The ranks' pids,
+// or an empty vector when some rank has no segment.
+absl::StatusOr<std::vector<int>> AgreeAllAttached(const ShmGroupOptions& options,
+                                                  KeyValueStore& store, std::string attached) {
+  const int rank = options.rank, size = options.size;
   if (attached == "ok") attached = absl::StrCat("ok ", getpid());
-  if (absl::Status s = store.Set(keys("attached")[rank], attached); !s.ok()) return s;
-  absl::StatusOr<std::vector<std::string>> all = store.Wait(keys("attached"), options.timeout);
+  const std::vector<std::string> keys = RankKeys(options.prefix, "attached", size);
+  if (absl::Status s = store.Set(keys[rank], attached); !s.ok()) return s;
+  absl::StatusOr<std::vector<std::string>> all = store.Wait(keys, options.timeout);
   if (!all.ok()) return all.status();
   std::vector<int> pids(size);
   for (int r = 0; r < size; ++r) {
@@ -570,18 +578,58 @@ absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions option
             "allreduce",
             r, a);
       }
-      return nullptr;
+      return std::vector<int>();
     }
   }
+  return pids;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmGroup>> ConnectShmGroup(ShmGroupOptions options) {
+  const int rank = options.rank, size = options.size;
+  if (size < 1 || size > kMaxRanks || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory group: rank ", rank, " of size ", size));
+  }
+  if (options.store == nullptr) {
+    return absl::InvalidArgumentError("shared-memory group: no rendezvous store");
+  }
+  KeyValueStore& store = *options.store;
+  // 1. Where is every rank?
+  absl::StatusOr<HostLayout> layout = MeetHosts(options, store);
+  if (!layout.ok()) return layout.status();
+  const int hosts = layout->hosts();
+  const int local_size = layout->local_size();
+  if (hosts > 1 && !HierarchyHolds(options, *layout)) return nullptr;
+  // Larger chunks across hosts: each carries one allreduce per local rank over the network.
+  int64_t slot_bytes = options.slot_bytes;
+  if (slot_bytes <= 0) {
+    slot_bytes = hosts > 1 ? std::clamp<int64_t>((int64_t{64} << 20) / local_size,
+                                                 int64_t{256} << 10, int64_t{32} << 20)
+                           : std::clamp<int64_t>((int64_t{8} << 20) / local_size, int64_t{64} << 10,
+                                                 int64_t{1} << 20);
+  }
+  slot_bytes = (slot_bytes + kLine - 1) / static_cast<int64_t>(kLine) * kLine;
+  // 2. The host's first rank makes the segment; the others open it.
+  std::string attached;
+  absl::StatusOr<std::unique_ptr<SharedMemory>> segment =
+      MakeOrOpenSegment(options, store, *layout, slot_bytes, &attached);
+  if (!segment.ok()) return segment.status();
+  // 3. All or none.
+  absl::StatusOr<std::vector<int>> pids = AgreeAllAttached(options, store, attached);
+  if (!pids.ok()) return pids.status();
+  if (pids->empty()) return nullptr;
+  const std::vector<int>& members = layout->members();
   std::vector<int> local_pids(local_size), pidfds(local_size, -1);
   for (int i = 0; i < local_size; ++i) {
-    local_pids[i] = pids[members[i]];
-    if (i != local_rank) pidfds[i] = PidfdOpen(local_pids[i]);
+    local_pids[i] = (*pids)[members[i]];
+    if (i != layout->local_rank) pidfds[i] = PidfdOpen(local_pids[i]);
   }
   // Every host's ranks, not only this one's: an allgather across hosts places their parts.
-  return std::unique_ptr<ShmGroup>(
-      new ShmGroup(local_rank, local_size, host_index, slot_bytes, options.timeout,
-                   std::move(segment), std::move(ranks), std::move(local_pids), std::move(pidfds)));
+  return std::unique_ptr<ShmGroup>(new ShmGroup(
+      layout->local_rank, local_size, layout->host_index, slot_bytes, options.timeout,
+      *std::move(segment), std::move(layout->ranks), std::move(local_pids), std::move(pidfds)));
 }
 
 }  // namespace ringmaster

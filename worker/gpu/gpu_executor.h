@@ -33,6 +33,9 @@ class GpuExecutor final : public Executor {
   void ReleaseProcessSet(int32_t id) override { device_.ReleaseProcessSet(id); }
 
  private:
+  // The allgather's NCCL calls, one per tensor, each into an output of the arena (or device
+  // scratch when none fits: that tensor's allgather then fails alone), recorded in `executed`.
+  absl::StatusOr<int32_t> Allgather(const Collective& c, Executed& executed);
   DeviceExecutor& device_;
   ArenaAllocator& outputs_;
   const int rank_;

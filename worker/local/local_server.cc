@@ -166,59 +166,67 @@ void LocalServer::AcceptLoop() {
   }
 }
 
+namespace {
+
+// Refuses the connection's request `handle` with `code` and `why`, and closes the connection.
+void RefuseAndClose(LocalConnection& connection, uint64_t handle, absl::StatusCode code,
+                    const std::string& why) {
+  v1::LocalReply reply;
+  reply.mutable_completion()->set_handle(handle);
+  reply.mutable_completion()->set_code(static_cast<int>(code));
+  reply.mutable_completion()->set_message(why);
+  connection.Send(reply);
+  connection.Shutdown();
+}
+
+}  // namespace
+
+bool LocalServer::Hello(LocalConnection& connection, const v1::LocalHello& hello,
+                        std::optional<v1::LocalWelcome>& welcomed) {
+  v1::LocalReply reply;
+  if (welcomed.has_value()) {  // one process, one welcome
+    reply.mutable_completion()->set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
+    reply.mutable_completion()->set_message("this connection was already welcomed");
+    connection.Send(reply);
+    return true;
+  }
+  absl::StatusOr<Handler::Welcome> welcome = handler_->OnHello(hello, connection.peer());
+  if (!welcome.ok()) {
+    RefuseAndClose(connection, 0, welcome.status().code(), std::string(welcome.status().message()));
+    return false;
+  }
+  *reply.mutable_welcome() = welcome->message;
+  connection.Send(reply, welcome->arena_fd);
+  if (welcome->arena_fd >= 0) close(welcome->arena_fd);
+  welcomed = welcome->message;
+  return true;
+}
+
 void LocalServer::Serve(std::shared_ptr<LocalConnection> connection) {
   std::weak_ptr<LocalConnection> weak = connection;
   std::optional<v1::LocalWelcome> welcomed;
   v1::LocalRequest request;
-  // A connection acts only once welcomed: anything else before (or after a refused hello) is
-  // refused and the connection closed, so a process the daemon did not admit can never enqueue
-  // into, or free memory of, the arena of the rank it serves.
-  auto refuse_and_close = [&](uint64_t handle, absl::StatusCode code, const std::string& why) {
-    v1::LocalReply reply;
-    reply.mutable_completion()->set_handle(handle);
-    reply.mutable_completion()->set_code(static_cast<int>(code));
-    reply.mutable_completion()->set_message(why);
-    connection->Send(reply);
-    connection->Shutdown();
-  };
-  const std::string not_welcomed =
-      "this connection was not welcomed (its hello was refused or never sent): it may send "
-      "nothing else; connect again and say hello";
   bool open = true;
   while (open && ReadFrame(connection->fd(), &request).ok()) {
+    // A connection acts only once welcomed: anything else before (or after a refused hello) is
+    // refused and the connection closed, so a process the daemon did not admit can never enqueue
+    // into, or free memory of, the arena of the rank it serves.
     if (request.kind_case() != v1::LocalRequest::kHello &&
         request.kind_case() != v1::LocalRequest::KIND_NOT_SET && !welcomed.has_value()) {
       spdlog::warn("local connection (pid {}): message {} before a welcome refused; closed",
                    connection->peer().pid, static_cast<int>(request.kind_case()));
-      refuse_and_close(
+      RefuseAndClose(
+          *connection,
           request.kind_case() == v1::LocalRequest::kEnqueue ? request.enqueue().handle() : 0,
-          absl::StatusCode::kPermissionDenied, not_welcomed);
-      open = false;
+          absl::StatusCode::kPermissionDenied,
+          "this connection was not welcomed (its hello was refused or never sent): it may send "
+          "nothing else; connect again and say hello");
       break;
     }
     switch (request.kind_case()) {
-      case v1::LocalRequest::kHello: {
-        v1::LocalReply reply;
-        if (welcomed.has_value()) {  // one process, one welcome
-          reply.mutable_completion()->set_code(
-              static_cast<int>(absl::StatusCode::kFailedPrecondition));
-          reply.mutable_completion()->set_message("this connection was already welcomed");
-          connection->Send(reply);
-          break;
-        }
-        absl::StatusOr<Handler::Welcome> welcome =
-            handler_->OnHello(request.hello(), connection->peer());
-        if (welcome.ok()) {
-          *reply.mutable_welcome() = welcome->message;
-          connection->Send(reply, welcome->arena_fd);
-          if (welcome->arena_fd >= 0) close(welcome->arena_fd);
-          welcomed = welcome->message;
-        } else {
-          refuse_and_close(0, welcome.status().code(), std::string(welcome.status().message()));
-          open = false;
-        }
+      case v1::LocalRequest::kHello:
+        open = Hello(*connection, request.hello(), welcomed);
         break;
-      }
       case v1::LocalRequest::kEnqueue:
         handler_->OnEnqueue(&*welcomed, request.enqueue(), [weak](const v1::LocalCompletion& c) {
           if (auto conn = weak.lock()) {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -89,6 +90,10 @@ class LocalServer {
   LocalServer(std::string path, int listen_fd, Handler* handler);
   void AcceptLoop();
   void Serve(std::shared_ptr<LocalConnection> connection);
+  // A hello on `connection`: welcomed (kept in `welcomed`), refused (the connection closed: false),
+  // or a second hello answered FAILED_PRECONDITION.
+  bool Hello(LocalConnection& connection, const v1::LocalHello& hello,
+             std::optional<v1::LocalWelcome>& welcomed);
 
   const std::string path_;
   const int listen_fd_;
