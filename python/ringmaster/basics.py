@@ -140,11 +140,26 @@ def shutdown():
         _initialized = False
 
 
+# How long a process leaving at exit waits for its peers to have initialized (below).
+_EXIT_INIT_WAIT_SECONDS = 30.0
+
+
 def _close():
     global _initialized
     _initialized = False
-    if _client is not None:
-        _client.shutdown()
+    c = _client
+    if c is None:
+        return
+    # Horovod's init() is collective: no rank leaves before every rank has initialized. Here init's
+    # allgather of the ranks' local sizes runs in the background, so a rank that finishes at once
+    # waits for it at exit (bounded; it fails at once if a peer is gone): its peers' init then
+    # completes, and what they call next fails naming this rank, as in Horovod.
+    if _homogeneous is None and _local_sizes_handle is not None:
+        try:
+            c.wait(_local_sizes_handle, _EXIT_INIT_WAIT_SECONDS)
+        except Exception:  # noqa: BLE001 - leaving anyway; a peer's error is the peer's to report
+            pass
+    c.shutdown()
 
 
 def is_initialized():
