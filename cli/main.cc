@@ -14,6 +14,8 @@
 // localhost:50051. Exit status: 0 on success, 1 when the call fails (one line on stderr), 2 for a
 // usage error; `watch` exits 0 when the job SUCCEEDED and 1 when it FAILED or was CANCELLED;
 // `local` as documented in cli/local.h.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +29,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -115,11 +118,16 @@ options:
                   repeatable
 )";
 
-constexpr char kStatusHelp[] = R"(usage: ringmaster status JOB
+constexpr char kStatusHelp[] = R"(usage: ringmaster status JOB [--watch] [--interval SECONDS]
 
 Prints a job: state, why it waits (PENDING) or why it ended, ranks (host, device, worker, local and
-cross rank, state, exit status), knobs, throughput (live while it runs, the last figures after) and
-events.
+cross rank, state, exit status), knobs, throughput (live while it runs, the last figures after), the
+slowest ranks while it runs, and events.
+
+options:
+  --watch             print it again every interval (the screen cleared on a terminal; with --json,
+                      one object per line) until the job has ended
+  --interval SECONDS  with --watch: how often (default 2)
 )";
 
 constexpr char kCancelHelp[] = R"(usage: ringmaster cancel JOB [--reason TEXT]
@@ -545,19 +553,45 @@ std::string JobArg(Args& args, const char* command) {
   return args.Next();
 }
 
+bool Ended(const v1::Job& job) {
+  return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
+         job.state() == v1::JOB_STATE_CANCELLED;
+}
+
 int Status(const Global& g, v1::JobService::Stub& stub, Args& args) {
   v1::GetJobRequest request;
   request.set_job_id(JobArg(args, "status"));
-  if (!args.Done()) Usage(absl::StrCat("status: unexpected '", args.Peek(), "'"));
-  v1::GetJobResponse response;
-  grpc::Status status = stub.GetJob(Context(g).get(), request, &response);
-  if (!status.ok()) Fail(g, status);
-  if (g.json) {
-    std::printf("%s\n", Json(response.job()).c_str());
-  } else {
-    PrintJob(response.job());
+  bool watch = false;
+  double interval = 2;
+  while (!args.Done()) {
+    std::string flag = args.Next();
+    if (flag == "--watch") {
+      watch = true;
+    } else if (flag == "--interval") {
+      const std::string value = args.Value(flag);
+      if (!absl::SimpleAtod(value, &interval) || !(interval >= 0.1 && interval <= 3600)) {
+        Usage(absl::StrCat("status: --interval '", value, "' is not a number of seconds in [0.1, ",
+                           "3600]"));
+      }
+    } else {
+      Usage(absl::StrCat("status: unexpected '", flag, "'"));
+    }
   }
-  return 0;
+  const bool terminal = isatty(STDOUT_FILENO) != 0;
+  while (true) {
+    v1::GetJobResponse response;
+    grpc::Status status = stub.GetJob(Context(g).get(), request, &response);
+    if (!status.ok()) Fail(g, status);
+    if (g.json) {
+      std::printf("%s\n", Json(response.job()).c_str());
+    } else {
+      if (watch && terminal) std::printf("\033[H\033[2J");  // the screen cleared: a live view
+      PrintJob(response.job());
+    }
+    std::fflush(stdout);
+    if (!watch || Ended(response.job())) return 0;
+    absl::SleepFor(absl::Seconds(interval));
+  }
 }
 
 int Cancel(const Global& g, v1::JobService::Stub& stub, Args& args) {

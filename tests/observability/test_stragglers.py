@@ -133,8 +133,15 @@ def test_the_straggler_action_warns_in_an_event_or_fails_the_job_naming_the_rank
     slow = ("--env", "RINGMASTER_TEST_SLOW_RANK=3", "--env", "RINGMASTER_TEST_SLOW_MS=120")
     warned = submit(cluster, c, "--np", "4", "--straggler-action", "warn", *slow, "--",
                     str(BIN / "train_loop"), "20")
-    done = cluster.wait_state(c, warned, {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"}, 120)
-    assert done["state"] == "JOB_STATE_SUCCEEDED", done
+    # `status --watch` follows the job until it ends: one object per refresh with --json.
+    r = cluster.cli(c, "status", warned, "--watch", "--interval", "0.3", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    seen = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(seen) >= 3, r.stdout
+    assert seen[-1]["state"] == "JOB_STATE_SUCCEEDED", seen[-1]
+    assert all(j["state"] != "JOB_STATE_SUCCEEDED" for j in seen[:-1]), [j["state"] for j in seen]
+    assert any(j.get("stragglers", {}).get("straggler_rank", -1) == 3 for j in seen), seen
+    done = seen[-1]
     worker = done["ranks"][3]["worker_id"]
     notes = [e["message"] for e in done["events"] if "holds the job back" in e["message"]]
     assert len(notes) == 1, done["events"]  # once: the same rank stays named
