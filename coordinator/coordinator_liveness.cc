@@ -176,8 +176,8 @@ void Coordinator::Housekeeping(absl::Time now) {
     for (auto& [id, runtime] : runtimes_) runtimes.push_back(runtime);
   }
   for (const auto& runtime : runtimes) {
-    ActOnStragglers(*runtime);
     StallReport report = runtime->Housekeeping(now);
+    ActOnStragglers(*runtime);
     if (report.message.empty()) continue;
     spdlog::warn("{}", report.message);
     if (report.shutdown) {
@@ -194,10 +194,9 @@ void Coordinator::Housekeeping(absl::Time now) {
 }
 
 void Coordinator::ActOnStragglers(JobRuntime& runtime) {
-  const std::string& action = runtime.straggler_action();
-  if (action != "warn" && action != "fail") return;
-  std::optional<std::string> named = runtime.NewStraggler();
+  std::optional<std::string> named = runtime.TakeStragglerNotice();
   if (!named.has_value()) return;
+  const std::string& action = runtime.straggler_action();
   spdlog::warn("job {}: {}", runtime.job_id(), *named);
   if (action == "fail") {
     FinishLater(runtime.job_id(), JobState::kFailed,

@@ -557,7 +557,14 @@ StallReport JobRuntime::Housekeeping(absl::Time now) {
   }
   StallReport report = negotiator_->CheckStalls(now);
   stalled_->Set(report.stalled);
-  SetLatenessGauges();
+  if (now - last_lateness_ >= kLatenessEvery) {
+    last_lateness_ = now;
+    const StragglerTracker::Report lateness = negotiator_->Stragglers();
+    if (lateness.steps > 0) {
+      SetLatenessGauges(lateness);
+      NoteStraggler(lateness);
+    }
+  }
   return report;
 }
 
@@ -587,22 +594,26 @@ std::optional<JobStragglers> JobRuntime::Stragglers() const {
   return out;
 }
 
-std::optional<std::string> JobRuntime::NewStraggler() {
-  const StragglerTracker::Report report = negotiator_->Stragglers();
+void JobRuntime::NoteStraggler(const StragglerTracker::Report& report) {
+  if (straggler_action_ == "none") return;
   const int32_t named = report.straggler;
-  if (named == named_straggler_) return std::nullopt;
+  if (named == named_straggler_) return;
   named_straggler_ = named;
-  if (named < 0 || static_cast<size_t>(named) >= ranks_.size()) return std::nullopt;
-  return absl::StrCat(
+  if (named < 0 || static_cast<size_t>(named) >= ranks_.size()) return;
+  straggler_notice_ = absl::StrCat(
       Placement(ranks_[named]), " holds the job back: ",
       absl::FormatDuration(absl::Trunc(report.ranks[named].behind_median, absl::Microseconds(100))),
       " behind the median rank per step over the last ", report.steps,
       " steps (late to submit: its compute or input is slow)");
 }
 
-void JobRuntime::SetLatenessGauges() {
-  const StragglerTracker::Report report = negotiator_->Stragglers();
-  if (report.steps == 0) return;
+std::optional<std::string> JobRuntime::TakeStragglerNotice() {
+  std::optional<std::string> notice;
+  notice.swap(straggler_notice_);
+  return notice;
+}
+
+void JobRuntime::SetLatenessGauges(const StragglerTracker::Report& report) {
   absl::MutexLock lock(&lateness_mu_);
   if (lateness_closed_) return;
   if (lateness_.empty()) {

@@ -156,10 +156,13 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   static constexpr size_t kSlowest = 8;
   // The job's straggler_action knob: "none", "warn" or "fail".
   const std::string& straggler_action() const { return straggler_action_; }
-  // When a rank is newly named as holding the job back (none was, or another): what to say of it,
-  // "rank R on host H (worker W) holds the job back: ..."; nullopt otherwise. Housekeeping's
-  // thread only.
-  std::optional<std::string> NewStraggler();
+  // When Housekeeping saw a rank newly named as holding the job back (none was, or another) and
+  // the job has a straggler action: what to say of it, "rank R on host H (worker W) holds the job
+  // back: ..."; nullopt otherwise. Housekeeping's thread only.
+  std::optional<std::string> TakeStragglerNotice();
+  // How often Housekeeping reads who is slow (the window's medians are computed under the
+  // negotiator's lock: not at every 100 ms pass).
+  static constexpr absl::Duration kLatenessEvery = absl::Seconds(1);
 
   // Writes the negotiation events since the last call to the timeline, then checks for stalls
   // (updating the stalled-tensors gauge), and sets the lateness gauges.
@@ -207,7 +210,11 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
 
   const std::string job_id_;
   const std::string straggler_action_;
-  int32_t named_straggler_ = -1;  // NewStraggler()'s: the rank named at its last call
+  // Housekeeping's thread only: when it last read who is slow, the rank named then, and the notice
+  // for TakeStragglerNotice().
+  absl::Time last_lateness_ = absl::InfinitePast();
+  int32_t named_straggler_ = -1;
+  std::optional<std::string> straggler_notice_;
   const int64_t epoch_;
   const std::vector<RankInfo> ranks_;
   const std::vector<int32_t> relay_of_;                             // by rank
@@ -228,7 +235,8 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   std::vector<Gauge*> lateness_ ABSL_GUARDED_BY(lateness_mu_);
   Gauge* straggler_ ABSL_GUARDED_BY(lateness_mu_) = nullptr;
   bool lateness_closed_ ABSL_GUARDED_BY(lateness_mu_) = false;
-  void SetLatenessGauges();
+  void SetLatenessGauges(const StragglerTracker::Report& report);
+  void NoteStraggler(const StragglerTracker::Report& report);
   // The timeline (null without one) and its file name; set by Open(), before any other call.
   std::unique_ptr<ringmaster::Timeline> timeline_;
   std::string timeline_name_;

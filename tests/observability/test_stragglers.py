@@ -13,17 +13,10 @@ import sys
 import time
 import urllib.request
 
-import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "cli"))
-from test_first_hour import BIN, Cluster, free_port, log_tail, submit, wait_for  # noqa: E402
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    yield c
-    c.close()
+from test_first_hour import (  # noqa: E402,F401 - cluster: the fixture, used by name
+    BIN, cluster, free_port, log_tail, submit, wait_for)
 
 
 def start(cluster, metrics_port):
