@@ -276,6 +276,12 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows) {
   }
 }
 
+// A data rate for people: "12.3 MB/s", "1.24 GB/s".
+std::string Rate(double bytes_per_second) {
+  if (bytes_per_second >= 1e9) return absl::StrFormat("%.2f GB/s", bytes_per_second / 1e9);
+  return absl::StrFormat("%.1f MB/s", bytes_per_second / 1e6);
+}
+
 // Who is slow: the slowest ranks over the last steps, and the one named as holding the job back.
 void PrintStragglers(const v1::Stragglers& st) {
   std::printf("Slowest:   over the last %d steps (median step %.1f ms): %s\n", st.steps(),
@@ -283,12 +289,16 @@ void PrintStragglers(const v1::Stragglers& st) {
               st.straggler_rank() >= 0
                   ? absl::StrCat("rank ", st.straggler_rank(), " holds the job back").c_str()
                   : "no rank holds the job back");
-  std::vector<std::vector<std::string>> rows = {
-      {"  RANK", "HOST", "WORKER", "BEHIND MEDIAN", "BEHIND FIRST", "VERDICT"}};
+  std::vector<std::vector<std::string>> rows = {{"  RANK", "HOST", "WORKER", "BEHIND MEDIAN",
+                                                 "BEHIND FIRST", "IN COLLECTIVES", "ACROSS HOSTS",
+                                                 "LINK SENDS", "VERDICT"}};
   for (const v1::RankLateness& r : st.slowest()) {
     rows.push_back({absl::StrCat("  ", r.rank()), r.host(), r.worker_id(),
                     absl::StrFormat("%.1f ms", r.behind_median_seconds() * 1e3),
                     absl::StrFormat("%.1f ms", r.behind_first_seconds() * 1e3),
+                    r.measured() ? absl::StrFormat("%.0f%%", r.collective_share() * 100) : "-",
+                    r.measured() ? absl::StrFormat("%.0f%%", r.network_share() * 100) : "-",
+                    r.link_bytes_per_second() > 0 ? Rate(r.link_bytes_per_second()) : "-",
                     r.verdict().empty() ? "-" : r.verdict()});
   }
   PrintTable(rows);

@@ -259,6 +259,11 @@ class Coordinator {
   absl::Status RecordTimeline(const std::string& worker_id, const std::string& job_id,
                               int64_t epoch, int32_t rank, std::vector<ExecutionSpan> spans,
                               int64_t skew_us = 0);
+  // What rank `rank`'s worker measured of its collectives (who is slow: a slow link). Validated
+  // like SubmitRequests; INVALID_ARGUMENT for bad totals.
+  absl::Status RecordRankExecution(const std::string& worker_id, const std::string& job_id,
+                                   int64_t epoch, int32_t rank,
+                                   const ExecutionTracker::Sample& sample);
 
   // Artifacts. NOT_FOUND for an unknown job (or artifact).
   absl::StatusOr<std::vector<ArtifactInfo>> ListArtifacts(const std::string& job_id) const;

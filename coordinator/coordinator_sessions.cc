@@ -355,6 +355,15 @@ absl::Status Coordinator::RecordTimeline(const std::string& worker_id, const std
   return absl::OkStatus();
 }
 
+absl::Status Coordinator::RecordRankExecution(const std::string& worker_id,
+                                              const std::string& job_id, int64_t epoch,
+                                              int32_t rank,
+                                              const ExecutionTracker::Sample& sample) {
+  auto runtime = RuntimeFor(worker_id, job_id, epoch, rank);
+  if (!runtime.ok()) return runtime.status();
+  return (*runtime)->RecordRankExecution(rank, sample);
+}
+
 absl::Status Coordinator::UpdateRank(const std::string& worker_id, const RankUpdate& update) {
   if (update.state == RankState::kExited && EndedRankExited(worker_id, update)) {
     return absl::OkStatus();

@@ -109,6 +109,13 @@ struct RankLateness {
   double behind_first_seconds = 0;
   double behind_median_seconds = 0;
   bool flagged = false;  // late to submit: named as holding the job back
+  // From its worker (ExecutionTracker), when `measured`: shares of the wall time in collectives
+  // and in network communicators, and its host's data-plane send rate (0: unknown).
+  bool measured = false;
+  double collective_share = 0;
+  double network_share = 0;
+  double link_bytes_per_second = 0;
+  bool slow_link = false;  // named "slow link"
 };
 
 struct JobStragglers {

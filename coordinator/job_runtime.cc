@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/relay_plan.h"
 #include "spdlog/spdlog.h"
@@ -81,7 +82,8 @@ JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics, Executor& io)
           "Tensors submitted by some ranks and waiting for the others longer than the stall-check "
           "time.",
           {{"job", job.id}})),
-      metrics_(metrics) {
+      metrics_(metrics),
+      execution_({.ranks = static_cast<int>(job.ranks.size())}) {
   absl::MutexLock lock(&mu_);
   acked_cycles_.assign(ranks_.size(), 0);
   last_request_.assign(ranks_.size(), 0);
@@ -559,52 +561,127 @@ StallReport JobRuntime::Housekeeping(absl::Time now) {
   stalled_->Set(report.stalled);
   if (now - last_lateness_ >= kLatenessEvery) {
     last_lateness_ = now;
-    const StragglerTracker::Report lateness = negotiator_->Stragglers();
-    if (lateness.steps > 0) {
-      SetLatenessGauges(lateness);
-      NoteStraggler(lateness);
+    const SlowRanks slow = WhoIsSlow();
+    if (slow.lateness.steps > 0) {
+      SetLatenessGauges(slow);
+      NoteStraggler(slow);
     }
   }
   return report;
 }
 
+absl::Status JobRuntime::RecordRankExecution(int32_t rank, const ExecutionTracker::Sample& sample) {
+  absl::MutexLock lock(&execution_mu_);
+  return execution_.Reported(rank, sample);
+}
+
+namespace {
+
+// A rank that asks late because its collectives end late (on a slow link, the ranks that receive
+// over it finish last) is not late to submit: when the time it spends in collectives per step
+// beyond the median rank's covers its lateness, it is not flagged.
+void ExcuseLateCollectives(StragglerTracker::Report& lateness,
+                           const ExecutionTracker::Report& execution) {
+  std::vector<double> shares;
+  for (const ExecutionTracker::RankFigures& f : execution.ranks) {
+    if (f.measured) shares.push_back(f.collective_share);
+  }
+  if (shares.empty()) return;
+  std::sort(shares.begin(), shares.end());
+  const size_t n = shares.size();
+  const double median = n % 2 == 1 ? shares[n / 2] : (shares[n / 2 - 1] + shares[n / 2]) / 2;
+  lateness.straggler = -1;
+  absl::Duration worst;
+  for (StragglerTracker::RankLateness& l : lateness.ranks) {
+    if (!l.flagged) continue;
+    const ExecutionTracker::RankFigures& f = execution.ranks[l.rank];
+    if (f.measured &&
+        l.behind_median <= lateness.step_time * std::max(0.0, f.collective_share - median)) {
+      l.flagged = false;
+      continue;
+    }
+    if (l.behind_median > worst) {
+      worst = l.behind_median;
+      lateness.straggler = l.rank;
+    }
+  }
+}
+
+}  // namespace
+
+JobRuntime::SlowRanks JobRuntime::WhoIsSlow() const {
+  SlowRanks slow;
+  slow.lateness = negotiator_->Stragglers();
+  {
+    absl::MutexLock lock(&execution_mu_);
+    slow.execution = execution_.Window();
+  }
+  ExcuseLateCollectives(slow.lateness, slow.execution);
+  slow.named = slow.lateness.straggler >= 0 ? slow.lateness.straggler : slow.execution.slowest_link;
+  return slow;
+}
+
 std::optional<JobStragglers> JobRuntime::Stragglers() const {
-  const StragglerTracker::Report report = negotiator_->Stragglers();
+  const SlowRanks slow = WhoIsSlow();
+  const StragglerTracker::Report& report = slow.lateness;
   if (report.steps == 0) return std::nullopt;
   JobStragglers out;
   out.steps = report.steps;
   out.step_seconds = absl::ToDoubleSeconds(report.step_time);
-  out.straggler_rank = report.straggler;
-  std::vector<StragglerTracker::RankLateness> ranks = report.ranks;
-  const size_t n = std::min(kSlowest, ranks.size());
-  std::partial_sort(
-      ranks.begin(), ranks.begin() + n, ranks.end(),
-      [](const StragglerTracker::RankLateness& a, const StragglerTracker::RankLateness& b) {
-        return std::tie(b.behind_median, b.behind_first, a.rank) <
-               std::tie(a.behind_median, a.behind_first, b.rank);
-      });
-  for (size_t i = 0; i < n; ++i) {
-    out.slowest.push_back(RankLateness{
-        .rank = ranks[i].rank,
-        .behind_first_seconds = absl::ToDoubleSeconds(ranks[i].behind_first),
-        .behind_median_seconds = absl::ToDoubleSeconds(ranks[i].behind_median),
-        .flagged = ranks[i].flagged,
-    });
+  out.straggler_rank = slow.named;
+  std::vector<RankLateness> ranks;
+  for (const StragglerTracker::RankLateness& l : report.ranks) {
+    RankLateness r{
+        .rank = l.rank,
+        .behind_first_seconds = absl::ToDoubleSeconds(l.behind_first),
+        .behind_median_seconds = absl::ToDoubleSeconds(l.behind_median),
+        .flagged = l.flagged,
+    };
+    if (static_cast<size_t>(l.rank) < slow.execution.ranks.size()) {
+      const ExecutionTracker::RankFigures& f = slow.execution.ranks[l.rank];
+      r.measured = f.measured;
+      r.collective_share = f.collective_share;
+      r.network_share = f.network_share;
+      r.link_bytes_per_second = f.link_bytes_per_second;
+      r.slow_link = f.slow_link;
+    }
+    ranks.push_back(r);
   }
+  const size_t n = std::min(kSlowest, ranks.size());
+  // Named ranks first (late to submit, then slow link, slowest link first); then furthest behind.
+  auto key = [](const RankLateness& r) {
+    return std::make_tuple(!r.flagged, !r.slow_link, -r.behind_median_seconds,
+                           r.slow_link ? r.link_bytes_per_second : 0.0, -r.behind_first_seconds,
+                           r.rank);
+  };
+  std::partial_sort(ranks.begin(), ranks.begin() + n, ranks.end(),
+                    [&](const RankLateness& a, const RankLateness& b) { return key(a) < key(b); });
+  ranks.resize(n);
+  out.slowest = std::move(ranks);
   return out;
 }
 
-void JobRuntime::NoteStraggler(const StragglerTracker::Report& report) {
+void JobRuntime::NoteStraggler(const SlowRanks& slow) {
   if (straggler_action_ == "none") return;
-  const int32_t named = report.straggler;
+  const int32_t named = slow.named;
   if (named == named_straggler_) return;
   named_straggler_ = named;
   if (named < 0 || static_cast<size_t>(named) >= ranks_.size()) return;
-  straggler_notice_ = absl::StrCat(
-      Placement(ranks_[named]), " holds the job back: ",
-      absl::FormatDuration(absl::Trunc(report.ranks[named].behind_median, absl::Microseconds(100))),
-      " behind the median rank per step over the last ", report.steps,
-      " steps (late to submit: its compute or input is slow)");
+  if (named == slow.lateness.straggler) {
+    straggler_notice_ =
+        absl::StrCat(Placement(ranks_[named]), " holds the job back: ",
+                     absl::FormatDuration(absl::Trunc(slow.lateness.ranks[named].behind_median,
+                                                      absl::Microseconds(100))),
+                     " behind the median rank per step over the last ", slow.lateness.steps,
+                     " steps (late to submit: its compute or input is slow)");
+    return;
+  }
+  const ExecutionTracker::RankFigures& f = slow.execution.ranks[named];
+  straggler_notice_ = absl::StrFormat(
+      "%s holds the job back: its host's data plane sends at %.1f MB/s while the median rank's "
+      "sends at %.1f MB/s, and its collectives spend %.0f%% of the time across hosts (slow link)",
+      Placement(ranks_[named]), f.link_bytes_per_second / 1e6,
+      slow.execution.median_link_bytes_per_second / 1e6, f.network_share * 100);
 }
 
 std::optional<std::string> JobRuntime::TakeStragglerNotice() {
@@ -613,29 +690,53 @@ std::optional<std::string> JobRuntime::TakeStragglerNotice() {
   return notice;
 }
 
-void JobRuntime::SetLatenessGauges(const StragglerTracker::Report& report) {
+void JobRuntime::SetLatenessGauges(const SlowRanks& slow) {
   absl::MutexLock lock(&lateness_mu_);
   if (lateness_closed_) return;
-  if (lateness_.empty()) {
+  if (rank_gauges_.empty()) {
     for (const RankInfo& r : ranks_) {
-      lateness_.push_back(&metrics_.GetGauge(
-          "ringmaster_rank_lateness_seconds",
-          "How late each rank asks for the job's collectives: its median lateness per step behind "
-          "the median rank, over the last steps (at most 10).",
-          {{"job", job_id_}, {"rank", absl::StrCat(r.rank)}}));
+      const Labels labels = {{"job", job_id_}, {"rank", absl::StrCat(r.rank)}};
+      rank_gauges_.push_back(RankGauges{
+          .lateness = &metrics_.GetGauge(
+              "ringmaster_rank_lateness_seconds",
+              "How late each rank asks for the job's collectives: its median lateness per step "
+              "behind the median rank, over the last steps (at most 10).",
+              labels),
+          .collective = &metrics_.GetGauge(
+              "ringmaster_rank_collective_time_ratio",
+              "The share of the wall time each rank's collectives took over the last 5 s, as its "
+              "worker measured it.",
+              labels),
+          .network = &metrics_.GetGauge(
+              "ringmaster_rank_network_time_ratio",
+              "The share of the wall time each rank spent inside network communicators (the "
+              "cross-host step, or a flat collective's whole) over the last 5 s.",
+              labels),
+          .link = &metrics_.GetGauge(
+              "ringmaster_rank_link_send_bytes_per_second",
+              "The rate each rank's data-plane TCP connections send at while they have data in "
+              "flight, over the last 5 s (0: too few bytes to say).",
+              labels),
+      });
     }
     straggler_ = &metrics_.GetGauge(
         "ringmaster_straggler_rank",
-        "The rank named as holding the job back (late to its collectives beyond the thresholds "
-        "over the last steps); -1 when none is.",
+        "The rank named as holding the job back (late to its collectives, or its host's link "
+        "slow, beyond the thresholds); -1 when none is.",
         {{"job", job_id_}});
   }
-  for (const StragglerTracker::RankLateness& r : report.ranks) {
-    if (static_cast<size_t>(r.rank) < lateness_.size()) {
-      lateness_[r.rank]->Set(absl::ToDoubleSeconds(r.behind_median));
+  for (const StragglerTracker::RankLateness& r : slow.lateness.ranks) {
+    if (static_cast<size_t>(r.rank) < rank_gauges_.size()) {
+      rank_gauges_[r.rank].lateness->Set(absl::ToDoubleSeconds(r.behind_median));
     }
   }
-  straggler_->Set(report.straggler);
+  for (size_t r = 0; r < slow.execution.ranks.size() && r < rank_gauges_.size(); ++r) {
+    const ExecutionTracker::RankFigures& f = slow.execution.ranks[r];
+    rank_gauges_[r].collective->Set(f.collective_share);
+    rank_gauges_[r].network->Set(f.network_share);
+    rank_gauges_[r].link->Set(f.link_bytes_per_second);
+  }
+  straggler_->Set(slow.named);
 }
 
 void JobRuntime::RecordExecution(int32_t rank, std::vector<ExecutionSpan> spans, int64_t skew_us) {
@@ -662,13 +763,17 @@ void JobRuntime::Close() {
     // An ended job's per-rank series go (a coordinator runs many jobs of many ranks).
     absl::MutexLock lock(&lateness_mu_);
     lateness_closed_ = true;
-    if (!lateness_.empty()) {
+    if (!rank_gauges_.empty()) {
       for (const RankInfo& r : ranks_) {
-        metrics_.RemoveGauge("ringmaster_rank_lateness_seconds",
-                             {{"job", job_id_}, {"rank", absl::StrCat(r.rank)}});
+        const Labels labels = {{"job", job_id_}, {"rank", absl::StrCat(r.rank)}};
+        for (const char* name :
+             {"ringmaster_rank_lateness_seconds", "ringmaster_rank_collective_time_ratio",
+              "ringmaster_rank_network_time_ratio", "ringmaster_rank_link_send_bytes_per_second"}) {
+          metrics_.RemoveGauge(name, labels);
+        }
       }
       metrics_.RemoveGauge("ringmaster_straggler_rank", {{"job", job_id_}});
-      lateness_.clear();
+      rank_gauges_.clear();
       straggler_ = nullptr;
     }
   }

@@ -30,6 +30,7 @@
 #include "common/metrics.h"
 #include "coordinator/artifact_store.h"
 #include "coordinator/autotuner.h"
+#include "coordinator/execution_tracker.h"
 #include "coordinator/job.h"
 #include "coordinator/negotiator.h"
 #include "coordinator/timeline.h"
@@ -150,9 +151,13 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   static constexpr absl::Duration kWindow = absl::Seconds(10);
   static constexpr absl::Duration kIdleAfter = absl::Seconds(3);
 
-  // Who is slow over the last steps (StragglerTracker): at most kSlowest ranks, furthest behind
-  // the median rank first; nullopt before a step has ended.
+  // Who is slow over the last steps (StragglerTracker) and the workers' last reports
+  // (ExecutionTracker): at most kSlowest ranks, those named first, then furthest behind the median
+  // rank; nullopt before a step has ended. A rank late to submit is named before a slow link.
   std::optional<JobStragglers> Stragglers() const;
+  // What rank `rank`'s worker measured of its collectives (RankExecution). INVALID_ARGUMENT for
+  // bad totals.
+  absl::Status RecordRankExecution(int32_t rank, const ExecutionTracker::Sample& sample);
   static constexpr size_t kSlowest = 8;
   // The job's straggler_action knob: "none", "warn" or "fail".
   const std::string& straggler_action() const { return straggler_action_; }
@@ -232,11 +237,28 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   // the first housekeeping after a step ended; removed at Close). Housekeeping's and Close's.
   MetricsRegistry& metrics_;
   absl::Mutex lateness_mu_;
-  std::vector<Gauge*> lateness_ ABSL_GUARDED_BY(lateness_mu_);
   Gauge* straggler_ ABSL_GUARDED_BY(lateness_mu_) = nullptr;
   bool lateness_closed_ ABSL_GUARDED_BY(lateness_mu_) = false;
-  void SetLatenessGauges(const StragglerTracker::Report& report);
-  void NoteStraggler(const StragglerTracker::Report& report);
+  // The workers' execution figures (RecordRankExecution), under their own lock.
+  mutable absl::Mutex execution_mu_;
+  ExecutionTracker execution_ ABSL_GUARDED_BY(execution_mu_);
+  // Who is slow now: both windows, and the rank named (-1: none).
+  struct SlowRanks {
+    StragglerTracker::Report lateness;
+    ExecutionTracker::Report execution;
+    int32_t named = -1;
+  };
+  SlowRanks WhoIsSlow() const;
+  // Per rank: lateness, shares of time in collectives and across hosts, link send rate.
+  struct RankGauges {
+    Gauge* lateness;
+    Gauge* collective;
+    Gauge* network;
+    Gauge* link;
+  };
+  std::vector<RankGauges> rank_gauges_ ABSL_GUARDED_BY(lateness_mu_);
+  void SetLatenessGauges(const SlowRanks& slow);
+  void NoteStraggler(const SlowRanks& slow);
   // The timeline (null without one) and its file name; set by Open(), before any other call.
   std::unique_ptr<ringmaster::Timeline> timeline_;
   std::string timeline_name_;

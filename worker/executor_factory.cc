@@ -25,7 +25,9 @@ CpuExecutorOptions CpuExecutorFor(const ExecutorSetup& setup) {
   // process set's (its members, under the set's key).
   auto gloo = [channel = setup.context.channel, assignment, iface = options.iface,
                hostname = setup.address.address, timeout = options.collective_timeout,
-               journal = setup.journal](int gloo_rank, int size, std::string prefix) {
+               journal = setup.journal, clocks = setup.clocks](
+                  int gloo_rank, int size,
+                  std::string prefix) -> absl::StatusOr<std::unique_ptr<Backend>> {
     GlooBackendOptions g;
     g.rank = gloo_rank;
     g.size = size;
@@ -35,7 +37,13 @@ CpuExecutorOptions CpuExecutorFor(const ExecutorSetup& setup) {
     g.iface = iface;
     g.hostname = hostname;
     g.timeout = timeout;
-    return CreateGlooBackend(std::move(g));
+    if (clocks == nullptr) return CreateGlooBackend(std::move(g));
+    // Its calls are the rank's network time; the sockets it connects, its links.
+    const ExecutionClocks::Sockets before = ExecutionClocks::TcpSockets();
+    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(std::move(g));
+    if (!backend.ok()) return backend.status();
+    clocks->Adopt(before);
+    return std::make_unique<TimedBackend>(*std::move(backend), clocks);
   };
   cpu.make_backend = [gloo, rank = assignment.rank(), np = spec.spec().np()](int index) {
     return gloo(rank, np, absl::StrCat("gloo/", index, "/"));

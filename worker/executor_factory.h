@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "common/shared_memory.h"
 #include "ringmaster/v1/worker.pb.h"
+#include "worker/execution_clocks.h"
 #include "worker/executor.h"
 #include "worker/gpu/device_executor.h"
 #include "worker/rendezvous/net_address.h"
@@ -41,6 +42,8 @@ struct ExecutorSetup {
   LocalAddress address;  // where this host's data plane listens
   // GPU slots: the device side failed by itself (an NCCL error, a collective past its deadline).
   std::function<void(const absl::Status&)> on_device_failure;
+  // Where the CPU communicators' time and connections are counted (null: nowhere).
+  std::shared_ptr<ExecutionClocks> clocks;
 };
 
 struct ExecutorParts {

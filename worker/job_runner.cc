@@ -88,6 +88,7 @@ void JobRunner::Start(const std::shared_ptr<JobRunner>& previous) {
           [this](const absl::Status& s) {
             SendRankUpdate(v1::RANK_STATE_EXITED, 1, std::string(s.message()), /*failed=*/true);
           },
+      .clocks = clocks_,
   });
   if (!executor.ok()) {
     FailStart(absl::StrCat("worker could not set up cuda:", context_.cuda_device, ": ",
@@ -107,6 +108,7 @@ void JobRunner::Start(const std::shared_ptr<JobRunner>& previous) {
     stop_requested = stop_requested_;
   }
   engine_->Start();
+  StartReporter();
   if (stop_requested) {
     Stop(absl::AbortedError(absl::StrCat("job ", spec.id(), " stopped while starting")));
     return;
@@ -148,6 +150,7 @@ EngineOptions JobRunner::EngineOptionsFor() {
   e.timeline = rank() == 0 && !spec.spec().knobs().timeline().empty();
   e.wall_clock_offset = context_.wall_clock_offset;
   e.metrics = options_.record_metrics ? context_.metrics : nullptr;
+  e.clocks = clocks_;
   CoordinatorSession* session = context_.session;
   e.send_span = [session, job_id = spec.id(), epoch = epoch(), rank = rank()](
                     const ExecutionSpan& span, int64_t sent_unix_us) {
@@ -510,7 +513,31 @@ void JobRunner::Finish() {
   context_.finishers->Start([self = shared_from_this()] { self->Release(); });
 }
 
+void JobRunner::StartReporter() {
+  CoordinatorSession* session = context_.session;
+  reporter_ = std::make_unique<ExecutionReporter>(
+      clocks_,
+      [session, job_id = job_id(), epoch = epoch(),
+       rank = rank()](const ExecutionClocks::Totals& t) {
+        v1::WorkerMessage m;
+        v1::RankExecution* e = m.mutable_execution();
+        e->set_job_id(job_id);
+        e->set_epoch(epoch);
+        e->set_rank(rank);
+        e->set_elapsed_ns(t.elapsed_ns);
+        e->set_collectives(t.collectives);
+        e->set_collective_ns(t.collective_ns);
+        e->set_network_ns(t.network_ns);
+        e->set_link_bytes_sent(t.link_bytes_sent);
+        e->set_link_busy_ns(t.link_busy_ns);
+        session->Send(m).IgnoreError();  // best effort: the next one says it all again
+      },
+      kReportEvery, options_.record_metrics ? context_.metrics : nullptr,
+      Labels{{"job", job_id()}, {"rank", absl::StrCat(rank())}, {"host", options_.host_name}});
+}
+
 void JobRunner::Release() {
+  if (reporter_ != nullptr) reporter_->Stop();
   rendezvous_->Cancel();  // its engine may still be meeting its peers
   EndRelay("its rank finished");
   // A Gloo pair connecting to a peer that is gone cannot be cancelled (it gives up after the

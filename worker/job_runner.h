@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/shared_memory.h"
 #include "ringmaster/v1/worker.pb.h"
+#include "worker/execution_clocks.h"
 #include "worker/executor_factory.h"
 #include "worker/local/rank_attachment.h"
 #include "worker/negotiation/engine.h"
@@ -132,6 +133,8 @@ class JobRunner : public std::enable_shared_from_this<JobRunner> {
   void StartRelay();
   void StartRelayHub(const RelayPlan& plan, std::shared_ptr<RendezvousClient> store);
   void StartRelayLink(const RelayPlan& plan, std::shared_ptr<RendezvousClient> store);
+  // What the rank's collectives spend their time on, to the coordinator (RankExecution).
+  void StartReporter();
   // The rank is done with its relay: a hub closes its peers' links, a link closes quietly.
   void EndRelay(const std::string& why);
   // The build failed: reported EXITED with `why`; finished, or, when it took over an elastic job's
@@ -171,6 +174,10 @@ class JobRunner : public std::enable_shared_from_this<JobRunner> {
   // session's thread and on a relay link's, and must reach the engine in their order.
   absl::Mutex apply_mu_;
   std::unique_ptr<Engine> engine_;
+  // What the engine and the communicators count, and what sends it about once a second.
+  static constexpr absl::Duration kReportEvery = absl::Seconds(1);
+  std::shared_ptr<ExecutionClocks> clocks_ = std::make_shared<ExecutionClocks>();
+  std::unique_ptr<ExecutionReporter> reporter_;
   std::shared_ptr<RankProcess> process_;
   RankAttachment attachment_;
   std::atomic<bool> started_{false};

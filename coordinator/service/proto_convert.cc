@@ -232,7 +232,15 @@ void ToProto(const Job& in, v1::Job* out) {
       }
       r->set_behind_first_seconds(l.behind_first_seconds);
       r->set_behind_median_seconds(l.behind_median_seconds);
-      if (l.flagged) r->set_verdict("late to submit");
+      if (l.flagged) {
+        r->set_verdict("late to submit");
+      } else if (l.slow_link) {
+        r->set_verdict("slow link");
+      }
+      r->set_measured(l.measured);
+      r->set_collective_share(l.collective_share);
+      r->set_network_share(l.network_share);
+      r->set_link_bytes_per_second(l.link_bytes_per_second);
     }
   }
   if (in.throughput.has_value()) {

@@ -497,6 +497,25 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
         }
         return absl::OkStatus();
       }
+      case v1::WorkerMessage::kExecution: {
+        // Like timeline spans: a report that does not belong (or is malformed) is dropped.
+        const v1::RankExecution& e = m.execution();
+        const ExecutionTracker::Sample sample{
+            .elapsed_ns = e.elapsed_ns(),
+            .collectives = e.collectives(),
+            .collective_ns = e.collective_ns(),
+            .network_ns = e.network_ns(),
+            .link_bytes_sent = e.link_bytes_sent(),
+            .link_busy_ns = e.link_busy_ns(),
+        };
+        if (absl::Status s = coordinator_.RecordRankExecution(worker_id_, e.job_id(), e.epoch(),
+                                                              e.rank(), sample);
+            !s.ok()) {
+          spdlog::debug("execution of rank {} of job {} from {} dropped: {}", e.rank(), e.job_id(),
+                        worker_id_, s.ToString());
+        }
+        return absl::OkStatus();
+      }
       case v1::WorkerMessage::kClaim: {
         // A refused claim is answered; the session goes on.
         if (absl::Status s =

@@ -124,12 +124,14 @@ class Host:
     def plug(self):
         _ip("-n", self.hosts.switch, "link", "set", self.port, "up")
 
-    def limit_rate(self, rate):
+    def limit_rate(self, rate, burst="1mb", latency="100ms"):
         """Shapes what this host sends to `rate` (tc's notation: "1gbit", "500mbit"), as a network
-        slower than the host's memory is: a token bucket on its eth0, gone with the namespace."""
+        slower than the host's memory is: a token bucket on its eth0, gone with the namespace.
+        `latency`: the longest a packet waits in its queue (a short one is a slow NIC's ring; a
+        long one, a deep switch buffer, delays the ACKs this host sends for what it receives)."""
         r = subprocess.run(["ip", "netns", "exec", self.netns, "tc", "qdisc", "replace", "dev",
-                            "eth0", "root", "tbf", "rate", rate, "burst", "1mb", "latency",
-                            "100ms"], capture_output=True, text=True)
+                            "eth0", "root", "tbf", "rate", rate, "burst", burst, "latency",
+                            latency], capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"tc cannot shape {self.name}'s eth0 to {rate}: {r.stderr.strip()}")
 

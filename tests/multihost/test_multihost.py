@@ -378,3 +378,71 @@ def test_coordinator_replicas_on_etcd_survive_the_leaders_host_going_down(four_h
     # The cut-off leader stepped down on its own (it could not keep its lease).
     wait_for(lambda: "no longer the leader" in log_a.read_text(errors="replace"), 10,
              "replica a to step down")
+
+
+def test_a_host_whose_link_is_slow_is_named_slow_link_within_ten_steps_and_no_other_is(
+        hosts, tmp_path):
+    """Who is slow (issue 40) when it is the network: host-b's eth0 sends at 40 Mbit/s (tc), so
+    every step's cross-host allreduce waits on it while every rank submits on time. Its ranks are
+    named "slow link" in status and the metrics, nobody "late to submit"; and before it is shaped,
+    with the same job, nobody is named at all."""
+    c = Cluster(hosts, tmp_path)
+    job = c.submit("--np", "4", "--processes-per-host", "2", "--", str(BIN / "train_loop"), "400")
+
+    def stragglers(min_measured):
+        j = c.job(job)
+        assert j["state"] in ("JOB_STATE_STARTING", "JOB_STATE_RUNNING"), j
+        s = j.get("stragglers")
+        if not s or sum(1 for r in s["slowest"] if r.get("measured")) < min_measured:
+            return None
+        return j
+
+    # Unshaped: every rank measured, nobody named.
+    time.sleep(3)
+    calm = wait_for(lambda: stragglers(4), 30, "four ranks measured")["stragglers"]
+    assert calm.get("straggler_rank", -1) == -1, calm
+    assert not [r for r in calm["slowest"] if r.get("verdict")], calm
+    steps_before = int(re.findall(r"^\[0\] step (\d+)$", c.cli("logs", job), re.M)[-1])
+
+    hosts[2].limit_rate("40mbit", burst="64kb", latency="10ms")  # host-b: ranks 2 and 3
+    shaped = time.monotonic()
+
+    def named():
+        j = stragglers(4)
+        if j is None:
+            return None
+        s = j["stragglers"]
+        return j if s.get("straggler_rank", -1) in (2, 3) else None
+
+    first = wait_for(named, 60, "host-b's rank to be named")
+    took = time.monotonic() - shaped
+    s = first["stragglers"]
+    steps = took / s["step_seconds"]
+    print(f"named {took:.1f} s after the link was shaped, about {steps:.0f} steps of "
+          f"{s['step_seconds'] * 1e3:.0f} ms: {json.dumps(s['slowest'])}")
+    assert steps <= 10, (took, s)
+    by_rank = {r.get("rank", 0): r for r in s["slowest"]}
+    worst = by_rank[s["straggler_rank"]]
+    assert worst["verdict"] == "slow link" and worst["host"] == "host-b", s
+    # Nobody is late to submit, and no rank of host-a is named.
+    assert not [r for r in s["slowest"] if r.get("verdict") == "late to submit"], s
+    assert not by_rank[0].get("verdict") and not by_rank[1].get("verdict"), s
+    status = c.cli("status", job)
+    assert re.search(rf"rank {s['straggler_rank']} holds the job back", status), status
+    assert re.search(r"^  [23] +host-b +worker-\d+ .* slow link$", status, re.M), status
+
+    # Once the window holds only the shaped link: both of host-b's ranks are named, each sending
+    # at about half of the 5 MB/s shaped (they share it), and host-a's many times faster (their
+    # ACKs wait in host-b's queue, so they are not at full speed either); every rank spends most
+    # of its time in collectives, host-a's most of all (they receive over the slow link last).
+    time.sleep(6)
+    s = c.job(job)["stragglers"]
+    by_rank = {r.get("rank", 0): r for r in s["slowest"]}
+    print(f"after 6 s more: {json.dumps(s['slowest'])}")
+    assert [by_rank[r].get("verdict", "") for r in range(4)] == ["", "", "slow link", "slow link"], s
+    for r in (2, 3):
+        assert 1.5e6 <= by_rank[r]["link_bytes_per_second"] <= 3.5e6, s
+    for r in (0, 1):
+        assert by_rank[r]["link_bytes_per_second"] > 3 * by_rank[2]["link_bytes_per_second"], s
+        assert by_rank[r]["network_share"] > 0.3, s
+    c.cli("cancel", job)

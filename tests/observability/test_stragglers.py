@@ -13,6 +13,8 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "cli"))
 from test_first_hour import (  # noqa: E402,F401 - cluster: the fixture, used by name
@@ -159,3 +161,97 @@ def test_the_straggler_action_warns_in_an_event_or_fails_the_job_naming_the_rank
     assert r.returncode != 0
     assert ("knobs.straggler_action = 'evict' is not none, warn or fail (evict, dropping the rank "
             "from an elastic job, is not available yet)") in r.stderr, r.stderr
+
+
+def limit_cpu(pid, fraction, name):
+    """Puts process `pid` (all its threads) in a new cgroup `name` allowed `fraction` of one CPU
+    (cgroup v2's cpu.max, or v1's CFS quota). Returns the cgroup's directory, or skips saying why
+    it cannot be made here."""
+    period = 100_000
+    quota = int(period * fraction)
+    v2 = "/sys/fs/cgroup/cgroup.controllers"
+    try:
+        if os.path.exists(v2):
+            if "cpu" not in open(v2).read().split():
+                pytest.skip("cgroup v2 here has no cpu controller")
+            with open("/sys/fs/cgroup/cgroup.subtree_control", "w") as f:
+                f.write("+cpu")
+            d = f"/sys/fs/cgroup/{name}"
+            os.makedirs(d, exist_ok=True)
+            with open(f"{d}/cpu.max", "w") as f:
+                f.write(f"{quota} {period}")
+        elif os.path.isdir("/sys/fs/cgroup/cpu"):
+            d = f"/sys/fs/cgroup/cpu/{name}"
+            os.makedirs(d, exist_ok=True)
+            with open(f"{d}/cpu.cfs_period_us", "w") as f:
+                f.write(str(period))
+            with open(f"{d}/cpu.cfs_quota_us", "w") as f:
+                f.write(str(quota))
+        else:
+            pytest.skip("no cgroup cpu controller is mounted here")
+        with open(f"{d}/cgroup.procs", "w") as f:
+            f.write(str(pid))
+    except OSError as e:
+        pytest.skip(f"a CPU-limited cgroup cannot be made here (run as root with cgroups "
+                    f"writable): {e}")
+    return d
+
+
+def remove_cgroup(d):
+    for _ in range(50):  # its process is gone once the job ended
+        try:
+            os.rmdir(d)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def test_a_rank_whose_cpu_is_limited_is_named_late_to_submit_within_ten_steps(cluster):
+    # Every rank computes 20 ms of CPU a step; rank 1's process may use a tenth of a CPU once it
+    # runs, so its 20 ms take about 200 ms.
+    c = start(cluster, free_port())
+    job = submit(cluster, c, "--np", "4", "--env", "RINGMASTER_TEST_COMPUTE_MS=20", "--",
+                 str(BIN / "train_loop"), "300")
+
+    def pid_of_rank_1():
+        m = re.search(r"^\[1\] rank 1 pid (\d+) ready$", cluster.cli(c, "logs", job).stdout, re.M)
+        return int(m.group(1)) if m else None
+
+    pid = wait_for(pid_of_rank_1, 30, "rank 1's process")
+    wait_for(lambda: cluster.job(c, job).get("stragglers", {}).get("steps", 0) >= 5, 30,
+             "five steps")
+    calm = cluster.job(c, job)["stragglers"]
+    assert calm.get("straggler_rank", -1) == -1, calm  # before the limit: nobody
+    group = limit_cpu(pid, 0.1, f"rmt{os.getpid()}-rank1")
+    try:
+        limited = time.monotonic()
+
+        def named():
+            s = cluster.job(c, job).get("stragglers", {})
+            return s if s.get("straggler_rank", -1) == 1 else None
+
+        s = wait_for(named, 60, "rank 1 to be named")
+        took = time.monotonic() - limited
+        print(f"named {took:.1f} s after the CPU limit, about {took / s['step_seconds']:.0f} steps "
+              f"of {s['step_seconds'] * 1e3:.0f} ms: {json.dumps(s['slowest'])}")
+        assert took / s["step_seconds"] <= 10, s
+        worst = s["slowest"][0]
+        assert worst.get("rank", 0) == 1 and worst["verdict"] == "late to submit", s
+        assert worst["host"] == "h0", worst
+        assert [r for r in s["slowest"] if r.get("verdict")] == [worst], s  # no other rank named
+        # Once the window holds only limited steps: its 20 ms of CPU take about 200 ms.
+        time.sleep(4)
+        s = cluster.job(c, job)["stragglers"]
+        worst = s["slowest"][0]
+        assert s["straggler_rank"] == 1 and worst.get("rank", 0) == 1, s
+        assert 0.1 <= worst["behind_median_seconds"] <= 0.4, worst
+        assert [r for r in s["slowest"] if r.get("verdict")] == [worst], s
+        # Its worker measured it too: its collectives take no longer than the others'.
+        assert all(r.get("measured") for r in s["slowest"]), s
+    finally:
+        cluster.cli(c, "cancel", job)
+        cluster.wait_state(c, job, {"JOB_STATE_CANCELLED", "JOB_STATE_SUCCEEDED",
+                                    "JOB_STATE_FAILED"}, 30)
+        remove_cgroup(group)

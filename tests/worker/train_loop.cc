@@ -5,6 +5,9 @@
 // "rank R: N steps, every result exact" (N as run: a step lost or repeated would be seen there).
 // A slow rank, for straggler tests: RINGMASTER_TEST_SLOW_RANK=R and RINGMASTER_TEST_SLOW_MS=M make
 // rank R compute M ms longer than the others each step (a sleep before it submits).
+// RINGMASTER_TEST_COMPUTE_MS=C makes every rank compute C ms of CPU time each step before it
+// submits (a busy loop on the thread's CPU clock): a rank whose CPU is limited takes longer.
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -37,9 +40,18 @@ int main(int argc, char** argv) {
       slow_rank != nullptr && slow_ms != nullptr && std::atoi(slow_rank) == c.rank()
           ? absl::Milliseconds(std::atoi(slow_ms))
           : absl::ZeroDuration();
+  const char* compute_ms = std::getenv("RINGMASTER_TEST_COMPUTE_MS");
+  const int64_t compute_ns = compute_ms != nullptr ? std::atoll(compute_ms) * 1'000'000 : 0;
+  auto cpu_ns = [] {
+    timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+  };
   long step = 0;
   for (; steps < 0 || step < steps; ++step) {
     absl::SleepFor(slower);
+    for (const int64_t until = cpu_ns() + compute_ns; cpu_ns() < until;) {
+    }
     const float mine = static_cast<float>(c.rank() + 1 + step % 5);
     const float want = static_cast<float>(np * (np + 1) / 2 + np * (step % 5));
     std::vector<ringmaster::Handle> handles;

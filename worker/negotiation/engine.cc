@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/tensor.h"
 #include "spdlog/spdlog.h"
+#include "worker/execution_clocks.h"
 
 namespace ringmaster {
 namespace {
@@ -542,7 +543,9 @@ void Engine::Execute(const Response& r, const std::vector<std::string>& names,
       }
     }
   }
-  if (status.ok()) Record(r, ops, absl::Now() - started);
+  const absl::Duration took = absl::Now() - started;
+  if (status.ok()) Record(r, ops, took);
+  if (options_.clocks != nullptr && executor_ready_ && known) options_.clocks->Executed(took);
   // Horovod's remove_process_set: a barrier of every rank, after which the set's communicators go.
   int32_t released = 0;
   if (status.ok() && r.type == Response::Type::kBarrier && r.process_set_ranks.empty() &&

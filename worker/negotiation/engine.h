@@ -45,6 +45,8 @@
 
 namespace ringmaster {
 
+class ExecutionClocks;  // worker/execution_clocks.h
+
 // One collective the training process enqueued.
 struct LocalOp {
   uint64_t handle = 0;  // the client's, unique among its operations in flight
@@ -113,6 +115,9 @@ struct EngineOptions {
   // daemon hold; Horovod has none, a model has some hundreds of tensors in flight.
   size_t max_in_flight = kDefaultMaxInFlight;
   static constexpr size_t kDefaultMaxInFlight = 65536;
+  // Where each executed response's time is added, for the coordinator's "who is slow" (null:
+  // nowhere).
+  std::shared_ptr<ExecutionClocks> clocks;
 };
 
 class Engine {

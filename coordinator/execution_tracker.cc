@@ -1,0 +1,86 @@
+#include "coordinator/execution_tracker.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace ringmaster {
+namespace {
+
+// The median of `v` (the mean of the two middle values for an even count); reorders `v`.
+double Median(std::vector<double>& v) {
+  const size_t n = v.size();
+  std::nth_element(v.begin(), v.begin() + n / 2, v.end());
+  const double upper = v[n / 2];
+  if (n % 2 == 1) return upper;
+  const double lower = *std::max_element(v.begin(), v.begin() + n / 2);
+  return (lower + upper) / 2;
+}
+
+}  // namespace
+
+ExecutionTracker::ExecutionTracker(Options options) : options_(options), samples_(options.ranks) {}
+
+absl::Status ExecutionTracker::Reported(int rank, const Sample& sample) {
+  if (rank < 0 || rank >= options_.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "execution.rank ", rank, " is not a rank of the job (0..", options_.ranks - 1, ")"));
+  }
+  if (sample.elapsed_ns < 0 || sample.collectives < 0 || sample.collective_ns < 0 ||
+      sample.network_ns < 0 || sample.link_bytes_sent < 0 || sample.link_busy_ns < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("execution of rank ", rank, " has a negative total"));
+  }
+  std::vector<Sample>& kept = samples_[rank];
+  if (!kept.empty()) {
+    const Sample& last = kept.back();
+    if (sample.elapsed_ns <= last.elapsed_ns || sample.collectives < last.collectives ||
+        sample.collective_ns < last.collective_ns || sample.network_ns < last.network_ns ||
+        sample.link_bytes_sent < last.link_bytes_sent || sample.link_busy_ns < last.link_busy_ns) {
+      kept.clear();  // a new set of totals
+    }
+  }
+  if (kept.size() > static_cast<size_t>(options_.window)) kept.erase(kept.begin());
+  kept.push_back(sample);
+  return absl::OkStatus();
+}
+
+ExecutionTracker::Report ExecutionTracker::Window() const {
+  Report report;
+  report.ranks.resize(options_.ranks);
+  std::vector<double> rates;
+  for (int r = 0; r < options_.ranks; ++r) {
+    const std::vector<Sample>& kept = samples_[r];
+    if (kept.size() < 2) continue;
+    const Sample& first = kept.front();
+    const Sample& last = kept.back();
+    const double seconds = static_cast<double>(last.elapsed_ns - first.elapsed_ns) * 1e-9;
+    RankFigures& f = report.ranks[r];
+    f.measured = true;
+    f.collective_share =
+        static_cast<double>(last.collective_ns - first.collective_ns) * 1e-9 / seconds;
+    f.network_share = static_cast<double>(last.network_ns - first.network_ns) * 1e-9 / seconds;
+    const int64_t bytes = last.link_bytes_sent - first.link_bytes_sent;
+    const int64_t busy_ns = last.link_busy_ns - first.link_busy_ns;
+    if (bytes >= options_.min_link_bytes && busy_ns > 0) {
+      f.link_bytes_per_second = static_cast<double>(bytes) / (static_cast<double>(busy_ns) * 1e-9);
+      rates.push_back(f.link_bytes_per_second);
+    }
+  }
+  if (rates.empty()) return report;
+  report.median_link_bytes_per_second = Median(rates);
+  const double below = report.median_link_bytes_per_second * options_.link_fraction;
+  for (int r = 0; r < options_.ranks; ++r) {
+    RankFigures& f = report.ranks[r];
+    f.slow_link = f.link_bytes_per_second > 0 && f.link_bytes_per_second < below &&
+                  f.network_share >= options_.min_network_share;
+    if (f.slow_link &&
+        (report.slowest_link < 0 ||
+         f.link_bytes_per_second < report.ranks[report.slowest_link].link_bytes_per_second)) {
+      report.slowest_link = r;
+    }
+  }
+  return report;
+}
+
+}  // namespace ringmaster

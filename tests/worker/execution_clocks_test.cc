@@ -1,0 +1,166 @@
+#include "worker/execution_clocks.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace ringmaster {
+namespace {
+
+// A connected pair of TCP sockets on loopback.
+struct Pair {
+  int a = -1, b = -1;
+  Pair() {
+    const int listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    EXPECT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
+    EXPECT_EQ(listen(listener, 1), 0);
+    EXPECT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    a = socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_EQ(connect(a, reinterpret_cast<sockaddr*>(&addr), len), 0);
+    b = accept(listener, nullptr, nullptr);
+    close(listener);
+  }
+  ~Pair() {
+    close(a);
+    close(b);
+  }
+};
+
+void SendAll(int fd, size_t bytes) {
+  std::vector<char> data(64 << 10, 'x');
+  while (bytes > 0) {
+    const ssize_t n = send(fd, data.data(), std::min(bytes, data.size()), 0);
+    ASSERT_GT(n, 0);
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void ReceiveAll(int fd, size_t bytes) {
+  std::vector<char> data(64 << 10);
+  while (bytes > 0) {
+    const ssize_t n = recv(fd, data.data(), std::min(bytes, data.size()), 0);
+    ASSERT_GT(n, 0);
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+TEST(ExecutionClocksTest, CountsTheBytesSentOnTheConnectionsAdoptedAndNoOthers) {
+  Pair before;  // a connection that was there before the communicator: not its link
+  const ExecutionClocks::Sockets sockets = ExecutionClocks::TcpSockets();
+  EXPECT_TRUE(sockets.size() >= 2);
+  ExecutionClocks clocks;
+  Pair link;
+  clocks.Adopt(sockets);
+  EXPECT_EQ(clocks.Read().connections, 2u);  // both ends are this process's
+
+  constexpr size_t kBytes = 3 << 20;
+  std::thread reader([&] { ReceiveAll(link.b, kBytes); });
+  std::thread other([&] { ReceiveAll(before.b, kBytes); });
+  SendAll(link.a, kBytes);
+  SendAll(before.a, kBytes);
+  reader.join();
+  other.join();
+  // The peer acknowledges what it received (at once on loopback; allow for a delayed ack).
+  ExecutionClocks::Totals t;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(5); absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(10))) {
+    t = clocks.Read();
+    if (t.link_bytes_sent >= static_cast<int64_t>(kBytes)) break;
+  }
+  EXPECT_EQ(t.link_bytes_sent, static_cast<int64_t>(kBytes));
+  EXPECT_GT(t.link_busy_ns, 0);
+}
+
+TEST(ExecutionClocksTest, AClosedConnectionIsDroppedAndItsBytesStayCounted) {
+  const ExecutionClocks::Sockets sockets = ExecutionClocks::TcpSockets();
+  ExecutionClocks clocks;
+  auto link = std::make_unique<Pair>();
+  clocks.Adopt(sockets);
+  std::thread reader([&] { ReceiveAll(link->b, 1 << 20); });
+  SendAll(link->a, 1 << 20);
+  reader.join();
+  ExecutionClocks::Totals t;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(5); absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(10))) {
+    t = clocks.Read();
+    if (t.link_bytes_sent >= (1 << 20)) break;
+  }
+  ASSERT_EQ(t.link_bytes_sent, 1 << 20);
+  link.reset();
+  Pair reused;  // may take the closed connection's descriptors: not adopted
+  t = clocks.Read();
+  EXPECT_EQ(t.connections, 0u);
+  EXPECT_EQ(t.link_bytes_sent, 1 << 20);
+}
+
+TEST(ExecutionClocksTest, NetworkTimeIsTheUnionOfOverlappingCalls) {
+  ExecutionClocks clocks;
+  // Two calls overlapping for their whole 100 ms count 100 ms, not 200.
+  absl::Notification both;
+  std::thread second([&] {
+    clocks.NetworkEnter();
+    both.Notify();
+    absl::SleepFor(absl::Milliseconds(100));
+    clocks.NetworkLeave();
+  });
+  both.WaitForNotification();
+  clocks.NetworkEnter();
+  absl::SleepFor(absl::Milliseconds(100));
+  clocks.NetworkLeave();
+  second.join();
+  const ExecutionClocks::Totals t = clocks.Read();
+  EXPECT_GE(t.network_ns, 100'000'000);
+  EXPECT_LT(t.network_ns, 190'000'000);
+  clocks.Executed(absl::Milliseconds(250));
+  clocks.Executed(absl::Milliseconds(50));
+  const ExecutionClocks::Totals u = clocks.Read();
+  EXPECT_EQ(u.collectives, 2);
+  EXPECT_EQ(u.collective_ns, 300'000'000);
+  EXPECT_EQ(u.network_ns, t.network_ns);
+  EXPECT_GT(u.elapsed_ns, t.elapsed_ns);
+}
+
+TEST(ExecutionClocksTest, TheReporterSendsOnlyWhenCollectivesRan) {
+  auto clocks = std::make_shared<ExecutionClocks>();
+  absl::Mutex mu;
+  std::vector<ExecutionClocks::Totals> sent;
+  MetricsRegistry registry;
+  const Labels labels = {{"job", "j"}, {"rank", "0"}, {"host", "h"}};
+  {
+    ExecutionReporter reporter(
+        clocks,
+        [&](const ExecutionClocks::Totals& t) {
+          absl::MutexLock lock(&mu);
+          sent.push_back(t);
+        },
+        absl::Milliseconds(20), &registry, labels);
+    absl::SleepFor(absl::Milliseconds(100));  // idle: nothing sent
+    {
+      absl::MutexLock lock(&mu);
+      EXPECT_TRUE(sent.empty());
+    }
+    clocks->Executed(absl::Milliseconds(30));
+    absl::SleepFor(absl::Milliseconds(150));
+  }
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(sent.size(), 1u);  // once, not at every tick after
+  EXPECT_EQ(sent[0].collectives, 1);
+  EXPECT_EQ(sent[0].collective_ns, 30'000'000);
+  EXPECT_DOUBLE_EQ(
+      registry.GetCounter("ringmaster_rank_collective_seconds_total", "", labels).value(), 0.03);
+}
+
+}  // namespace
+}  // namespace ringmaster

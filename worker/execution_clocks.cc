@@ -1,0 +1,217 @@
+#include "worker/execution_clocks.h"
+
+#include <dirent.h>
+#include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_acked and tcpi_busy_time (Linux 4.10)
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace ringmaster {
+namespace {
+
+// Calls `f(fd, inode)` for every TCP socket among this process's descriptors.
+template <typename F>
+void ForEachTcpSocket(F f) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  const int own = dirfd(dir);
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == own) continue;
+    struct stat st;
+    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int protocol = 0;
+    socklen_t len = sizeof(protocol);
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_PROTOCOL, &protocol, &len) != 0 ||
+        protocol != IPPROTO_TCP) {
+      continue;
+    }
+    f(static_cast<int>(fd), static_cast<uint64_t>(st.st_ino));
+  }
+  closedir(dir);
+}
+
+// The kernel's counts for TCP socket `fd`, if it still is socket `inode`.
+bool ReadTcp(int fd, uint64_t inode, uint64_t* acked, uint64_t* busy_us) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_ino) != inode) return false;
+  tcp_info info;
+  std::memset(&info, 0, sizeof(info));
+  socklen_t len = sizeof(info);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;
+  // An older kernel's shorter struct leaves the fields it lacks at zero: no link figures.
+  *acked = info.tcpi_bytes_acked;
+  *busy_us = info.tcpi_busy_time;
+  return true;
+}
+
+// Counts the calls it spans as network time.
+class NetworkCall {
+ public:
+  explicit NetworkCall(ExecutionClocks& clocks) : clocks_(clocks) { clocks_.NetworkEnter(); }
+  ~NetworkCall() { clocks_.NetworkLeave(); }
+
+ private:
+  ExecutionClocks& clocks_;
+};
+
+}  // namespace
+
+ExecutionClocks::ExecutionClocks() = default;
+
+void ExecutionClocks::Executed(absl::Duration took) {
+  absl::MutexLock lock(&mu_);
+  ++collectives_;
+  collective_ns_ += absl::ToInt64Nanoseconds(took);
+}
+
+void ExecutionClocks::NetworkEnter() {
+  absl::MutexLock lock(&mu_);
+  if (active_++ == 0) entered_ = absl::Now();
+}
+
+void ExecutionClocks::NetworkLeave() {
+  absl::MutexLock lock(&mu_);
+  if (--active_ == 0) network_ns_ += absl::ToInt64Nanoseconds(absl::Now() - entered_);
+}
+
+ExecutionClocks::Sockets ExecutionClocks::TcpSockets() {
+  Sockets sockets;
+  ForEachTcpSocket([&](int, uint64_t inode) { sockets.insert(inode); });
+  return sockets;
+}
+
+void ExecutionClocks::Adopt(const Sockets& before) {
+  std::vector<Connection> found;
+  ForEachTcpSocket([&](int fd, uint64_t inode) {
+    if (before.contains(inode)) return;
+    Connection c;
+    c.fd = fd;
+    c.inode = inode;
+    // Counted from now: its connection's handshake is not the training's traffic.
+    if (ReadTcp(fd, inode, &c.acked, &c.busy_us)) found.push_back(c);
+  });
+  absl::MutexLock lock(&mu_);
+  for (const Connection& c : found) {
+    if (connections_.size() >= kMaxConnections) break;
+    bool known = false;
+    for (const Connection& k : connections_) known = known || k.inode == c.inode;
+    if (!known) connections_.push_back(c);
+  }
+}
+
+ExecutionClocks::Totals ExecutionClocks::Read() {
+  absl::MutexLock lock(&mu_);
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    uint64_t acked = 0, busy_us = 0;
+    if (!ReadTcp(it->fd, it->inode, &acked, &busy_us)) {
+      it = connections_.erase(it);  // closed (its communicator is gone)
+      continue;
+    }
+    if (acked >= it->acked && busy_us >= it->busy_us) {
+      link_bytes_ += static_cast<int64_t>(acked - it->acked);
+      link_busy_ns_ += static_cast<int64_t>(busy_us - it->busy_us) * 1000;
+    }
+    it->acked = acked;
+    it->busy_us = busy_us;
+    ++it;
+  }
+  Totals t;
+  const absl::Time now = absl::Now();
+  t.elapsed_ns = absl::ToInt64Nanoseconds(now - start_);
+  t.collectives = collectives_;
+  t.collective_ns = collective_ns_;
+  // A call in progress counts up to now.
+  t.network_ns = network_ns_ + (active_ > 0 ? absl::ToInt64Nanoseconds(now - entered_) : 0);
+  t.link_bytes_sent = link_bytes_;
+  t.link_busy_ns = link_busy_ns_;
+  t.connections = connections_.size();
+  return t;
+}
+
+absl::Status TimedBackend::Allreduce(void* data, int64_t count, DataType dtype, ReduceOp op) {
+  NetworkCall call(*clocks_);
+  return backend_->Allreduce(data, count, dtype, op);
+}
+
+absl::Status TimedBackend::Broadcast(void* data, int64_t bytes, int root) {
+  NetworkCall call(*clocks_);
+  return backend_->Broadcast(data, bytes, root);
+}
+
+absl::Status TimedBackend::Allgatherv(const void* in, void* out, absl::Span<const int64_t> bytes) {
+  NetworkCall call(*clocks_);
+  return backend_->Allgatherv(in, out, bytes);
+}
+
+absl::Status TimedBackend::Barrier() {
+  NetworkCall call(*clocks_);
+  return backend_->Barrier();
+}
+
+ExecutionReporter::ExecutionReporter(std::shared_ptr<ExecutionClocks> clocks,
+                                     std::function<void(const ExecutionClocks::Totals&)> send,
+                                     absl::Duration interval, MetricsRegistry* registry,
+                                     const Labels& labels)
+    : clocks_(std::move(clocks)), send_(std::move(send)), interval_(interval) {
+  if (registry != nullptr) {
+    counters_[0] = &registry->GetCounter(
+        "ringmaster_rank_collective_seconds_total",
+        "Time this rank spent executing collectives (from the coordinator's response to the "
+        "result in place).",
+        labels);
+    counters_[1] = &registry->GetCounter(
+        "ringmaster_rank_network_seconds_total",
+        "Of that, time inside network communicators (the cross-host step of a hierarchical "
+        "collective, or a flat one's whole).",
+        labels);
+    counters_[2] = &registry->GetCounter(
+        "ringmaster_rank_link_busy_seconds_total",
+        "Time the rank's data-plane TCP connections had data in flight (the kernel's busy time).",
+        labels);
+    counters_[3] = &registry->GetCounter(
+        "ringmaster_rank_link_sent_bytes_total",
+        "Bytes the rank's data-plane TCP connections sent and the peers acknowledged.", labels);
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ExecutionReporter::~ExecutionReporter() { Stop(); }
+
+void ExecutionReporter::Stop() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ExecutionReporter::Loop() {
+  int64_t sent_collectives = 0;
+  while (!stop_.WaitForNotificationWithTimeout(interval_)) {
+    const ExecutionClocks::Totals now = clocks_->Read();
+    Count(now);
+    if (now.collectives == sent_collectives) continue;  // idle: nothing new to say
+    sent_collectives = now.collectives;
+    send_(now);
+  }
+}
+
+void ExecutionReporter::Count(const ExecutionClocks::Totals& now) {
+  if (counters_[0] == nullptr) return;
+  const int64_t ns[3] = {now.collective_ns - counted_.collective_ns,
+                         now.network_ns - counted_.network_ns,
+                         now.link_busy_ns - counted_.link_busy_ns};
+  for (int i = 0; i < 3; ++i) {
+    if (ns[i] > 0) counters_[i]->Increment(static_cast<double>(ns[i]) * 1e-9);
+  }
+  if (now.link_bytes_sent > counted_.link_bytes_sent) {
+    counters_[3]->Increment(static_cast<double>(now.link_bytes_sent - counted_.link_bytes_sent));
+  }
+  counted_ = now;
+}
+
+}  // namespace ringmaster
