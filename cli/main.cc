@@ -284,8 +284,8 @@ std::string Rate(double bytes_per_second) {
 
 // Who is slow: the slowest ranks over the last steps, and the one named as holding the job back.
 void PrintStragglers(const v1::Stragglers& st) {
-  std::printf("Slowest:   over the last %d steps (median step %.1f ms): %s\n", st.steps(),
-              st.step_seconds() * 1e3,
+  std::printf("Slowest:   over the last %d steps, to step %lld (median step %.1f ms): %s\n",
+              st.steps(), static_cast<long long>(st.last_step()), st.step_seconds() * 1e3,
               st.straggler_rank() >= 0
                   ? absl::StrCat("rank ", st.straggler_rank(), " holds the job back").c_str()
                   : "no rank holds the job back");

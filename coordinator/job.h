@@ -115,11 +115,14 @@ struct RankLateness {
   double collective_share = 0;
   double network_share = 0;
   double link_bytes_per_second = 0;
+  double host_link_bytes_per_second = 0;
+  double others_link_bytes_per_second = 0;
   bool slow_link = false;  // named "slow link"
 };
 
 struct JobStragglers {
-  int32_t steps = 0;  // steps in the window
+  int32_t steps = 0;      // steps in the window
+  int64_t last_step = 0;  // steps ended since the job (its epoch) began
   double step_seconds = 0;
   std::vector<RankLateness> slowest;  // furthest behind the median rank first
   int32_t straggler_rank = -1;        // -1: none

@@ -43,6 +43,17 @@ std::vector<int32_t> RelayOfRanks(const Job& job) {
   return PlanRelays(ranks, job.spec.knobs.negotiation_relay_hosts);
 }
 
+// Each rank's host as an index (ranks on one host share it), in rank order.
+std::vector<int> HostIndexOfRanks(const Job& job) {
+  absl::flat_hash_map<std::string, int> index;
+  std::vector<int> out;
+  out.reserve(job.ranks.size());
+  for (const RankInfo& r : job.ranks) {
+    out.push_back(index.try_emplace(r.host, static_cast<int>(index.size())).first->second);
+  }
+  return out;
+}
+
 absl::flat_hash_map<std::string, int32_t> RankOfWorkers(const Job& job) {
   absl::flat_hash_map<std::string, int32_t> out;
   for (const RankInfo& r : job.ranks) out.emplace(r.worker_id, r.rank);
@@ -83,7 +94,7 @@ JobRuntime::JobRuntime(const Job& job, MetricsRegistry& metrics, Executor& io)
           "time.",
           {{"job", job.id}})),
       metrics_(metrics),
-      execution_({.ranks = static_cast<int>(job.ranks.size())}) {
+      execution_({.ranks = static_cast<int>(job.ranks.size()), .hosts = HostIndexOfRanks(job)}) {
   absl::MutexLock lock(&mu_);
   acked_cycles_.assign(ranks_.size(), 0);
   last_request_.assign(ranks_.size(), 0);
@@ -627,6 +638,7 @@ std::optional<JobStragglers> JobRuntime::Stragglers() const {
   if (report.steps == 0) return std::nullopt;
   JobStragglers out;
   out.steps = report.steps;
+  out.last_step = report.last_step;
   out.step_seconds = absl::ToDoubleSeconds(report.step_time);
   out.straggler_rank = slow.named;
   std::vector<RankLateness> ranks;
@@ -643,6 +655,8 @@ std::optional<JobStragglers> JobRuntime::Stragglers() const {
       r.collective_share = f.collective_share;
       r.network_share = f.network_share;
       r.link_bytes_per_second = f.link_bytes_per_second;
+      r.host_link_bytes_per_second = f.host_link_bytes_per_second;
+      r.others_link_bytes_per_second = f.others_link_bytes_per_second;
       r.slow_link = f.slow_link;
     }
     ranks.push_back(r);
@@ -661,27 +675,52 @@ std::optional<JobStragglers> JobRuntime::Stragglers() const {
   return out;
 }
 
-void JobRuntime::NoteStraggler(const SlowRanks& slow) {
-  if (straggler_action_ == "none") return;
-  const int32_t named = slow.named;
-  if (named == named_straggler_) return;
-  named_straggler_ = named;
-  if (named < 0 || static_cast<size_t>(named) >= ranks_.size()) return;
-  if (named == slow.lateness.straggler) {
-    straggler_notice_ =
-        absl::StrCat(Placement(ranks_[named]), " holds the job back: ",
-                     absl::FormatDuration(absl::Trunc(slow.lateness.ranks[named].behind_median,
-                                                      absl::Microseconds(100))),
-                     " behind the median rank per step over the last ", slow.lateness.steps,
-                     " steps (late to submit: its compute or input is slow)");
-    return;
+JobRuntime::Naming JobRuntime::Describe(const SlowRanks& slow) const {
+  Naming n;
+  n.rank = slow.named;
+  if (n.rank < 0 || static_cast<size_t>(n.rank) >= ranks_.size()) return n;
+  if (n.rank == slow.lateness.straggler) {
+    n.verdict = "late to submit";
+    n.detail = absl::StrCat(
+        absl::FormatDuration(
+            absl::Trunc(slow.lateness.ranks[n.rank].behind_median, absl::Microseconds(100))),
+        " behind the median rank per step over the last ", slow.lateness.steps, " steps");
+    n.why = "late to submit: its compute or input is slow";
+    return n;
   }
-  const ExecutionTracker::RankFigures& f = slow.execution.ranks[named];
-  straggler_notice_ = absl::StrFormat(
-      "%s holds the job back: its host's data plane sends at %.1f MB/s while the median rank's "
-      "sends at %.1f MB/s, and its collectives spend %.0f%% of the time across hosts (slow link)",
-      Placement(ranks_[named]), f.link_bytes_per_second / 1e6,
-      slow.execution.median_link_bytes_per_second / 1e6, f.network_share * 100);
+  const ExecutionTracker::RankFigures& f = slow.execution.ranks[n.rank];
+  n.verdict = "slow link";
+  n.detail = absl::StrFormat(
+      "its host's link carries %.1f MB/s while the other hosts' median is %.1f MB/s, and "
+      "its collectives spend %.0f%% of the time across hosts",
+      f.host_link_bytes_per_second / 1e6, f.others_link_bytes_per_second / 1e6,
+      f.network_share * 100);
+  n.why = "slow link";
+  return n;
+}
+
+void JobRuntime::NoteStraggler(const SlowRanks& slow) {
+  const Naming n = Describe(slow);
+  if (n.rank == timeline_named_ && n.verdict == timeline_verdict_) return;
+  // The timeline marks every change of the rank named, or of its verdict.
+  if (timeline_ != nullptr && (n.rank >= 0 || timeline_named_ >= 0)) {
+    NegotiationEvent e;
+    e.kind = NegotiationEvent::Kind::kNamed;
+    e.name = kWhoIsSlowTimelineRow;
+    e.rank = n.rank;
+    e.time = absl::Now();
+    e.verdict = n.verdict;
+    e.detail = n.detail;
+    absl::MutexLock lock(&mu_);  // in order with the cycles' events
+    if (!closed_) timeline_->Negotiation({std::move(e)});
+  }
+  timeline_named_ = n.rank;
+  timeline_verdict_ = n.verdict;
+  if (straggler_action_ == "none" || n.rank == named_straggler_) return;
+  named_straggler_ = n.rank;
+  if (n.rank < 0) return;
+  straggler_notice_ =
+      absl::StrCat(Placement(ranks_[n.rank]), " holds the job back: ", n.detail, " (", n.why, ")");
 }
 
 std::optional<std::string> JobRuntime::TakeStragglerNotice() {
@@ -704,18 +743,20 @@ void JobRuntime::SetLatenessGauges(const SlowRanks& slow) {
               labels),
           .collective = &metrics_.GetGauge(
               "ringmaster_rank_collective_time_ratio",
-              "The share of the wall time each rank's collectives took over the last 5 s, as its "
+              "The share of the wall time each rank's collectives took over the last 1.5 s, as its "
               "worker measured it.",
               labels),
           .network = &metrics_.GetGauge(
               "ringmaster_rank_network_time_ratio",
               "The share of the wall time each rank spent inside network communicators (the "
-              "cross-host step, or a flat collective's whole) over the last 5 s.",
+              "cross-host step, or a flat collective's whole) over the last 1.5 s.",
               labels),
           .link = &metrics_.GetGauge(
               "ringmaster_rank_link_send_bytes_per_second",
-              "The rate each rank's data-plane TCP connections send at while they have data in "
-              "flight, over the last 5 s (0: too few bytes to say).",
+              "Each rank's link rate: the highest delivery-rate sample (the kernel's, as BBR "
+              "measures it) of its data-plane TCP connections over the last 1.5 s (0: too few "
+              "bytes "
+              "to say).",
               labels),
       });
     }

@@ -220,6 +220,9 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   absl::Time last_lateness_ = absl::InfinitePast();
   int32_t named_straggler_ = -1;
   std::optional<std::string> straggler_notice_;
+  // The rank and verdict the timeline's who-is-slow row last marked.
+  int32_t timeline_named_ = -1;
+  std::string timeline_verdict_;
   const int64_t epoch_;
   const std::vector<RankInfo> ranks_;
   const std::vector<int32_t> relay_of_;                             // by rank
@@ -249,6 +252,14 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
     int32_t named = -1;
   };
   SlowRanks WhoIsSlow() const;
+  // The rank named, and what to say of it: "late to submit" or "slow link", the figures, and why.
+  struct Naming {
+    int32_t rank = -1;
+    std::string verdict;
+    std::string detail;
+    std::string why;
+  };
+  Naming Describe(const SlowRanks& slow) const;
   // Per rank: lateness, shares of time in collectives and across hosts, link send rate.
   struct RankGauges {
     Gauge* lateness;

@@ -37,6 +37,8 @@ struct CycleOutput {
 // A step of a tensor's negotiation, recorded for the timeline when a job has one.
 // The timeline's row of step ends (NegotiationEvent::Kind::kStepEnd).
 inline constexpr char kStepsTimelineRow[] = "steps: the last rank";
+// The timeline's row of who is slow (NegotiationEvent::Kind::kNamed).
+inline constexpr char kWhoIsSlowTimelineRow[] = "who is slow";
 
 struct NegotiationEvent {
   enum class Kind {
@@ -44,6 +46,7 @@ struct NegotiationEvent {
     kRankReady,  // `rank` submitted it (the first rank too)
     kEnd,        // every rank submitted it: ready to leave in a response
     kStepEnd,    // a step ended (StragglerTracker): `rank` was last to it, `lateness` behind
+    kNamed,      // `rank` is named as holding the job back (-1: none is any more), for `verdict`
   };
   Kind kind = Kind::kStart;
   std::string name;
@@ -52,6 +55,8 @@ struct NegotiationEvent {
   absl::Time time;
   int64_t step = 0;  // kStepEnd: the step, from 1
   absl::Duration lateness;
+  std::string verdict;  // kNamed: "late to submit" or "slow link"
+  std::string detail;   // kNamed: the figures that named it
 };
 
 }  // namespace ringmaster

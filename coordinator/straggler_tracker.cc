@@ -56,6 +56,7 @@ std::optional<StragglerTracker::StepEnd> StragglerTracker::TensorStarted(const s
 StragglerTracker::Report StragglerTracker::Window() const {
   Report report;
   report.steps = filled_;
+  report.last_step = steps_;
   if (filled_ == 0) return report;
   std::vector<int64_t> steps(step_ns_.begin(), step_ns_.begin() + filled_);
   report.step_time = absl::Nanoseconds(Median(steps));

@@ -54,6 +54,7 @@ class StragglerTracker {
     absl::Duration step_time;         // the median step's duration
     std::vector<RankLateness> ranks;  // every rank, by rank; empty while steps == 0
     int straggler = -1;               // the flagged rank furthest behind the median; -1: none
+    int64_t last_step = 0;            // the steps ended since the job began
   };
 
   // A step that ended: the rank that was last to it, and by how much it was behind the first.

@@ -187,6 +187,19 @@ void Timeline::Format(const Item& item, std::string* out) {
                                 R"(, "last_rank": )", e.rank, R"(, "behind_first_ms": )",
                                 absl::ToDoubleMilliseconds(e.lateness), "}}"));
             break;
+          case NegotiationEvent::Kind::kNamed:
+            // An instant on the who-is-slow row, whenever the rank named (or its verdict) changes.
+            Append(
+                out,
+                absl::StrCat(
+                    R"({"ph": "i", "s": "p", "name": )",
+                    JsonString(e.rank >= 0 ? absl::StrCat("RANK ", e.rank, " HOLDS THE JOB BACK: ",
+                                                          absl::AsciiStrToUpper(e.verdict))
+                                           : std::string("NO RANK HOLDS THE JOB BACK")),
+                    R"(, "ts": )", ts, R"(, "pid": )", pid, R"(, "tid": )", kNegotiationThread,
+                    R"(, "args": {"rank": )", e.rank, R"(, "verdict": )", JsonString(e.verdict),
+                    R"(, "detail": )", JsonString(e.detail), "}}"));
+            break;
         }
       }
       break;

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -37,8 +38,11 @@ void ForEachTcpSocket(F f) {
   closedir(dir);
 }
 
-// The kernel's counts for TCP socket `fd`, if it still is socket `inode`.
-bool ReadTcp(int fd, uint64_t inode, uint64_t* acked, uint64_t* busy_us) {
+// The kernel's counts for TCP socket `fd`, if it still is socket `inode`: bytes acknowledged, busy
+// time, and its latest delivery-rate sample (bytes per second, as BBR measures it: over the longer
+// of the time the sample's packets took to send and to be acknowledged).
+bool ReadTcp(int fd, uint64_t inode, uint64_t* acked, uint64_t* busy_us,
+             uint64_t* delivery_rate = nullptr) {
   struct stat st;
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_ino) != inode) return false;
   tcp_info info;
@@ -48,7 +52,28 @@ bool ReadTcp(int fd, uint64_t inode, uint64_t* acked, uint64_t* busy_us) {
   // An older kernel's shorter struct leaves the fields it lacks at zero: no link figures.
   *acked = info.tcpi_bytes_acked;
   *busy_us = info.tcpi_busy_time;
+  if (delivery_rate != nullptr) *delivery_rate = info.tcpi_delivery_rate;
   return true;
+}
+
+// Whether TCP socket `fd` connects this host to itself (its peer's address is its own): not a link.
+bool Loopback(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
+    return true;  // not connected: a listener
+  }
+  if (local.ss_family != peer.ss_family) return false;
+  if (local.ss_family == AF_INET) {
+    return reinterpret_cast<sockaddr_in&>(local).sin_addr.s_addr ==
+           reinterpret_cast<sockaddr_in&>(peer).sin_addr.s_addr;
+  }
+  if (local.ss_family == AF_INET6) {
+    return std::memcmp(&reinterpret_cast<sockaddr_in6&>(local).sin6_addr,
+                       &reinterpret_cast<sockaddr_in6&>(peer).sin6_addr, sizeof(in6_addr)) == 0;
+  }
+  return false;
 }
 
 // Counts the calls it spans as network time.
@@ -90,7 +115,7 @@ ExecutionClocks::Sockets ExecutionClocks::TcpSockets() {
 void ExecutionClocks::Adopt(const Sockets& before) {
   std::vector<Connection> found;
   ForEachTcpSocket([&](int fd, uint64_t inode) {
-    if (before.contains(inode)) return;
+    if (before.contains(inode) || Loopback(fd)) return;
     Connection c;
     c.fd = fd;
     c.inode = inode;
@@ -108,9 +133,10 @@ void ExecutionClocks::Adopt(const Sockets& before) {
 
 ExecutionClocks::Totals ExecutionClocks::Read() {
   absl::MutexLock lock(&mu_);
+  uint64_t delivery_rate = 0;
   for (auto it = connections_.begin(); it != connections_.end();) {
-    uint64_t acked = 0, busy_us = 0;
-    if (!ReadTcp(it->fd, it->inode, &acked, &busy_us)) {
+    uint64_t acked = 0, busy_us = 0, rate = 0;
+    if (!ReadTcp(it->fd, it->inode, &acked, &busy_us, &rate)) {
       it = connections_.erase(it);  // closed (its communicator is gone)
       continue;
     }
@@ -118,6 +144,9 @@ ExecutionClocks::Totals ExecutionClocks::Read() {
       link_bytes_ += static_cast<int64_t>(acked - it->acked);
       link_busy_ns_ += static_cast<int64_t>(busy_us - it->busy_us) * 1000;
     }
+    // A connection that sent a fair amount since the last read: its latest rate sample is of now,
+    // and of a transfer long enough to say what the path carries.
+    if (acked >= it->acked + kRateBytes) delivery_rate = std::max(delivery_rate, rate);
     it->acked = acked;
     it->busy_us = busy_us;
     ++it;
@@ -131,6 +160,7 @@ ExecutionClocks::Totals ExecutionClocks::Read() {
   t.network_ns = network_ns_ + (active_ > 0 ? absl::ToInt64Nanoseconds(now - entered_) : 0);
   t.link_bytes_sent = link_bytes_;
   t.link_busy_ns = link_busy_ns_;
+  t.link_delivery_rate = static_cast<int64_t>(delivery_rate);
   t.connections = connections_.size();
   return t;
 }

@@ -34,6 +34,8 @@ class ExecutionClocks {
   // At most this many connections are read (a flat communicator of 1,024 ranks has 1,023 per
   // communicator); more are not adopted.
   static constexpr size_t kMaxConnections = 4096;
+  // A connection's delivery rate is read when it sent this many bytes since the last Read.
+  static constexpr uint64_t kRateBytes = uint64_t{64} << 10;
 
   ExecutionClocks();
 
@@ -47,7 +49,8 @@ class ExecutionClocks {
   // The inodes of this process's TCP sockets now.
   using Sockets = absl::flat_hash_set<uint64_t>;
   static Sockets TcpSockets();
-  // A communicator connected: the TCP sockets that are not in `before` are its connections.
+  // A communicator connected: the TCP sockets that are not in `before` are its connections, but
+  // for those between two addresses of this host (not a link).
   void Adopt(const Sockets& before);
 
   struct Totals {
@@ -57,6 +60,9 @@ class ExecutionClocks {
     int64_t network_ns = 0;
     int64_t link_bytes_sent = 0;
     int64_t link_busy_ns = 0;
+    // The highest delivery-rate sample (bytes per second) of the connections that sent since the
+    // last Read (0: none did).
+    int64_t link_delivery_rate = 0;
     size_t connections = 0;  // read now
   };
   // Reads the connections (dropping those closed since) and returns the totals.

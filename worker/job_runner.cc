@@ -530,6 +530,7 @@ void JobRunner::StartReporter() {
         e->set_network_ns(t.network_ns);
         e->set_link_bytes_sent(t.link_bytes_sent);
         e->set_link_busy_ns(t.link_busy_ns);
+        e->set_link_delivery_rate(t.link_delivery_rate);
         session->Send(m).IgnoreError();  // best effort: the next one says it all again
       },
       kReportEvery, options_.record_metrics ? context_.metrics : nullptr,

@@ -174,8 +174,8 @@ class JobRunner : public std::enable_shared_from_this<JobRunner> {
   // session's thread and on a relay link's, and must reach the engine in their order.
   absl::Mutex apply_mu_;
   std::unique_ptr<Engine> engine_;
-  // What the engine and the communicators count, and what sends it about once a second.
-  static constexpr absl::Duration kReportEvery = absl::Seconds(1);
+  // What the engine and the communicators count, and what sends it twice a second.
+  static constexpr absl::Duration kReportEvery = absl::Milliseconds(500);
   std::shared_ptr<ExecutionClocks> clocks_ = std::make_shared<ExecutionClocks>();
   std::unique_ptr<ExecutionReporter> reporter_;
   std::shared_ptr<RankProcess> process_;

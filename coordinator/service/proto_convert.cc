@@ -221,6 +221,7 @@ void ToProto(const Job& in, v1::Job* out) {
     const JobStragglers& st = *in.stragglers;
     v1::Stragglers* o = out->mutable_stragglers();
     o->set_steps(st.steps);
+    o->set_last_step(st.last_step);
     o->set_step_seconds(st.step_seconds);
     o->set_straggler_rank(st.straggler_rank);
     for (const RankLateness& l : st.slowest) {
@@ -241,6 +242,8 @@ void ToProto(const Job& in, v1::Job* out) {
       r->set_collective_share(l.collective_share);
       r->set_network_share(l.network_share);
       r->set_link_bytes_per_second(l.link_bytes_per_second);
+      r->set_host_link_bytes_per_second(l.host_link_bytes_per_second);
+      r->set_others_link_bytes_per_second(l.others_link_bytes_per_second);
     }
   }
   if (in.throughput.has_value()) {

@@ -507,6 +507,7 @@ class SessionReactor : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::By
             .network_ns = e.network_ns(),
             .link_bytes_sent = e.link_bytes_sent(),
             .link_busy_ns = e.link_busy_ns(),
+            .link_delivery_rate = e.link_delivery_rate(),
         };
         if (absl::Status s = coordinator_.RecordRankExecution(worker_id_, e.job_id(), e.epoch(),
                                                               e.rank(), sample);
