@@ -85,9 +85,11 @@ const char kJobOptionsHelp[] = R"(job options:
   --stall-check-seconds S         report stalled tensors after S seconds (default 60; 0 disables)
   --no-stall-check                the same as --stall-check-seconds 0
   --stall-shutdown-seconds S      fail the job when a stall lasts S seconds (default 0: never)
-  --straggler-action none|warn|fail  when a rank is named as holding the job back: nothing but
-                                  status, metrics and timeline (none, the default), a job event
-                                  (warn), or the job fails naming it (fail)
+  --straggler-action none|warn|fail|evict  when a rank is named as holding the job back: nothing
+                                  but status, metrics and timeline (none, the default), a job event
+                                  (warn), the job fails naming it (fail), or an elastic job drops
+                                  it and goes on without its host for a cool-down (evict)
+  --straggler-cooldown-seconds S  how long evict keeps the host out of the job (default 300)
   --backend auto|gloo|nccl        collective backend (default auto)
   --no-shm-allreduce              CPU allreduce among one host's ranks over sockets, not shared
                                   memory (default: shared memory)
@@ -269,6 +271,8 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
       knobs.stall_check_seconds = 0;
     } else if (flag == "--straggler-action") {
       knobs.straggler_action = args.Value(flag);
+    } else if (flag == "--straggler-cooldown-seconds") {
+      knobs.straggler_cooldown_seconds = Number<double>(flag, args.Value(flag));
     } else if (flag == "--stall-shutdown-seconds") {
       knobs.stall_shutdown_seconds = Number<double>(flag, args.Value(flag));
     } else if (flag == "--backend") {
@@ -328,6 +332,7 @@ v1::JobSpec ParseJobSpec(const std::string& command, Args& args, const ExtraFlag
   k->set_negotiation_relay(knobs.negotiation_relay);
   k->set_negotiation_relay_hosts(knobs.negotiation_relay_hosts);
   k->set_straggler_action(knobs.straggler_action);
+  k->set_straggler_cooldown_seconds(knobs.straggler_cooldown_seconds);
   if (!start_from_given) {
     if (given_fusion) k->add_autotune_fixed("fusion_threshold_bytes");
     if (given_cycle) k->add_autotune_fixed("cycle_time_ms");

@@ -154,12 +154,12 @@ absl::Status ValidateKnobs(const Knobs& k) {
     return OutOfBounds("stall_shutdown_seconds", k.stall_shutdown_seconds, "[0, 86400]");
   }
   if (k.straggler_action != "none" && k.straggler_action != "warn" &&
-      k.straggler_action != "fail") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "knobs.straggler_action = '", k.straggler_action, "' is not none, warn or fail",
-        k.straggler_action == "evict"
-            ? " (evict, dropping the rank from an elastic job, is not available yet)"
-            : ""));
+      k.straggler_action != "fail" && k.straggler_action != "evict") {
+    return absl::InvalidArgumentError(absl::StrCat("knobs.straggler_action = '", k.straggler_action,
+                                                   "' is not none, warn, fail or evict"));
+  }
+  if (!(k.straggler_cooldown_seconds >= 0 && k.straggler_cooldown_seconds <= kMaxStallSeconds)) {
+    return OutOfBounds("straggler_cooldown_seconds", k.straggler_cooldown_seconds, "[0, 86400]");
   }
   if (static_cast<int32_t>(k.backend) < 0 || static_cast<int32_t>(k.backend) > 2) {
     return OutOfBounds("backend", static_cast<int32_t>(k.backend), "{AUTO, GLOO, NCCL}");
@@ -202,6 +202,11 @@ absl::Status ApplyEnvironment(const EnvLookup& env, Knobs* k) {
   ReadString(env, "AUTOTUNE_LOG", &k->autotune_log);
   ReadString(env, "TIMELINE", &k->timeline);
   ReadString(env, "STRAGGLER_ACTION", &k->straggler_action);
+  if (absl::Status s =
+          ReadDouble(env, "STRAGGLER_COOLDOWN_SECONDS", &k->straggler_cooldown_seconds);
+      !s.ok()) {
+    return s;
+  }
   if (stall_check_disable) k->stall_check_seconds = 0;
   return absl::OkStatus();
 }

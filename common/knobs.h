@@ -45,9 +45,11 @@ struct Knobs {
   // ... with a relay for this many hosts (their ranks' links cross hosts over TCP when above 1).
   int32_t negotiation_relay_hosts = 1;
   // What the coordinator does when it names a rank as holding the job back
-  // (docs/operations.md, "Finding a slow rank"): "none", "warn" (a job event) or "fail" (the job
-  // fails naming it).
+  // (docs/operations.md, "Finding a slow rank"): "none", "warn" (a job event), "fail" (the job
+  // fails naming it) or "evict" (an elastic job drops it and goes on in a new epoch, its host kept
+  // out of the job for straggler_cooldown_seconds).
   std::string straggler_action = "none";
+  double straggler_cooldown_seconds = 300;
   // Knobs autotune leaves alone (kTunableKnobs names).
   std::vector<std::string> autotune_fixed;
 };

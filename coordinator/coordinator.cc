@@ -371,6 +371,7 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
     run_deadlines_.erase(job_id);
     below_min_since_.erase(job_id);
     grow_notices_.erase(job_id);
+    evicted_hosts_.erase(job_id);
     rank_notices_.erase(job_id);
     for (const RankInfo& r : job->ranks) {
       if (r.worker_id == except_worker) continue;

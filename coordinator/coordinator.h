@@ -416,6 +416,11 @@ class Coordinator {
   // The job's straggler_action, when a rank is newly named as holding it back: a job event (warn),
   // or the job failed naming the rank (fail).
   void ActOnStragglers(JobRuntime& runtime);
+  // --straggler-action evict (elastic jobs): the named rank leaves the job, or every rank of its
+  // host for a slow link (their workers are released and their processes stopped), its host is
+  // kept out of the job for the knob straggler_cooldown_seconds, and the job goes on in a new
+  // epoch (a membership change).
+  void Evict(JobRuntime& runtime, const JobRuntime::StragglerNotice& notice);
   // Fails the jobs STARTING for longer than the start timeout, naming the ranks that never started.
   void FailJobsThatDidNotStart(absl::Time now);
   // Adds the notices (kRankNoticePrefix lines) of rank `rank`'s output `data` to the job's events.
@@ -507,6 +512,10 @@ class Coordinator {
   // Elastic jobs below min_np (no epoch running), since when; and the growth notices out.
   absl::flat_hash_map<std::string, absl::Time> below_min_since_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, GrowNotice> grow_notices_ ABSL_GUARDED_BY(mu_);
+  // Elastic jobs: the hosts --straggler-action evict keeps out of each job, until when (a job's
+  // hosts at most: its entry goes when it ends).
+  absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, absl::Time>> evicted_hosts_
+      ABSL_GUARDED_BY(mu_);
   // Per job, the notices its ranks' output gave (NoteRankNotices), at most kMaxRankNotices.
   absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> rank_notices_
       ABSL_GUARDED_BY(mu_);

@@ -40,6 +40,40 @@ absl::Status Coordinator::ResetRank(const std::string& worker_id, const std::str
   return absl::OkStatus();
 }
 
+void Coordinator::Evict(JobRuntime& runtime, const JobRuntime::StragglerNotice& notice) {
+  const std::string& job_id = runtime.job_id();
+  absl::StatusOr<Job> job = jobs_.Get(job_id);
+  if (!job.ok() || IsTerminal(job->state) || !job->spec.elastic() ||
+      job->epoch != runtime.epoch() || notice.rank < 0 ||
+      notice.rank >= static_cast<int32_t>(job->ranks.size())) {
+    return;  // the job moved on meanwhile
+  }
+  const std::string host = job->ranks[notice.rank].host;
+  const double cooldown = job->spec.knobs.straggler_cooldown_seconds;
+  std::string message = absl::StrCat(notice.message, " (--straggler-action evict): ");
+  std::vector<std::string> gone;
+  std::vector<std::string> released;
+  for (const RankInfo& r : job->ranks) {
+    // A slow link is its host's: every rank there goes.
+    if (r.rank != notice.rank && !(notice.verdict == "slow link" && r.host == host)) continue;
+    gone.push_back(Placement(r));
+    if (ServesJob(r.worker_id, job_id)) released.push_back(r.worker_id);
+  }
+  absl::StrAppend(&message, absl::StrJoin(gone, ", "), gone.size() == 1 ? " leaves" : " leave",
+                  " the job; host ", host, " is kept out of it for ", cooldown, " s");
+  {
+    absl::MutexLock lock(&mu_);
+    evicted_hosts_[job_id][host] = clock_->Now() + absl::Seconds(cooldown);
+    for (const std::string& id : released) {
+      if (WorkerChannel* channel = ChannelOf(id)) channel->SendStopJob(job_id, message);
+    }
+  }
+  for (const std::string& id : released) workers_.Release(id);
+  spdlog::warn("job {}: {}", job_id, message);
+  jobs_.AddEvent(job_id, message).IgnoreError();
+  NoteMembershipChange(job_id, job->epoch, message);
+}
+
 void Coordinator::NoteMembershipChange(const std::string& job_id, int64_t epoch,
                                        std::string reason) {
   // Settled like a failure: a peer's death shows as a reset of the ranks that lost it a few
@@ -72,6 +106,18 @@ std::vector<Worker> Coordinator::AddableWorkers(const Job& job, int members,
     for (const auto& [rank, holder] : ranks) claimed.insert(holder);
   }
   std::erase_if(available, [&claimed](const Worker& w) { return claimed.contains(w.id); });
+  // Hosts evicted from the job (--straggler-action evict) stay out until their cool-down ends.
+  absl::flat_hash_set<std::string> kept_out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = evicted_hosts_.find(job.id); it != evicted_hosts_.end()) {
+      const absl::Time now = clock_->Now();
+      for (const auto& [host, until] : it->second) {
+        if (now < until) kept_out.insert(host);
+      }
+    }
+  }
+  std::erase_if(available, [&kept_out](const Worker& w) { return kept_out.contains(w.host); });
   std::sort(available.begin(), available.end(), [](const Worker& a, const Worker& b) {
     return std::tie(a.host, a.device, a.id) < std::tie(b.host, b.device, b.id);
   });

@@ -194,15 +194,17 @@ void Coordinator::Housekeeping(absl::Time now) {
 }
 
 void Coordinator::ActOnStragglers(JobRuntime& runtime) {
-  std::optional<std::string> named = runtime.TakeStragglerNotice();
+  std::optional<JobRuntime::StragglerNotice> named = runtime.TakeStragglerNotice();
   if (!named.has_value()) return;
   const std::string& action = runtime.straggler_action();
-  spdlog::warn("job {}: {}", runtime.job_id(), *named);
+  spdlog::warn("job {}: {}", runtime.job_id(), named->message);
   if (action == "fail") {
     FinishLater(runtime.job_id(), JobState::kFailed,
-                absl::StrCat(*named, " (--straggler-action fail)"));
+                absl::StrCat(named->message, " (--straggler-action fail)"));
+  } else if (action == "evict") {
+    Evict(runtime, *named);
   } else {
-    jobs_.AddEvent(runtime.job_id(), *named).IgnoreError();
+    jobs_.AddEvent(runtime.job_id(), named->message).IgnoreError();
   }
 }
 

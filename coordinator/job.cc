@@ -94,6 +94,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return absl::InvalidArgumentError(
         "spec.reset_limit and spec.elastic_timeout_seconds need an elastic job (spec.min_np or "
         "spec.max_np)");
+  } else if (spec.knobs.straggler_action == "evict") {
+    return absl::InvalidArgumentError(
+        "knobs.straggler_action = 'evict' needs an elastic job (spec.min_np or spec.max_np): a "
+        "job of a fixed size cannot drop a rank (use warn or fail)");
   }
   if (spec.max_run_seconds < 0 || spec.max_run_seconds > kMaxRunSeconds) {
     return absl::InvalidArgumentError(absl::StrCat("spec.max_run_seconds = ", spec.max_run_seconds,

@@ -719,12 +719,16 @@ void JobRuntime::NoteStraggler(const SlowRanks& slow) {
   if (straggler_action_ == "none" || n.rank == named_straggler_) return;
   named_straggler_ = n.rank;
   if (n.rank < 0) return;
-  straggler_notice_ =
-      absl::StrCat(Placement(ranks_[n.rank]), " holds the job back: ", n.detail, " (", n.why, ")");
+  straggler_notice_ = StragglerNotice{
+      .message = absl::StrCat(Placement(ranks_[n.rank]), " holds the job back: ", n.detail, " (",
+                              n.why, ")"),
+      .rank = n.rank,
+      .verdict = n.verdict,
+  };
 }
 
-std::optional<std::string> JobRuntime::TakeStragglerNotice() {
-  std::optional<std::string> notice;
+std::optional<JobRuntime::StragglerNotice> JobRuntime::TakeStragglerNotice() {
+  std::optional<StragglerNotice> notice;
   notice.swap(straggler_notice_);
   return notice;
 }

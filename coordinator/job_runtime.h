@@ -163,8 +163,13 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   const std::string& straggler_action() const { return straggler_action_; }
   // When Housekeeping saw a rank newly named as holding the job back (none was, or another) and
   // the job has a straggler action: what to say of it, "rank R on host H (worker W) holds the job
-  // back: ..."; nullopt otherwise. Housekeeping's thread only.
-  std::optional<std::string> TakeStragglerNotice();
+  // back: ...", the rank and its verdict; nullopt otherwise. Housekeeping's thread only.
+  struct StragglerNotice {
+    std::string message;
+    int32_t rank = -1;
+    std::string verdict;  // "late to submit" or "slow link"
+  };
+  std::optional<StragglerNotice> TakeStragglerNotice();
   // How often Housekeeping reads who is slow (the window's medians are computed under the
   // negotiator's lock: not at every 100 ms pass).
   static constexpr absl::Duration kLatenessEvery = absl::Seconds(1);
@@ -219,7 +224,7 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   // for TakeStragglerNotice().
   absl::Time last_lateness_ = absl::InfinitePast();
   int32_t named_straggler_ = -1;
-  std::optional<std::string> straggler_notice_;
+  std::optional<StragglerNotice> straggler_notice_;
   // The rank and verdict the timeline's who-is-slow row last marked.
   int32_t timeline_named_ = -1;
   std::string timeline_verdict_;

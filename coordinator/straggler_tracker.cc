@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/hash/hash.h"
+
 namespace ringmaster {
 namespace {
 
@@ -25,13 +27,15 @@ StragglerTracker::StragglerTracker(Options options)
 
 std::optional<StragglerTracker::StepEnd> StragglerTracker::TensorStarted(const std::string& name,
                                                                          absl::Time now) {
-  if (first_name_.empty()) {
-    first_name_ = name;
+  const size_t hash = absl::HashOf(name);
+  if (!started_) {
+    started_ = true;
+    step_names_.insert(hash);
     step_start_ = now;
     step_tensors_ = 1;
     return std::nullopt;
   }
-  if (name != first_name_ && step_tensors_ < kMaxStepTensors) {
+  if (step_tensors_ < kMaxStepTensors && step_names_.insert(hash).second) {
     ++step_tensors_;
     return std::nullopt;
   }
@@ -47,7 +51,8 @@ std::optional<StragglerTracker::StepEnd> StragglerTracker::TensorStarted(const s
   next_ = (next_ + 1) % options_.window;
   filled_ = std::min(filled_ + 1, options_.window);
   std::fill(current_.begin(), current_.end(), 0);
-  first_name_ = name;
+  step_names_.clear();
+  step_names_.insert(hash);
   step_start_ = now;
   step_tensors_ = 1;
   return end;

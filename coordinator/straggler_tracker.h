@@ -7,9 +7,11 @@
 // rank's median lateness per step behind the first rank and behind the median rank, and names the
 // rank that held the job back.
 //
-// A step begins with the first request for the tensor that began the first step (a training loop
+// A step ends where a tensor is asked for again that was already asked for in it: a training loop
 // negotiates the same tensors every step, and a rank asks for the next step's only after the last
-// step's are done), or after kMaxStepTensors tensors (a loop whose names never repeat).
+// step's are done, so the first tensor asked for twice begins the next step (one-off tensors
+// before the loop, an init's allgather or a broadcast of the parameters, count in the first
+// step). Or after kMaxStepTensors tensors (a loop whose names never repeat).
 //
 // Not thread-safe: its owner serialises the calls (the negotiator, under its lock). Time is passed
 // in.
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/time/time.h"
 
 namespace ringmaster {
@@ -76,8 +79,8 @@ class StragglerTracker {
   void Requested(int rank, absl::Duration lateness) {
     Requested(rank, absl::ToInt64Nanoseconds(lateness));
   }
-  // The first request for tensor `name` came at `now`: the step ends when `name` began it, and a
-  // new one begins. Returns the step that ended, if one did.
+  // The first request for tensor `name` came at `now`: the step ends when `name` was already asked
+  // for in it, and a new one begins with it. Returns the step that ended, if one did.
   std::optional<StepEnd> TensorStarted(const std::string& name, absl::Time now);
 
   // Whether the tensor TensorStarted() was last told of is sampled: its requests go to Requested().
@@ -95,7 +98,9 @@ class StragglerTracker {
   int filled_ = 0;                // slots of the window holding a step
   int next_ = 0;                  // the slot the next step goes to
   int64_t steps_ = 0;
-  std::string first_name_;  // the tensor that began this step ("" before the first)
+  bool started_ = false;  // a tensor was asked for
+  // This step's tensors, by the hash of their names (at most kMaxStepTensors).
+  absl::flat_hash_set<size_t> step_names_;
   int64_t step_tensors_ = 0;
   absl::Time step_start_;
 };

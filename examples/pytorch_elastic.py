@@ -11,7 +11,9 @@ Each rank's batch at step s depends on (s, rank), so the average gradient depend
 part: rank 0 prints one line per committed step ("commit STEP SIZE"), and every rank its final
 weights ("final SIZE W..."), from which tests/python/test_elastic.py recomputes the model exactly.
 --fail-at-step N makes the rank-1 process of the first epoch raise at step N (a process that
-fails inside a step); --sleep S slows each step down.
+fails inside a step); --sleep S slows each step down; --slow-rank R --slow-ms M makes the process
+that starts as rank R of the first epoch compute M ms longer each step, a straggler for
+`--straggler-action evict` to drop (docs/operations.md, "Finding a slow rank").
 """
 import argparse
 import os
@@ -39,6 +41,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
     parser.add_argument("--fail-at-step", type=int, default=-1)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--slow-ms", type=float, default=0.0)
     parser.add_argument("--print-time", action="store_true",
                         help="end each commit line with the time (seconds since the Unix epoch)")
     args = parser.parse_args()
@@ -51,7 +55,9 @@ def main():
                                          named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     # The process that starts as rank 1 of the job's first epoch fails once (--fail-at-step).
-    fails = hvd.rank() == 1 and os.environ.get("RINGMASTER_EPOCH") == "1"
+    first_epoch = os.environ.get("RINGMASTER_EPOCH") == "1"
+    fails = hvd.rank() == 1 and first_epoch
+    slow = args.slow_ms / 1000 if hvd.rank() == args.slow_rank and first_epoch else 0.0
 
     def on_reset():
         print(f"rank {hvd.rank()}: reset, now {hvd.size()} ranks", flush=True)
@@ -63,6 +69,8 @@ def main():
         while state.step < args.steps:
             if fails and state.step == args.fail_at_step:
                 raise RuntimeError(f"rank 1 fails at step {state.step} (--fail-at-step)")
+            if slow:
+                time.sleep(slow)  # computes longer: late to submit its gradients
             x, y = batch(state.step, hvd.rank())
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)

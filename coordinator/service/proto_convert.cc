@@ -65,6 +65,9 @@ absl::Status FromProto(const v1::JobSpec& in, JobSpec* out) {
   o.negotiation_relay = k.negotiation_relay();
   if (k.negotiation_relay_hosts() != 0) o.negotiation_relay_hosts = k.negotiation_relay_hosts();
   if (!k.straggler_action().empty()) o.straggler_action = k.straggler_action();
+  if (k.has_straggler_cooldown_seconds()) {
+    o.straggler_cooldown_seconds = k.straggler_cooldown_seconds();
+  }
   return absl::OkStatus();
 }
 
@@ -114,6 +117,7 @@ void ToProto(const JobSpec& in, v1::JobSpec* out) {
   o->set_negotiation_relay(k.negotiation_relay);
   o->set_negotiation_relay_hosts(k.negotiation_relay_hosts);
   o->set_straggler_action(k.straggler_action);
+  o->set_straggler_cooldown_seconds(k.straggler_cooldown_seconds);
 }
 
 v1::JobState ToProto(JobState state) { return static_cast<v1::JobState>(state); }

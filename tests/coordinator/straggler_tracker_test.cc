@@ -113,6 +113,30 @@ TEST(StragglerTrackerTest, AStepEndsWhereItsFirstTensorIsAskedForAgainNamingItsL
   EXPECT_EQ(r.ranks[2].behind_first, absl::Milliseconds(9));
 }
 
+TEST(StragglerTrackerTest, OneOffTensorsBeforeTheLoopCountInTheFirstStepAndStepsEndAfterIt) {
+  // A Python job: init's allgather and the parameters' broadcast once, then a loop of two tensors.
+  StragglerTracker t({.ranks = 2, .window = 4});
+  const absl::Time t0 = absl::UnixEpoch();
+  int64_t ms = 0;
+  auto start = [&](const std::string& name) {
+    return t.TensorStarted(name, t0 + absl::Milliseconds(ms += 10));
+  };
+  EXPECT_FALSE(start("ringmaster.init.local_sizes").has_value());
+  EXPECT_FALSE(start("broadcast.weight").has_value());
+  EXPECT_FALSE(start("weight").has_value());
+  EXPECT_FALSE(start("check_host_updates").has_value());
+  // "weight" again: the first step (the one-offs and the loop's first) ends; the next begins.
+  std::optional<StragglerTracker::StepEnd> end = start("weight");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->step, 1);
+  EXPECT_EQ(end->duration, absl::Milliseconds(40));
+  EXPECT_FALSE(start("check_host_updates").has_value());
+  end = start("weight");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->step, 2);
+  EXPECT_EQ(end->duration, absl::Milliseconds(20));
+}
+
 TEST(StragglerTrackerTest, NamesThatNeverRepeatEndAStepEveryMaxStepTensors) {
   StragglerTracker t({.ranks = 2, .window = 2});
   const absl::Time t0 = absl::UnixEpoch();

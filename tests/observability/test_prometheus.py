@@ -443,7 +443,8 @@ def test_dashboard_is_an_importable_grafana_dashboard():
                    "ringmaster_fusion_buffer_fill_ratio", "ringmaster_collective_latency_seconds_bucket",
                    "ringmaster_stalled_tensors", "ringmaster_errors_total", "ringmaster_workers",
                    "ringmaster_jobs", "ringmaster_queue_depth", "ringmaster_rank_lateness_seconds",
-                   "ringmaster_straggler_rank"):
+                   "ringmaster_straggler_rank", "ringmaster_rank_link_send_bytes_per_second",
+                   "ringmaster_rank_collective_time_ratio", "ringmaster_rank_network_time_ratio"):
         assert needed in exprs, f"no panel queries {needed}"
 
 

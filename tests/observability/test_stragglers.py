@@ -159,8 +159,12 @@ def test_the_straggler_action_warns_in_an_event_or_fails_the_job_naming_the_rank
     r = cluster.cli(c, "submit", "--np", "4", "--straggler-action", "evict", "--",
                     str(BIN / "train_loop"), "1")
     assert r.returncode != 0
-    assert ("knobs.straggler_action = 'evict' is not none, warn or fail (evict, dropping the rank "
-            "from an elastic job, is not available yet)") in r.stderr, r.stderr
+    assert ("knobs.straggler_action = 'evict' needs an elastic job (spec.min_np or spec.max_np): "
+            "a job of a fixed size cannot drop a rank (use warn or fail)") in r.stderr, r.stderr
+    r = cluster.cli(c, "submit", "--np", "4", "--straggler-action", "drop", "--",
+                    str(BIN / "train_loop"), "1")
+    assert r.returncode != 0
+    assert "knobs.straggler_action = 'drop' is not none, warn, fail or evict" in r.stderr, r.stderr
 
 
 def limit_cpu(pid, fraction, name):

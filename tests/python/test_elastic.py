@@ -184,3 +184,42 @@ def test_below_min_np_past_the_elastic_timeout_the_job_fails_saying_so(cluster):
     assert done["reason"] == ("elastic job had 1 rank for 3 s (--elastic-timeout), fewer than "
                               "min_np 2 (--min-np)"), done["reason"]
     assert 3 <= time.monotonic() - killed < 15
+
+
+def test_a_straggler_is_evicted_and_its_host_kept_out_while_the_job_goes_on(cluster):
+    # --straggler-action evict: the rank named late to submit leaves; the job goes on in a new
+    # epoch with the others, and the evicted worker's host is not taken back (its cool-down is
+    # 300 s) although its worker is free and the job is below max_np.
+    c = cluster.coordinator()
+    for i in range(4):
+        cluster.worker(c, host=f"h{i // 2}")
+    wait_for(lambda: len(cluster.idle_workers(c)) == 4, 20, "the workers")
+    job = submit(cluster, c, "--min-np", "2", "--max-np", "4", "--straggler-action", "evict",
+                 "--", PYTHON, SCRIPT, "--steps", "120", "--slow-rank", "3", "--slow-ms", "150")
+    first = wait_for(lambda: (lambda j: j if len(j.get("ranks", [])) == 4 and
+                              j["state"] == "JOB_STATE_RUNNING" else None)(cluster.job(c, job)),
+                     60, "four ranks running")
+    victim = first["ranks"][3]
+    assert victim["host"] == "h1", first["ranks"]
+    done = cluster.wait_state(c, job, TERMINAL, 180)
+    text = logs(cluster, c, job)
+    assert done["state"] == "JOB_STATE_SUCCEEDED", (done["reason"], text[-3000:])
+    steps = check_model(text, 120, 3)
+    sizes = [n for _, n in steps]
+    cut = sizes.index(3)
+    assert 1 <= cut <= 20 and set(sizes[:cut]) == {4} and set(sizes[cut:]) == {3}, sizes
+    assert done.get("resets") == 1, done
+    assert sorted(r["host"] for r in done["ranks"]) == ["h0", "h0", "h1"], done["ranks"]
+    assert victim["worker_id"] not in [r["worker_id"] for r in done["ranks"]], done["ranks"]
+    events = [e["message"] for e in done["events"]]
+    placed = rf"rank 3 on host h1 \({victim['worker_id']}\)"
+    evicted = [e for e in events if e.startswith("rank 3") and "--straggler-action evict" in e]
+    assert len(evicted) == 1, events
+    assert re.fullmatch(rf"{placed} holds the job back: [\d.]+ms behind the median rank per step "
+                        rf"over the last \d+ steps \(late to submit: its compute or input is "
+                        rf"slow\) \(--straggler-action evict\): {placed} leaves the job; host h1 "
+                        rf"is kept out of it for 300 s", evicted[0]), evicted
+    assert any(re.match(rf"epoch 2: 3 ranks \(3 kept, 0 added\); gone: {placed}", e)
+               for e in events), events
+    # No growth back onto h1 while the job ran, though its worker was free.
+    assert not any("came free" in e for e in events), events
