@@ -54,6 +54,8 @@ def test_a_rank_that_computes_longer_is_named_within_ten_steps_and_no_other_is(c
         return j if s and s.get("straggler_rank", -1) == 2 else None
 
     first = wait_for(named, 60, "rank 2 to be named")
+    print(f"named {first['stragglers']['last_step']} steps after the job began: "
+          f"{json.dumps(first['stragglers']['slowest'])}")
     # The window is not full yet: rank 2 was named within the first 10 steps.
     assert 1 <= first["stragglers"]["steps"] < 10, first["stragglers"]
     # With a few steps in the window (the first step, as ranks start, is not like the others):
