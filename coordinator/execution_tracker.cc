@@ -3,21 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/median.h"
 
 namespace ringmaster {
-namespace {
-
-// The median of `v` (the mean of the two middle values for an even count); reorders `v`.
-double Median(std::vector<double>& v) {
-  const size_t n = v.size();
-  std::nth_element(v.begin(), v.begin() + n / 2, v.end());
-  const double upper = v[n / 2];
-  if (n % 2 == 1) return upper;
-  const double lower = *std::max_element(v.begin(), v.begin() + n / 2);
-  return (lower + upper) / 2;
-}
-
-}  // namespace
 
 ExecutionTracker::ExecutionTracker(Options options) : options_(options), samples_(options.ranks) {}
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/relay_plan.h"
+#include "coordinator/median.h"
 #include "spdlog/spdlog.h"
 
 namespace ringmaster {
@@ -598,9 +599,7 @@ void ExcuseLateCollectives(StragglerTracker::Report& lateness,
     if (f.measured) shares.push_back(f.collective_share);
   }
   if (shares.empty()) return;
-  std::sort(shares.begin(), shares.end());
-  const size_t n = shares.size();
-  const double median = n % 2 == 1 ? shares[n / 2] : (shares[n / 2 - 1] + shares[n / 2]) / 2;
+  const double median = Median(shares);
   lateness.straggler = -1;
   absl::Duration worst;
   for (StragglerTracker::RankLateness& l : lateness.ranks) {

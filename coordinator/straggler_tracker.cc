@@ -3,21 +3,9 @@
 #include <algorithm>
 
 #include "absl/hash/hash.h"
+#include "coordinator/median.h"
 
 namespace ringmaster {
-namespace {
-
-// The median of `v` (the mean of the two middle values for an even count); reorders `v`.
-int64_t Median(std::vector<int64_t>& v) {
-  const size_t n = v.size();
-  std::nth_element(v.begin(), v.begin() + n / 2, v.end());
-  const int64_t upper = v[n / 2];
-  if (n % 2 == 1) return upper;
-  const int64_t lower = *std::max_element(v.begin(), v.begin() + n / 2);
-  return lower + (upper - lower) / 2;
-}
-
-}  // namespace
 
 StragglerTracker::StragglerTracker(Options options)
     : options_(options),
