@@ -372,6 +372,7 @@ absl::StatusOr<Job> Coordinator::Finish(const std::string& job_id, JobState stat
     below_min_since_.erase(job_id);
     grow_notices_.erase(job_id);
     evicted_hosts_.erase(job_id);
+    evicted_epoch_.erase(job_id);
     rank_notices_.erase(job_id);
     for (const RankInfo& r : job->ranks) {
       if (r.worker_id == except_worker) continue;

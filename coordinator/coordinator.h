@@ -516,6 +516,9 @@ class Coordinator {
   // hosts at most: its entry goes when it ends).
   absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, absl::Time>> evicted_hosts_
       ABSL_GUARDED_BY(mu_);
+  // ... and the epoch of each job's last eviction: one an epoch (the next epoch's ranks are named
+  // afresh).
+  absl::flat_hash_map<std::string, int64_t> evicted_epoch_ ABSL_GUARDED_BY(mu_);
   // Per job, the notices its ranks' output gave (NoteRankNotices), at most kMaxRankNotices.
   absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> rank_notices_
       ABSL_GUARDED_BY(mu_);

@@ -48,6 +48,12 @@ void Coordinator::Evict(JobRuntime& runtime, const JobRuntime::StragglerNotice& 
       notice.rank >= static_cast<int32_t>(job->ranks.size())) {
     return;  // the job moved on meanwhile
   }
+  {
+    absl::MutexLock lock(&mu_);
+    int64_t& last = evicted_epoch_[job_id];
+    if (last == job->epoch) return;  // this epoch evicted already: its new epoch comes
+    last = job->epoch;
+  }
   const std::string host = job->ranks[notice.rank].host;
   const double cooldown = job->spec.knobs.straggler_cooldown_seconds;
   std::string message = absl::StrCat(notice.message, " (--straggler-action evict): ");

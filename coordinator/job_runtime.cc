@@ -700,9 +700,14 @@ JobRuntime::Naming JobRuntime::Describe(const SlowRanks& slow) const {
 
 void JobRuntime::NoteStraggler(const SlowRanks& slow) {
   const Naming n = Describe(slow);
-  if (n.rank == timeline_named_ && n.verdict == timeline_verdict_) return;
-  // The timeline marks every change of the rank named, or of its verdict.
-  if (timeline_ != nullptr && (n.rank >= 0 || timeline_named_ >= 0)) {
+  // What is named: a rank late to submit, or a host's link (whichever of its ranks has the lowest
+  // rate at the moment: they share the link, so a change among them is no news).
+  const std::string key = n.rank < 0                 ? ""
+                          : n.verdict == "slow link" ? absl::StrCat("host ", ranks_[n.rank].host)
+                                                     : absl::StrCat("rank ", n.rank);
+  if (key == named_key_) return;
+  // The timeline marks every change of what is named.
+  if (timeline_ != nullptr) {
     NegotiationEvent e;
     e.kind = NegotiationEvent::Kind::kNamed;
     e.name = kWhoIsSlowTimelineRow;
@@ -713,11 +718,8 @@ void JobRuntime::NoteStraggler(const SlowRanks& slow) {
     absl::MutexLock lock(&mu_);  // in order with the cycles' events
     if (!closed_) timeline_->Negotiation({std::move(e)});
   }
-  timeline_named_ = n.rank;
-  timeline_verdict_ = n.verdict;
-  if (straggler_action_ == "none" || n.rank == named_straggler_) return;
-  named_straggler_ = n.rank;
-  if (n.rank < 0) return;
+  named_key_ = key;
+  if (straggler_action_ == "none" || n.rank < 0) return;
   straggler_notice_ = StragglerNotice{
       .message = absl::StrCat(Placement(ranks_[n.rank]), " holds the job back: ", n.detail, " (",
                               n.why, ")"),

@@ -223,11 +223,10 @@ class JobRuntime : public std::enable_shared_from_this<JobRuntime> {
   // Housekeeping's thread only: when it last read who is slow, the rank named then, and the notice
   // for TakeStragglerNotice().
   absl::Time last_lateness_ = absl::InfinitePast();
-  int32_t named_straggler_ = -1;
   std::optional<StragglerNotice> straggler_notice_;
-  // The rank and verdict the timeline's who-is-slow row last marked.
-  int32_t timeline_named_ = -1;
-  std::string timeline_verdict_;
+  // What was named last ("rank R", late to submit, or "host H", a slow link; "" none): the
+  // timeline and the straggler action hear of each change.
+  std::string named_key_;
   const int64_t epoch_;
   const std::vector<RankInfo> ranks_;
   const std::vector<int32_t> relay_of_;                             // by rank

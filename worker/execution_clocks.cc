@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -90,6 +91,12 @@ class NetworkCall {
 
 ExecutionClocks::ExecutionClocks() = default;
 
+int64_t ExecutionClocks::SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void ExecutionClocks::Executed(absl::Duration took) {
   absl::MutexLock lock(&mu_);
   ++collectives_;
@@ -97,13 +104,15 @@ void ExecutionClocks::Executed(absl::Duration took) {
 }
 
 void ExecutionClocks::NetworkEnter() {
+  const int64_t now = SteadyNanos();
   absl::MutexLock lock(&mu_);
-  if (active_++ == 0) entered_ = absl::Now();
+  if (active_++ == 0) entered_ns_ = now;
 }
 
 void ExecutionClocks::NetworkLeave() {
+  const int64_t now = SteadyNanos();
   absl::MutexLock lock(&mu_);
-  if (--active_ == 0) network_ns_ += absl::ToInt64Nanoseconds(absl::Now() - entered_);
+  if (--active_ == 0) network_ns_ += std::max<int64_t>(0, now - entered_ns_);
 }
 
 ExecutionClocks::Sockets ExecutionClocks::TcpSockets() {
@@ -132,32 +141,49 @@ void ExecutionClocks::Adopt(const Sockets& before) {
 }
 
 ExecutionClocks::Totals ExecutionClocks::Read() {
+  // The system calls on a copy, without the lock; the results merged under it (Adopt may have
+  // added connections meanwhile; only this caller removes any).
+  std::vector<Connection> read;
+  {
+    absl::MutexLock lock(&mu_);
+    read = connections_;
+  }
+  struct Now {
+    bool open = false;
+    uint64_t acked = 0, busy_us = 0, rate = 0;
+  };
+  std::vector<Now> now(read.size());
+  for (size_t i = 0; i < read.size(); ++i) {
+    now[i].open = ReadTcp(read[i].fd, read[i].inode, &now[i].acked, &now[i].busy_us, &now[i].rate);
+  }
+  const int64_t read_ns = SteadyNanos();
   absl::MutexLock lock(&mu_);
   uint64_t delivery_rate = 0;
-  for (auto it = connections_.begin(); it != connections_.end();) {
-    uint64_t acked = 0, busy_us = 0, rate = 0;
-    if (!ReadTcp(it->fd, it->inode, &acked, &busy_us, &rate)) {
-      it = connections_.erase(it);  // closed (its communicator is gone)
+  for (size_t i = 0; i < read.size(); ++i) {
+    auto it = std::find_if(connections_.begin(), connections_.end(),
+                           [&](const Connection& c) { return c.inode == read[i].inode; });
+    if (it == connections_.end()) continue;
+    if (!now[i].open) {
+      connections_.erase(it);  // closed (its communicator is gone)
       continue;
     }
-    if (acked >= it->acked && busy_us >= it->busy_us) {
-      link_bytes_ += static_cast<int64_t>(acked - it->acked);
-      link_busy_ns_ += static_cast<int64_t>(busy_us - it->busy_us) * 1000;
+    if (now[i].acked >= it->acked && now[i].busy_us >= it->busy_us) {
+      link_bytes_ += static_cast<int64_t>(now[i].acked - it->acked);
+      link_busy_ns_ += static_cast<int64_t>(now[i].busy_us - it->busy_us) * 1000;
     }
     // A connection that sent a fair amount since the last read: its latest rate sample is of now,
     // and of a transfer long enough to say what the path carries.
-    if (acked >= it->acked + kRateBytes) delivery_rate = std::max(delivery_rate, rate);
-    it->acked = acked;
-    it->busy_us = busy_us;
-    ++it;
+    if (now[i].acked >= it->acked + kRateBytes)
+      delivery_rate = std::max(delivery_rate, now[i].rate);
+    it->acked = now[i].acked;
+    it->busy_us = now[i].busy_us;
   }
   Totals t;
-  const absl::Time now = absl::Now();
-  t.elapsed_ns = absl::ToInt64Nanoseconds(now - start_);
+  t.elapsed_ns = read_ns - start_ns_;
   t.collectives = collectives_;
   t.collective_ns = collective_ns_;
   // A call in progress counts up to now.
-  t.network_ns = network_ns_ + (active_ > 0 ? absl::ToInt64Nanoseconds(now - entered_) : 0);
+  t.network_ns = network_ns_ + (active_ > 0 ? std::max<int64_t>(0, read_ns - entered_ns_) : 0);
   t.link_bytes_sent = link_bytes_;
   t.link_busy_ns = link_busy_ns_;
   t.link_delivery_rate = static_cast<int64_t>(delivery_rate);

@@ -46,7 +46,10 @@ class ExecutionClocks {
   void NetworkEnter();
   void NetworkLeave();
 
-  // The inodes of this process's TCP sockets now.
+  // The inodes of this process's TCP sockets now. (A socket another part of the process opens
+  // while a communicator connects, a relay's or a reconnecting gRPC channel's, is adopted too: its
+  // bytes count, but it carries little, and a rate is the highest sample, so its small,
+  // application-limited samples do not lower a rank's.)
   using Sockets = absl::flat_hash_set<uint64_t>;
   static Sockets TcpSockets();
   // A communicator connected: the TCP sockets that are not in `before` are its connections, but
@@ -65,7 +68,8 @@ class ExecutionClocks {
     int64_t link_delivery_rate = 0;
     size_t connections = 0;  // read now
   };
-  // Reads the connections (dropping those closed since) and returns the totals.
+  // Reads the connections (dropping those closed since) and returns the totals. One caller at a
+  // time (the reporter).
   Totals Read();
 
  private:
@@ -76,12 +80,16 @@ class ExecutionClocks {
     uint64_t busy_us = 0;  // time with data in flight, as last read
   };
 
-  const absl::Time start_ = absl::Now();
+  // Elapsed and network time are on the monotonic clock: a step of the wall clock changes neither.
+  static int64_t SteadyNanos();
+  const int64_t start_ns_ = SteadyNanos();
+  // Held for a few additions only: Read() makes its system calls without it (the engine's and the
+  // communicators' calls never wait on them).
   absl::Mutex mu_;
   int64_t collectives_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t collective_ns_ ABSL_GUARDED_BY(mu_) = 0;
   int active_ ABSL_GUARDED_BY(mu_) = 0;  // communicator calls running
-  absl::Time entered_ ABSL_GUARDED_BY(mu_);
+  int64_t entered_ns_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t network_ns_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Connection> connections_ ABSL_GUARDED_BY(mu_);
   int64_t link_bytes_ ABSL_GUARDED_BY(mu_) = 0;

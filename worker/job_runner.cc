@@ -99,6 +99,8 @@ void JobRunner::Start(const std::shared_ptr<JobRunner>& previous) {
   device_ = std::move(executor->device);
   engine_ = std::make_unique<Engine>(std::move(e));
   StartRelay();
+  // Before the runner is ready: a stop may release it from then on, on another thread.
+  StartReporter();
   // Ready before the engine starts: responses can only follow the requests it will send, and must
   // find it (Start may run on a cleanup thread, not the session thread).
   bool stop_requested;
@@ -108,7 +110,6 @@ void JobRunner::Start(const std::shared_ptr<JobRunner>& previous) {
     stop_requested = stop_requested_;
   }
   engine_->Start();
-  StartReporter();
   if (stop_requested) {
     Stop(absl::AbortedError(absl::StrCat("job ", spec.id(), " stopped while starting")));
     return;

@@ -403,7 +403,7 @@ def test_a_host_whose_link_is_slow_is_named_slow_link_within_ten_steps_and_no_ot
     # Unshaped: every rank measured, nobody named.
     time.sleep(3)
     calm = wait_for(lambda: stragglers(4), 30, "four ranks measured")["stragglers"]
-    assert calm.get("straggler_rank", -1) == -1, calm
+    assert calm.get("straggler_rank", 0) == -1, calm  # JSON leaves out 0
     assert not [r for r in calm["slowest"] if r.get("verdict")], calm
     step = int(calm["last_step"])
 

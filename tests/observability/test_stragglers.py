@@ -121,7 +121,7 @@ def test_with_no_slow_rank_no_rank_is_named(cluster):
     done = wait_for(observe, 120, "the job to end")
     assert done["state"] == "JOB_STATE_SUCCEEDED", done
     assert len(seen) >= 3, seen  # it was watched while it ran
-    assert all(s.get("straggler_rank", -1) == -1 for s in seen), seen
+    assert all(s.get("straggler_rank", 0) == -1 for s in seen), seen
     assert all(not r.get("verdict") for s in seen for r in s["slowest"]), seen
 
 
@@ -180,8 +180,10 @@ def limit_cpu(pid, fraction, name):
         if os.path.exists(v2):
             if "cpu" not in open(v2).read().split():
                 pytest.skip("cgroup v2 here has no cpu controller")
-            with open("/sys/fs/cgroup/cgroup.subtree_control", "w") as f:
-                f.write("+cpu")
+            control = "/sys/fs/cgroup/cgroup.subtree_control"
+            if "cpu" not in open(control).read().split():  # enabled for child groups only if not
+                with open(control, "w") as f:
+                    f.write("+cpu")
             d = f"/sys/fs/cgroup/{name}"
             os.makedirs(d, exist_ok=True)
             with open(f"{d}/cpu.max", "w") as f:
@@ -229,7 +231,7 @@ def test_a_rank_whose_cpu_is_limited_is_named_late_to_submit_within_ten_steps(cl
     wait_for(lambda: cluster.job(c, job).get("stragglers", {}).get("steps", 0) >= 5, 30,
              "five steps")
     calm = cluster.job(c, job)["stragglers"]
-    assert calm.get("straggler_rank", -1) == -1, calm  # before the limit: nobody
+    assert calm.get("straggler_rank", 0) == -1, calm  # before the limit: nobody (JSON leaves out 0)
     step = int(calm["last_step"])
     group = limit_cpu(pid, 0.1, f"rmt{os.getpid()}-rank1")
     try:
