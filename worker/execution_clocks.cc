@@ -132,17 +132,17 @@ void ExecutionClocks::Adopt(const Sockets& before) {
     if (ReadTcp(fd, inode, &c.acked, &c.busy_us)) found.push_back(c);
   });
   absl::MutexLock lock(&mu_);
+  absl::flat_hash_set<uint64_t> known;
+  for (const Connection& k : connections_) known.insert(k.inode);
   for (const Connection& c : found) {
     if (connections_.size() >= kMaxConnections) break;
-    bool known = false;
-    for (const Connection& k : connections_) known = known || k.inode == c.inode;
-    if (!known) connections_.push_back(c);
+    if (known.insert(c.inode).second) connections_.push_back(c);
   }
 }
 
 ExecutionClocks::Totals ExecutionClocks::Read() {
-  // The system calls on a copy, without the lock; the results merged under it (Adopt may have
-  // added connections meanwhile; only this caller removes any).
+  // The system calls on a copy, without the lock; the results merged under it. Adopt only
+  // appends and only this caller removes, so the copy is still the list's beginning, in order.
   std::vector<Connection> read;
   {
     absl::MutexLock lock(&mu_);
@@ -159,14 +159,11 @@ ExecutionClocks::Totals ExecutionClocks::Read() {
   const int64_t read_ns = SteadyNanos();
   absl::MutexLock lock(&mu_);
   uint64_t delivery_rate = 0;
+  std::vector<Connection> kept;
+  kept.reserve(connections_.size());
   for (size_t i = 0; i < read.size(); ++i) {
-    auto it = std::find_if(connections_.begin(), connections_.end(),
-                           [&](const Connection& c) { return c.inode == read[i].inode; });
-    if (it == connections_.end()) continue;
-    if (!now[i].open) {
-      connections_.erase(it);  // closed (its communicator is gone)
-      continue;
-    }
+    Connection* it = &connections_[i];
+    if (!now[i].open) continue;  // closed (its communicator is gone)
     if (now[i].acked >= it->acked && now[i].busy_us >= it->busy_us) {
       link_bytes_ += static_cast<int64_t>(now[i].acked - it->acked);
       link_busy_ns_ += static_cast<int64_t>(now[i].busy_us - it->busy_us) * 1000;
@@ -177,7 +174,12 @@ ExecutionClocks::Totals ExecutionClocks::Read() {
       delivery_rate = std::max(delivery_rate, now[i].rate);
     it->acked = now[i].acked;
     it->busy_us = now[i].busy_us;
+    kept.push_back(*it);
   }
+  // And those Adopt added since the copy.
+  kept.insert(kept.end(), connections_.begin() + static_cast<ptrdiff_t>(read.size()),
+              connections_.end());
+  connections_ = std::move(kept);
   Totals t;
   t.elapsed_ns = read_ns - start_ns_;
   t.collectives = collectives_;
